@@ -1,0 +1,253 @@
+"""Built-in models, shaped from a dataset: the paper's MLP and a small CNN.
+
+The classes live in this importable module so that workers, which start by
+spawn, can unpickle them. Weights are drawn from a ``torch.Generator`` seeded
+by the caller; torch's global generator is never used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import xarray as xr
+from torch import nn
+
+from daskpri.data.io import validate_dataset
+
+__all__ = ["CNN", "MLP", "MODELS", "build_model", "cnn", "mlp"]
+
+MODELS = ("mlp", "cnn")
+
+DatasetOrInfo = xr.Dataset | dict[str, Any]
+
+
+class MLP(nn.Sequential):
+    """One hidden layer with ReLU: ``Flatten, Linear, ReLU, Linear``.
+
+    Parameters
+    ----------
+    in_shape : sequence of int
+        The shape of one sample (without the batch dimension).
+    n_classes : int
+        The number of outputs.
+    hidden : int, default 300
+        The width of the hidden layer (the paper uses 300).
+    seed : int, default 0
+        Seeds the weights' generator.
+
+    Examples
+    --------
+    >>> model = MLP((40,), 10)
+    >>> model(torch.zeros(8, 40)).shape
+    torch.Size([8, 10])
+    """
+
+    def __init__(
+        self, in_shape: Sequence[int], n_classes: int, hidden: int = 300, *, seed: int = 0
+    ) -> None:
+        n_in = math.prod(in_shape)
+        # Layers are made on the meta device (no memory, no random draws) and
+        # then filled from the seeded generator.
+        super().__init__(
+            nn.Flatten(),
+            nn.Linear(n_in, hidden, device="meta"),
+            nn.ReLU(),
+            nn.Linear(hidden, n_classes, device="meta"),
+        )
+        _materialize(self, seed)
+
+
+class CNN(nn.Sequential):
+    """A small CNN: two convolution + ReLU + max-pool blocks, then a linear layer.
+
+    Inputs of shape ``(L,)`` are seen as one channel of length ``L`` (1-D
+    convolutions, kernel 5); ``(H, W)`` as one channel of an image and
+    ``(C, H, W)`` as ``C`` channels (2-D convolutions, kernel 3). Every
+    spatial size should be at least 4, as each block halves it.
+
+    Parameters
+    ----------
+    in_shape : sequence of int
+        The shape of one sample: ``(L,)``, ``(H, W)`` or ``(C, H, W)``.
+    n_classes : int
+        The number of outputs.
+    seed : int, default 0
+        Seeds the weights' generator.
+
+    Examples
+    --------
+    >>> model = CNN((1, 28, 28), 10)
+    >>> model(torch.zeros(8, 1, 28, 28)).shape
+    torch.Size([8, 10])
+    """
+
+    def __init__(self, in_shape: Sequence[int], n_classes: int, *, seed: int = 0) -> None:
+        shape = tuple(int(s) for s in in_shape)
+        if len(shape) not in (1, 2, 3):
+            raise ValueError(
+                f"cnn needs samples of shape (L,), (H, W) or (C, H, W), but got {shape}"
+            )
+        spatial = shape[-1:] if len(shape) == 1 else shape[-2:]
+        if min(spatial) < 4:
+            raise ValueError(
+                f"cnn halves each spatial size twice, so it needs sizes of at least 4, "
+                f"but got samples of shape {shape}"
+            )
+        meta = torch.device("meta")
+        layers: list[nn.Module]
+        if len(shape) == 1:
+            (length,) = shape
+            layers = [
+                nn.Unflatten(1, (1, length)),
+                nn.Conv1d(1, 32, 5, padding=2, device=meta),
+                nn.ReLU(),
+                nn.MaxPool1d(2),
+                nn.Conv1d(32, 64, 5, padding=2, device=meta),
+                nn.ReLU(),
+                nn.MaxPool1d(2),
+            ]
+            n_flat = 64 * (length // 4)
+        else:
+            channels, height, width = shape if len(shape) == 3 else (1, *shape)
+            # (N, H, W) -> (N, 1, H, W): unflatten the H axis into (1, H).
+            layers = [nn.Unflatten(1, (1, height))] if len(shape) == 2 else []
+            layers += [
+                nn.Conv2d(channels, 32, 3, padding=1, device=meta),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Conv2d(32, 64, 3, padding=1, device=meta),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+            ]
+            n_flat = 64 * (height // 4) * (width // 4)
+        super().__init__(*layers, nn.Flatten(), nn.Linear(n_flat, n_classes, device=meta))
+        _materialize(self, seed)
+
+
+def mlp(ds_or_info: DatasetOrInfo, hidden: int = 300, *, seed: int = 0) -> MLP:
+    """The paper's MLP, one hidden layer of ``hidden`` units, shaped for a dataset.
+
+    Parameters
+    ----------
+    ds_or_info : xarray.Dataset or dict
+        A training dataset, or the dict `validate_dataset` returns with
+        ``n_classes`` filled in.
+    hidden : int, default 300
+        The width of the hidden layer.
+    seed : int, default 0
+        Seeds the weights' generator.
+
+    Examples
+    --------
+    >>> model = mlp({"x_shape": (40,), "n_classes": 10})
+    >>> model[1]
+    Linear(in_features=40, out_features=300, bias=True)
+    """
+    in_shape, n_classes = _shape_and_classes(ds_or_info)
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+        raise ValueError(f"hidden should be a positive integer, but got hidden={hidden!r}")
+    return MLP(in_shape, n_classes, hidden, seed=seed)
+
+
+def cnn(ds_or_info: DatasetOrInfo, *, seed: int = 0) -> CNN:
+    """A small CNN shaped for a dataset (see `CNN` for the layers).
+
+    Parameters
+    ----------
+    ds_or_info : xarray.Dataset or dict
+        A training dataset, or the dict `validate_dataset` returns with
+        ``n_classes`` filled in.
+    seed : int, default 0
+        Seeds the weights' generator.
+
+    Examples
+    --------
+    >>> model = cnn({"x_shape": (8, 8), "n_classes": 10})
+    >>> model(torch.zeros(2, 8, 8)).shape
+    torch.Size([2, 10])
+    """
+    in_shape, n_classes = _shape_and_classes(ds_or_info)
+    return CNN(in_shape, n_classes, seed=seed)
+
+
+def build_model(name: str, ds_or_info: DatasetOrInfo, seed: int = 0) -> nn.Module:
+    """Build the built-in model ``name`` for a dataset, with weights drawn from ``seed``.
+
+    Parameters
+    ----------
+    name : str
+        One of `MODELS`: ``"mlp"`` or ``"cnn"``.
+    ds_or_info : xarray.Dataset or dict
+        A training dataset, or the dict `validate_dataset` returns with
+        ``n_classes`` filled in.
+    seed : int, default 0
+        Seeds a ``torch.Generator`` for the initial weights; the same seed
+        gives the same weights, and torch's global generator is left alone.
+
+    Examples
+    --------
+    >>> a = build_model("mlp", {"x_shape": (40,), "n_classes": 10}, seed=1)
+    >>> b = build_model("mlp", {"x_shape": (40,), "n_classes": 10}, seed=1)
+    >>> torch.equal(a[1].weight, b[1].weight)
+    True
+    """
+    if name == "mlp":
+        return mlp(ds_or_info, seed=seed)
+    if name == "cnn":
+        return cnn(ds_or_info, seed=seed)
+    allowed = ", ".join(repr(m) for m in MODELS)
+    raise ValueError(f"model should be one of {allowed}, but got {name!r}")
+
+
+def _shape_and_classes(ds_or_info: DatasetOrInfo) -> tuple[tuple[int, ...], int]:
+    if isinstance(ds_or_info, xr.Dataset):
+        info = validate_dataset(ds_or_info, name="ds_or_info")
+        n_classes = info["n_classes"]
+        if n_classes is None:
+            # Reads the labels, which are small next to the features.
+            n_classes = int(ds_or_info["y"].max()) + 1
+        return info["x_shape"], n_classes
+    if isinstance(ds_or_info, dict):
+        for key in ("x_shape", "n_classes"):
+            if ds_or_info.get(key) is None:
+                raise ValueError(
+                    f"ds_or_info should have {key!r} set, as validate_dataset returns it "
+                    f"(fill 'n_classes' with max(y) + 1 when the dataset has no such "
+                    f"attribute), but got {ds_or_info!r}"
+                )
+        n_classes = ds_or_info["n_classes"]
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
+            raise ValueError(
+                f"ds_or_info['n_classes'] should be a positive integer, but got {n_classes!r}"
+            )
+        return tuple(int(s) for s in ds_or_info["x_shape"]), n_classes
+    raise TypeError(
+        f"ds_or_info should be an xarray.Dataset or the dict validate_dataset returns, "
+        f"but got {type(ds_or_info).__name__}"
+    )
+
+
+def _materialize(model: nn.Module, seed: int) -> None:
+    """Allocate ``model``'s meta parameters on the CPU and draw them from ``seed``.
+
+    Draws as torch's default ``reset_parameters`` does for linear and
+    convolution layers (Kaiming-uniform weights with ``a=sqrt(5)``, uniform
+    biases of bound ``1/sqrt(fan_in)``), but from a private generator.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed should be an integer, but got seed={seed!r}")
+    generator = torch.Generator().manual_seed(seed)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+                if module.bias is not None:
+                    fan_in, _ = nn.init._calculate_fan_in_and_fan_out(module.weight)
+                    bound = 1 / math.sqrt(fan_in)
+                    nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+            elif any(True for _ in module.parameters(recurse=False)):
+                raise TypeError(f"no initialisation is defined for {type(module).__name__}")

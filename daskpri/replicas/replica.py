@@ -1,0 +1,111 @@
+"""A model replica: one copy of the user's module on a worker's device.
+
+The replica computes what strategies ask for on a batch: per-sample losses
+(forward only), the weighted gradient, and per-sample gradients through
+:mod:`torch.func` (``vmap`` over ``grad``), all as flat vectors in the order of
+``module.parameters()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+
+@dataclass
+class Weights:
+    """What the driver ships to the replicas each step (CPU tensors only).
+
+    ``params`` is the flat parameter vector; ``buffers`` the module's buffers;
+    ``mean_grad`` the running mean gradient for strategies that use one.
+    """
+
+    version: int
+    params: torch.Tensor
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    mean_grad: torch.Tensor | None = None
+
+
+class Replica:
+    """Computations of one replica of ``module`` on ``device``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> replica = Replica(torch.nn.Linear(3, 2), "cpu")
+    >>> x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+    >>> g, losses, logits = replica.per_sample_grads(x, y)
+    >>> tuple(g.shape)
+    (4, 8)
+    """
+
+    def __init__(self, module: nn.Module, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        self.module.train()
+        self.version = -1
+        self.n_params = sum(p.numel() for p in self.module.parameters())
+
+    def load(self, weights: Weights) -> None:
+        """Copy ``weights`` into the module unless they are loaded already."""
+        if weights.version == self.version:
+            return
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(
+                weights.params.to(self.device, non_blocking=True), self.module.parameters()
+            )
+            if weights.buffers:
+                named = dict(self.module.named_buffers())
+                for name, value in weights.buffers.items():
+                    named[name].copy_(value.to(self.device))
+        self.version = weights.version
+
+    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample losses and logits, forward only."""
+        with torch.no_grad():
+            logits = self.module(x)
+            return F.cross_entropy(logits, y, reduction="none"), logits
+
+    def weighted_grad(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``sum_i w_i * grad L_i`` as a flat vector, the losses and logits."""
+        self.module.zero_grad(set_to_none=True)
+        logits = self.module(x)
+        losses = F.cross_entropy(logits, y, reduction="none")
+        total = losses.sum() if w is None else (losses * w).sum()
+        total.backward()
+        flat = torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                for p in self.module.parameters()
+            ]
+        )
+        return flat.detach(), losses.detach(), logits.detach()
+
+    def per_sample_grads(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-sample gradients ``(B, n_params)``, the losses and logits."""
+        params = {k: v.detach() for k, v in self.module.named_parameters()}
+        buffers = {k: v.detach() for k, v in self.module.named_buffers()}
+        module = self.module
+
+        def loss_one(p, b, xi, yi):  # type: ignore[no-untyped-def]
+            logits = functional_call(module, (p, b), (xi.unsqueeze(0),))
+            return F.cross_entropy(logits, yi.unsqueeze(0)), logits.squeeze(0)
+
+        step = vmap(grad_and_value(loss_one, has_aux=True), in_dims=(None, None, 0, 0))
+        grads, (losses, logits) = step(params, buffers, x, y)
+        flat = torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1)
+        return flat, losses, logits
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU numpy copy of ``t``."""
+    return t.detach().to("cpu").numpy()

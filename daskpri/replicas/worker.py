@@ -1,0 +1,221 @@
+"""The worker side: one replica per worker, partitions loaded where processed.
+
+:class:`ReplicaPlugin` is a distributed ``WorkerPlugin``: registered once by
+the trainer, it builds the user's module on every worker of the cluster,
+including workers that join (or restart) later, on the device of that worker.
+It also caches the partitions that the worker has loaded, as tensors on that
+device, so training steps ship partition ids and indices, not data.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from distributed import WorkerPlugin, get_worker
+from distributed.protocol import pickle
+
+from daskpri.data.io import check_values, open_dataset
+from daskpri.replicas.replica import Replica, Weights
+from daskpri.strategies.base import Batch, Strategy
+
+
+@dataclass(frozen=True)
+class StoreRef:
+    """A partition read from a zarr store or netCDF file by the worker."""
+
+    path: str
+    start: int
+    stop: int
+
+
+@dataclass
+class ArrayPart:
+    """A partition scattered from the driver's memory once."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+
+PartitionRef = StoreRef | ArrayPart
+
+
+def worker_device(worker: Any, requested: str | None = None) -> torch.device:
+    """The device a worker trains on.
+
+    ``requested`` wins; else the GPU that the worker's ``GPU`` resource
+    stands for (``cuda:0`` of the worker's ``CUDA_VISIBLE_DEVICES``) when
+    CUDA is available, else the CPU.
+    """
+    if requested is not None:
+        return torch.device(requested)
+    resources = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
+    if resources.get("GPU", 0) > 0 and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+class ReplicaPlugin(WorkerPlugin):
+    """Builds and holds one replica of a run's module on each worker.
+
+    Parameters
+    ----------
+    run : str
+        The run's name; the plugin registers as ``daskpri-<run>``.
+    module : bytes
+        The module, pickled with cloudpickle (so classes defined in a user's
+        ``__main__`` rebuild on spawned workers).
+    n_classes : int
+        Labels must lie in ``[0, n_classes)``.
+    device : str, optional
+        Force a device (for example ``"cpu"``); ``None`` picks per worker.
+    """
+
+    idempotent = False
+
+    def __init__(self, run: str, module: bytes, n_classes: int, device: str | None = None):
+        self.name = f"daskpri-{run}"
+        self.module = module
+        self.n_classes = n_classes
+        self.device = device
+
+    def setup(self, worker: Any) -> None:
+        module = pickle.loads(self.module)
+        self.replica = Replica(module, worker_device(worker, self.device))
+        self.partitions: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.address = worker.address
+
+    def teardown(self, worker: Any) -> None:
+        self.partitions.clear()
+
+    def partition(self, pid: int, ref: PartitionRef) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partition ``pid`` as tensors on this worker's device, loaded once."""
+        cached = self.partitions.get(pid)
+        if cached is not None:
+            return cached
+        if isinstance(ref, StoreRef):
+            ds = open_dataset(ref.path).isel(sample=slice(ref.start, ref.stop))
+            x, y = np.asarray(ds["x"].values), np.asarray(ds["y"].values)
+            where = f"partition {pid} (samples {ref.start}-{ref.stop - 1} of {ref.path})"
+        else:
+            x, y = ref.x, ref.y
+            where = f"partition {pid}"
+        check_values(x, y, n_classes=self.n_classes, where=where)
+        device = self.replica.device
+        xt = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device)
+        yt = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
+        self.partitions[pid] = (xt, yt)
+        return xt, yt
+
+
+def _plugin(name: str) -> ReplicaPlugin:
+    worker = get_worker()
+    try:
+        return worker.plugins[name]  # type: ignore[return-value]
+    except KeyError:
+        raise RuntimeError(
+            f"worker {worker.address} has no daskpri replica {name!r}; the trainer "
+            "registers it on every worker, so this worker joined without it"
+        ) from None
+
+
+def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
+    """Load and check a partition on this worker (run once per partition)."""
+    plugin = _plugin(name)
+    x, y = plugin.partition(pid, ref)
+    return {"pid": pid, "n": int(x.shape[0]), "worker": plugin.address,
+            "device": str(plugin.replica.device)}
+
+
+@dataclass
+class StepResult:
+    """What one worker returns for one step (CPU tensors and numpy only)."""
+
+    grad: torch.Tensor
+    n_grad: int
+    indices: np.ndarray
+    priorities: np.ndarray
+    loss_sum: float
+    n_loss: int
+    correct: int
+    compute_seconds: float
+    worker: str
+    device: str
+    pid: int
+
+
+def train_task(
+    name: str,
+    weights: Weights,
+    strategy: Strategy,
+    pids: np.ndarray,
+    local: np.ndarray,
+    n_train: int,
+    sample_weights: np.ndarray | None,
+    indices: np.ndarray,
+    extra: dict[str, np.ndarray],
+    parts: dict[int, PartitionRef],
+    seed: tuple[int, int, int],
+) -> StepResult:
+    """Compute one worker's share of a step.
+
+    ``pids``/``local`` locate each selected sample (partition, row), in the
+    order of ``indices``: the first ``n_train`` are trained on, the rest only
+    scored.
+    """
+    plugin = _plugin(name)
+    t0 = time.perf_counter()
+    replica = plugin.replica
+    replica.load(weights)
+    device = replica.device
+    xs, ys = [], []
+    for pid in np.unique(pids):
+        x, y = plugin.partition(int(pid), parts[int(pid)])
+        rows = torch.as_tensor(local[pids == pid], device=device)
+        xs.append(x.index_select(0, rows))
+        ys.append(y.index_select(0, rows))
+    if xs:
+        # ``indices`` is sorted within train and within score; regroup the
+        # partition-ordered rows back into that order.
+        inverse = np.argsort(np.argsort(pids, kind="stable"), kind="stable")
+        perm = torch.as_tensor(inverse, device=device)
+        x_all = torch.cat(xs).index_select(0, perm)
+        y_all = torch.cat(ys).index_select(0, perm)
+    else:
+        x_all = torch.empty(0, device=device)
+        y_all = torch.empty(0, dtype=torch.int64, device=device)
+    w = None if sample_weights is None else torch.as_tensor(
+        sample_weights, dtype=torch.float32, device=device
+    )
+    batch = Batch(
+        x=x_all, y=y_all, indices=indices, n_train=n_train, weights=w,
+        mean_grad=weights.mean_grad, extra=extra, rng=np.random.default_rng(list(seed)),
+    )
+    if x_all.shape[0] == 0:
+        grad = torch.zeros(replica.n_params)
+        out_rows, prio = np.empty(0, dtype=np.int64), np.empty(0)
+        loss_sum, n_loss, correct, n_grad = 0.0, 0, 0, 0
+    else:
+        c = strategy.compute(replica, batch)
+        grad, n_grad, out_rows, prio = c.grad, c.n_grad, c.rows, c.priorities
+        loss_sum, n_loss, correct = c.loss_sum, c.n_loss, c.correct
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return StepResult(
+        grad=grad.detach().to("cpu"),
+        n_grad=int(n_grad),
+        indices=indices[out_rows],
+        priorities=np.asarray(prio, dtype=np.float64),
+        loss_sum=float(loss_sum),
+        n_loss=int(n_loss),
+        correct=int(correct),
+        compute_seconds=time.perf_counter() - t0,
+        worker=plugin.address,
+        device=str(device),
+        pid=os.getpid(),
+    )
+

@@ -1,0 +1,67 @@
+"""Priority strategies: one base class, a registry by name.
+
+Examples
+--------
+>>> from daskpri.strategies import get_strategy
+>>> get_strategy("loss", epsilon=0.5)
+Loss(epsilon=0.5, renew=0.0, batch_size=None)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daskpri.strategies.base import Batch, Computed, SelectContext, Selection, Strategy
+from daskpri.strategies.length import Length
+from daskpri.strategies.loss import Loss
+from daskpri.strategies.projection import Projection
+from daskpri.strategies.selective_backprop import SelectiveBackprop
+from daskpri.strategies.uniform import Uniform
+
+STRATEGIES: dict[str, type[Strategy]] = {}
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    """Register a :class:`Strategy` subclass under its ``name`` (a decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"register_strategy takes a Strategy subclass, but got {cls!r}")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}.name should be a non-empty string")
+    STRATEGIES[cls.name] = cls
+    return cls
+
+
+for _cls in (Uniform, Projection, Length, Loss, SelectiveBackprop):
+    register_strategy(_cls)
+
+
+def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
+    """A strategy object from a registered name (with ``options``) or as given."""
+    if isinstance(strategy, Strategy):
+        if options:
+            raise ValueError(
+                "strategy options are given to the strategy object itself, but got "
+                f"{sorted(options)} beside {strategy!r}"
+            )
+        return strategy
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        allowed = ", ".join(repr(s) for s in STRATEGIES)
+        raise ValueError(f"strategy should be one of {allowed}, but got {strategy!r}")
+    return STRATEGIES[strategy](**options)
+
+
+__all__ = [
+    "STRATEGIES",
+    "Batch",
+    "Computed",
+    "Length",
+    "Loss",
+    "Projection",
+    "SelectContext",
+    "Selection",
+    "SelectiveBackprop",
+    "Strategy",
+    "Uniform",
+    "get_strategy",
+    "register_strategy",
+]

@@ -1,0 +1,201 @@
+"""The strategy interface: what to process next, and what to compute on it.
+
+A strategy has two halves, both small:
+
+- :meth:`Strategy.select` runs where the priority table lives (inside the
+  scheduler). It is a pure function of the table's arrays, the step and an
+  injected random generator, and returns one :class:`Selection` per worker
+  slot: the samples whose gradient enters the update (with importance
+  weights where the strategy is unbiased) and the samples whose priority is
+  only refreshed.
+- :meth:`Strategy.compute` runs on a worker, on the selected samples, with
+  the worker's :class:`~daskpri.replicas.replica.Replica`, and returns the
+  gradient sum and the fresh priorities.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from daskpri.replicas.replica import Replica
+from daskpri.table.table import PriorityTable
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class Selection:
+    """The samples one worker processes in a step (global indices)."""
+
+    #: samples whose gradient enters the update
+    train: np.ndarray
+    #: importance weights of ``train`` (``None``: all ones)
+    weights: np.ndarray | None = None
+    #: samples whose priority is recomputed without entering the update
+    score: np.ndarray = field(default_factory=lambda: _EMPTY)
+    #: extra arrays the worker half needs (for example a loss distribution)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class SelectContext:
+    """What :meth:`Strategy.select` sees of the table and the cluster."""
+
+    table: PriorityTable
+    #: global sample indices held by each worker slot
+    groups: list[np.ndarray]
+    #: worker slot of each partition
+    owner: np.ndarray
+    step: int
+    batch_size: int
+    rng: np.random.Generator
+    #: the strategy's own state, kept with the table and checkpointed with it
+    state: dict[str, Any]
+
+    def owner_of(self, indices: np.ndarray) -> np.ndarray:
+        """The worker slot holding each of ``indices``."""
+        return self.owner[self.table.partition_of(indices)]
+
+
+@dataclass
+class Batch:
+    """The selected samples as a worker sees them, on its device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    #: global indices of the rows of ``x``
+    indices: np.ndarray
+    #: the first ``n_train`` rows are ``Selection.train``, the rest ``score``
+    n_train: int
+    weights: torch.Tensor | None
+    mean_grad: torch.Tensor | None
+    extra: dict[str, np.ndarray]
+    rng: np.random.Generator
+
+
+@dataclass
+class Computed:
+    """What a worker returns for its batch."""
+
+    #: ``sum_i w_i grad L_i`` over the samples backpropagated (flat, on the device)
+    grad: torch.Tensor
+    #: how many samples the gradient sums (the driver divides by the total)
+    n_grad: int
+    #: rows of the batch whose priority was computed, and the priorities
+    rows: np.ndarray
+    priorities: np.ndarray
+    loss_sum: float
+    n_loss: int
+    correct: int
+
+
+class Strategy(abc.ABC):
+    """Base class of the priority strategies.
+
+    Subclasses set ``name``, store their parameters in ``__init__`` (validating
+    them) and implement :meth:`select`; :meth:`compute` defaults to the
+    weighted gradient of the train rows with the per-sample losses as
+    priorities.
+    """
+
+    name: ClassVar[str] = ""
+    #: the combined gradient is an unbiased estimate of the full gradient
+    unbiased: ClassVar[bool] = False
+    #: the driver keeps a running mean gradient and ships it with the weights
+    uses_mean_grad: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def select(self, ctx: SelectContext) -> list[Selection]:
+        """One :class:`Selection` per worker slot of ``ctx.groups``."""
+
+    def compute(self, replica: Replica, batch: Batch) -> Computed:
+        """Gradient of the train rows; losses of all rows as priorities."""
+        n = batch.n_train
+        grad, losses, logits = replica.weighted_grad(batch.x[:n], batch.y[:n], batch.weights)
+        all_losses = losses
+        if batch.x.shape[0] > n:
+            score_losses, _ = replica.losses(batch.x[n:], batch.y[n:])
+            all_losses = torch.cat([losses, score_losses])
+        return Computed(
+            grad=grad,
+            n_grad=n,
+            rows=np.arange(batch.x.shape[0]),
+            priorities=all_losses.cpu().numpy(),
+            loss_sum=float(losses.sum()),
+            n_loss=n,
+            correct=int((logits.argmax(1) == batch.y[:n]).sum()),
+        )
+
+    def get_params(self) -> dict[str, Any]:
+        """The strategy's parameters, as given to ``__init__``."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({params})"
+
+
+def check_fraction(name: str, value: float, *, low_open: bool = False) -> float:
+    """``value`` if it is a number in [0, 1] ((0, 1] with ``low_open``)."""
+    ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+    if ok:
+        ok = (0.0 < value <= 1.0) if low_open else (0.0 <= value <= 1.0)
+    if not ok:
+        interval = "(0, 1]" if low_open else "[0, 1]"
+        raise ValueError(f"{name} should be a number in {interval}, but got {name}={value!r}")
+    return float(value)
+
+
+def check_positive_int(name: str, value: int | None, *, allow_none: bool = True) -> int | None:
+    """``value`` if it is a positive integer (or None where allowed)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} should be a positive integer, but got {name}={value!r}")
+    return int(value)
+
+
+def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
+    """The next ``size`` samples of ``slot`` in a shuffled pass over its data.
+
+    Each slot walks a permutation of its samples (a new one each epoch), as
+    mini-batch SGD does; the permutation is strategy state, so a resumed run
+    continues it.
+    """
+    group = ctx.groups[slot]
+    perms = ctx.state.setdefault("perm", {})
+    pos = ctx.state.setdefault("pos", {})
+    perm = perms.get(slot)
+    if perm is None or perm.size != group.size:
+        perm = ctx.rng.permutation(group.size)
+        perms[slot], pos[slot] = perm, 0
+    take = min(size, group.size)
+    out = []
+    while take > 0:
+        if pos[slot] >= perm.size:
+            perm = ctx.rng.permutation(group.size)
+            perms[slot], pos[slot] = perm, 0
+            epochs = ctx.state.setdefault("epochs", {})
+            epochs[slot] = epochs.get(slot, 0) + 1
+        n = min(take, perm.size - pos[slot])
+        out.append(perm[pos[slot] : pos[slot] + n])
+        pos[slot] += n
+        take -= n
+    return np.sort(group[np.concatenate(out)])
+
+
+def round_robin(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
+    """The next ``size`` samples of ``slot`` in index order, wrapping around."""
+    group = ctx.groups[slot]
+    if size <= 0 or group.size == 0:
+        return _EMPTY
+    ptr = ctx.state.setdefault("renew", {})
+    start = ptr.get(slot, 0) % group.size
+    take = np.arange(start, start + min(size, group.size)) % group.size
+    ptr[slot] = (start + size) % group.size
+    return np.sort(group[take])

@@ -1,0 +1,108 @@
+"""``loss``: sample proportionally to the last loss, with importance weights."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from daskpri.strategies.base import (
+    SelectContext,
+    Selection,
+    Strategy,
+    check_fraction,
+    check_positive_int,
+    round_robin,
+)
+
+
+def sampling_probabilities(priorities: np.ndarray, epsilon: float) -> np.ndarray:
+    """``p = (1 - epsilon) L / sum(L) + epsilon / N`` for losses ``L >= 0``.
+
+    Unseen samples (``+inf``) get the largest seen loss (1 when none is seen);
+    if every loss is zero the distribution is uniform.
+
+    Examples
+    --------
+    >>> sampling_probabilities(np.array([1.0, 3.0]), 0.0).tolist()
+    [0.25, 0.75]
+    """
+    loss = np.asarray(priorities, dtype=np.float64)
+    unseen = np.isposinf(loss)
+    if unseen.any():
+        fill = loss[~unseen].max() if (~unseen).any() else 1.0
+        loss = np.where(unseen, fill, loss)
+    if (loss < 0).any():
+        raise ValueError(
+            f"loss priorities should be non-negative, but got {float(loss.min())}"
+        )
+    n = loss.size
+    total = loss.sum()
+    if total <= 0:
+        return np.full(n, 1.0 / n)
+    return (1.0 - epsilon) * loss / total + epsilon / n
+
+
+def importance_sample(
+    p: np.ndarray, size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``size`` positions with replacement from ``p``; weights ``1/(N p)``.
+
+    ``mean(w_i * g_i)`` over the draws is an unbiased estimate of the mean of
+    ``g`` over all ``N`` positions.
+    """
+    pos = rng.choice(p.size, size=size, replace=True, p=p)
+    return pos, 1.0 / (p.size * p[pos])
+
+
+class Loss(Strategy):
+    """Loss-proportional sampling mixed with uniform, importance-weighted.
+
+    Samples are drawn over the whole dataset with
+    ``p = (1 - epsilon) L / sum(L) + epsilon / N`` (``L``: the last computed
+    loss, the largest one for unseen samples) and weighted ``1 / (N p)``, so
+    the combined gradient is an unbiased estimate of the full gradient. Each
+    draw is processed by the worker holding it. ``renew`` refreshes a
+    round-robin fraction of each worker's losses with a forward pass.
+
+    Parameters
+    ----------
+    epsilon : float
+        Weight of the uniform component, in (0, 1]; it bounds the weights by
+        ``1 / epsilon``.
+    renew : float
+        Fraction of each worker's samples whose loss is recomputed per step.
+    batch_size : int, optional
+        Draws per worker per step; ``None`` takes the trainer's.
+
+    Examples
+    --------
+    >>> Loss(epsilon=0.5)
+    Loss(epsilon=0.5, renew=0.0, batch_size=None)
+    """
+
+    name = "loss"
+    unbiased = True
+
+    def __init__(
+        self, epsilon: float = 0.2, renew: float = 0.0, batch_size: int | None = None
+    ) -> None:
+        self.epsilon = check_fraction("epsilon", epsilon, low_open=True)
+        self.renew = check_fraction("renew", renew)
+        self.batch_size = check_positive_int("batch_size", batch_size)
+
+    def select(self, ctx: SelectContext) -> list[Selection]:
+        n_slots = len(ctx.groups)
+        draws = (self.batch_size or ctx.batch_size) * n_slots
+        est = ctx.table.estimate(ctx.step)
+        p = sampling_probabilities(est, self.epsilon)
+        idx, w = importance_sample(p, draws, ctx.rng)
+        order = np.argsort(idx, kind="stable")
+        idx, w = idx[order], w[order]
+        slot = ctx.owner_of(idx)
+        out = []
+        for s, group in enumerate(ctx.groups):
+            mine = slot == s
+            renew = round_robin(ctx, s, math.ceil(self.renew * group.size))
+            out.append(Selection(train=idx[mine], weights=w[mine], score=renew))
+        return out

@@ -1,0 +1,106 @@
+"""``projection``: the paper's default, priority = g_i . g_bar."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from daskpri.replicas.replica import Replica
+from daskpri.strategies.base import (
+    Batch,
+    Computed,
+    SelectContext,
+    Selection,
+    Strategy,
+    check_fraction,
+    check_positive_int,
+    round_robin,
+)
+
+
+class Projection(Strategy):
+    """Top-k by the projection of each sample's gradient on the mean gradient.
+
+    Each step, each worker takes its ``k`` samples of highest (estimated)
+    priority plus a round-robin ``renew`` fraction of its samples, whose
+    priorities are recomputed exactly. Per-sample gradients come from
+    :func:`torch.func.vmap`; the priority of sample ``i`` is ``g_i . g_bar``,
+    with ``g_bar`` the driver's running mean of recent gradients (the batch's
+    own mean gradient before there is one). No importance weights.
+
+    Parameters
+    ----------
+    k : int, optional
+        Top-k samples per worker per step; ``None`` takes the trainer's
+        ``batch_size``.
+    renew : float
+        Fraction of each worker's samples renewed per step, in [0, 1].
+    train_on_renew : bool
+        Whether the renewed samples' gradients (computed anyway) also enter
+        the update.
+    mean_grad_decay : float
+        Decay of the running mean gradient, in [0, 1).
+
+    Examples
+    --------
+    >>> Projection(k=32, renew=0.01)
+    Projection(k=32, renew=0.01, train_on_renew=True, mean_grad_decay=0.9)
+    """
+
+    name = "projection"
+    uses_mean_grad = True
+
+    def __init__(
+        self,
+        k: int | None = None,
+        renew: float = 0.01,
+        train_on_renew: bool = True,
+        mean_grad_decay: float = 0.9,
+    ) -> None:
+        self.k = check_positive_int("k", k)
+        self.renew = check_fraction("renew", renew)
+        if not isinstance(train_on_renew, bool):
+            raise TypeError(f"train_on_renew should be a bool, but got {train_on_renew!r}")
+        self.train_on_renew = train_on_renew
+        decay = check_fraction("mean_grad_decay", mean_grad_decay)
+        if decay >= 1.0:
+            raise ValueError(
+                f"mean_grad_decay should be a number in [0, 1), but got mean_grad_decay={decay}"
+            )
+        self.mean_grad_decay = decay
+
+    def select(self, ctx: SelectContext) -> list[Selection]:
+        k = self.k or ctx.batch_size
+        out = []
+        for slot, group in enumerate(ctx.groups):
+            renew = round_robin(ctx, slot, math.ceil(self.renew * group.size))
+            exclude = np.isin(group, renew, assume_unique=True)
+            top = ctx.table.topk(k, group, ctx.step, ctx.rng, exclude=exclude)
+            if self.train_on_renew:
+                out.append(Selection(train=np.sort(np.concatenate([top, renew]))))
+            else:
+                out.append(Selection(train=top, score=renew))
+        return out
+
+    def priorities(self, grads: torch.Tensor, mean_grad: torch.Tensor) -> torch.Tensor:
+        """Priority of each row of the per-sample gradients ``grads``."""
+        return grads @ mean_grad
+
+    def compute(self, replica: Replica, batch: Batch) -> Computed:
+        grads, losses, logits = replica.per_sample_grads(batch.x, batch.y)
+        n = batch.n_train
+        mean_grad = batch.mean_grad
+        if mean_grad is None or not bool(mean_grad.any()):
+            mean_grad = grads[:n].mean(0) if n else grads.mean(0)
+        prio = self.priorities(grads, mean_grad.to(grads.device))
+        return Computed(
+            grad=grads[:n].sum(0),
+            n_grad=n,
+            rows=np.arange(batch.x.shape[0]),
+            priorities=prio.cpu().numpy().astype(np.float64),
+            loss_sum=float(losses[:n].sum()),
+            n_loss=n,
+            correct=int((logits[:n].argmax(1) == batch.y[:n]).sum()),
+        )

@@ -1,0 +1,39 @@
+"""``uniform``: the mini-batch SGD baseline."""
+
+from __future__ import annotations
+
+from daskpri.strategies.base import (
+    SelectContext,
+    Selection,
+    Strategy,
+    check_positive_int,
+    epoch_batches,
+)
+
+
+class Uniform(Strategy):
+    """Mini-batch SGD: each worker walks a shuffled pass over its samples.
+
+    The losses of the processed samples are recorded as priorities (they come
+    free with the forward pass), so the table shows the loss distribution.
+
+    Parameters
+    ----------
+    batch_size : int, optional
+        Samples per worker per step; ``None`` takes the trainer's.
+
+    Examples
+    --------
+    >>> Uniform()
+    Uniform(batch_size=None)
+    """
+
+    name = "uniform"
+    unbiased = True
+
+    def __init__(self, batch_size: int | None = None) -> None:
+        self.batch_size = check_positive_int("batch_size", batch_size)
+
+    def select(self, ctx: SelectContext) -> list[Selection]:
+        size = self.batch_size or ctx.batch_size
+        return [Selection(train=epoch_batches(ctx, s, size)) for s in range(len(ctx.groups))]

@@ -1,0 +1,301 @@
+"""The priority table held in the cluster: a scheduler plugin and its client.
+
+The table lives inside the scheduler process (not in an Actor, which dies
+with its worker), so it survives the loss of any worker. The plugin adds RPC
+handlers named ``daskpri_*``; the driver talks to them through
+:class:`RemoteTable`, one round trip per training step: the previous step's
+priority updates go in, the next step's selection comes out.
+
+Start a ``dask scheduler`` with the plugin already installed with
+``dask scheduler --preload daskpri.table.plugin``; otherwise the trainer
+registers it.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from distributed import Client, Scheduler, SchedulerPlugin
+from distributed.protocol import pickle
+
+from daskpri._wire import pack, pack_tree, unpack, unpack_tree
+from daskpri.strategies.base import SelectContext, Selection, Strategy
+from daskpri.table.table import PriorityTable
+
+PLUGIN_NAME = "daskpri"
+
+
+@dataclass
+class TableRun:
+    """One training run's table, strategy and selection state."""
+
+    table: PriorityTable
+    strategy: Strategy
+    rng: np.random.Generator
+    owner: np.ndarray
+    batch_size: int
+    info: dict[str, Any]
+    state: dict[str, Any] = field(default_factory=dict)
+    groups: list[np.ndarray] = field(default_factory=list)
+    metrics: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100_000))
+    last_step: int = -1
+    selection_seconds: float = 0.0
+
+    def set_owner(self, owner: np.ndarray) -> None:
+        owner = np.asarray(owner, dtype=np.int64)
+        if owner.shape != (self.table.n_partitions,) or owner.min() < 0:
+            raise ValueError(
+                f"owner should give a worker slot for each of the {self.table.n_partitions} "
+                f"partitions, but got shape {owner.shape}"
+            )
+        self.owner = owner
+        n_slots = int(owner.max()) + 1
+        self.groups = [self.table.indices_of(np.flatnonzero(owner == s)) for s in range(n_slots)]
+
+    def select(self, step: int) -> list[Selection]:
+        ctx = SelectContext(
+            table=self.table,
+            groups=self.groups,
+            owner=self.owner,
+            step=step,
+            batch_size=self.batch_size,
+            rng=self.rng,
+            state=self.state,
+        )
+        return self.strategy.select(ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "strategy_state": self.state,
+            "owner": self.owner,
+            "last_step": self.last_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.table.load_state_dict(state["table"])
+        self.rng.bit_generator.state = state["rng"]
+        self.state = state["strategy_state"]
+        self.set_owner(state["owner"])
+        self.last_step = int(state["last_step"])
+
+
+class TablePlugin(SchedulerPlugin):
+    """Holds the priority tables of the runs on this cluster.
+
+    Examples
+    --------
+    A scheduler started with ``dask scheduler --preload daskpri.table.plugin``
+    has it from the start; a client can add it:
+
+    >>> client.register_plugin(TablePlugin())  # doctest: +SKIP
+    """
+
+    name = PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self.runs: dict[str, TableRun] = {}
+        self.scheduler: Scheduler | None = None
+
+    async def start(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        for op in ("create", "step", "update", "set_owner", "state", "load", "summary",
+                   "priorities", "metrics", "runs", "close"):
+            scheduler.handlers[f"daskpri_{op}"] = getattr(self, f"_{op}")
+
+    async def close(self) -> None:
+        self.runs.clear()
+
+    def _run(self, run: str) -> TableRun:
+        try:
+            return self.runs[run]
+        except KeyError:
+            raise KeyError(f"no daskpri run {run!r} on this scheduler; runs: {sorted(self.runs)}")
+
+    # -- handlers (called with the message's keyword arguments) ----------------
+
+    def _create(
+        self,
+        run: str,
+        sizes: dict,
+        owner: dict,
+        strategy: bytes,
+        seed: int,
+        batch_size: int,
+        staleness: str,
+        n_bins: int,
+        info: dict,
+    ) -> None:
+        table = PriorityTable(unpack(sizes), staleness=staleness, n_bins=n_bins)
+        strat = pickle.loads(strategy)
+        if not isinstance(strat, Strategy):
+            raise TypeError(f"strategy should be a daskpri Strategy, but got {type(strat)}")
+        tr = TableRun(
+            table=table,
+            strategy=strat,
+            rng=np.random.default_rng(seed),
+            owner=np.zeros(0, dtype=np.int64),
+            batch_size=batch_size,
+            info=info,
+        )
+        tr.set_owner(unpack(owner))
+        self.runs[run] = tr
+
+    def _apply(self, tr: TableRun, updates: list | None, metrics: dict | None) -> None:
+        for u in updates or ():
+            tr.table.update(unpack(u["indices"]), unpack(u["priorities"]), int(u["step"]))
+        if metrics:
+            tr.metrics.append(metrics)
+
+    def _step(
+        self, run: str, step: int, updates: list | None = None, metrics: dict | None = None
+    ) -> list[dict]:
+        tr = self._run(run)
+        self._apply(tr, updates, metrics)
+        t0 = time.perf_counter()
+        selections = tr.select(step)
+        tr.selection_seconds = time.perf_counter() - t0
+        tr.last_step = step
+        return [
+            {
+                "train": pack(s.train.astype(np.int64)),
+                "weights": None if s.weights is None else pack(s.weights.astype(np.float64)),
+                "score": pack(s.score.astype(np.int64)),
+                "extra": pack_tree(s.extra),
+            }
+            for s in selections
+        ]
+
+    def _update(self, run: str, updates: list, metrics: dict | None = None) -> None:
+        self._apply(self._run(run), updates, metrics)
+
+    def _set_owner(self, run: str, owner: dict) -> None:
+        self._run(run).set_owner(unpack(owner))
+
+    def _state(self, run: str) -> dict:
+        return pack_tree(self._run(run).state_dict())
+
+    def _load(self, run: str, state: dict) -> None:
+        self._run(run).load_state_dict(unpack_tree(state))
+
+    def _summary(self, run: str, step: int | None = None) -> dict:
+        tr = self._run(run)
+        s = tr.table.summaries(tr.last_step if step is None else step)
+        s = dict(s, owner=tr.owner, n_updates=tr.table.n_updates, last_step=tr.last_step,
+                 info=tr.info, selection_seconds=tr.selection_seconds)
+        return pack_tree(s)
+
+    def _priorities(self, run: str) -> dict:
+        tr = self._run(run)
+        return pack_tree({"priority": tr.table.priority, "version": tr.table.version})
+
+    def _metrics(self, run: str, start: int = 0) -> list:
+        return list(self._run(run).metrics)[start:]
+
+    def _runs(self) -> list[str]:
+        return sorted(self.runs)
+
+    def _close(self, run: str) -> None:
+        self.runs.pop(run, None)
+
+
+def dask_setup(scheduler: Scheduler) -> None:
+    """Entry point of ``dask scheduler --preload daskpri.table.plugin``."""
+    scheduler.add_plugin(TablePlugin())
+
+
+class RemoteTable:
+    """The driver's handle on a run's table inside the scheduler.
+
+    Holds only the run's name: the table's arrays stay in the cluster, so the
+    driver's memory does not grow with the number of samples.
+    """
+
+    def __init__(self, client: Client, run: str) -> None:
+        self.client = client
+        self.run = run
+
+    @staticmethod
+    def ensure_plugin(client: Client) -> None:
+        """Register :class:`TablePlugin` on the scheduler unless it is there."""
+        def has_plugin(dask_scheduler: Scheduler) -> bool:
+            return PLUGIN_NAME in dask_scheduler.plugins
+
+        if not client.run_on_scheduler(has_plugin):
+            client.register_plugin(TablePlugin())
+
+    def _call(self, op: str, **kwargs: Any) -> Any:
+        return self.client.sync(getattr(self.client.scheduler, f"daskpri_{op}"), **kwargs)
+
+    def create(
+        self,
+        sizes: np.ndarray,
+        owner: np.ndarray,
+        strategy: Strategy,
+        *,
+        seed: int,
+        batch_size: int,
+        staleness: str,
+        n_bins: int,
+        info: dict[str, Any],
+    ) -> None:
+        self._call(
+            "create", run=self.run, sizes=pack(np.asarray(sizes, dtype=np.int64)),
+            owner=pack(np.asarray(owner, dtype=np.int64)), strategy=pickle.dumps(strategy),
+            seed=seed, batch_size=batch_size, staleness=staleness, n_bins=n_bins, info=info,
+        )
+
+    def step(
+        self, step: int, updates: list[tuple[np.ndarray, np.ndarray, int]],
+        metrics: dict[str, Any] | None = None,
+    ) -> list[Selection]:
+        """Apply ``updates``, then return the selections for ``step``."""
+        out = self._call("step", run=self.run, step=step, updates=_pack_updates(updates),
+                         metrics=metrics)
+        return [
+            Selection(
+                train=unpack(s["train"]),
+                weights=None if s["weights"] is None else unpack(s["weights"]),
+                score=unpack(s["score"]),
+                extra=unpack_tree(s["extra"]),
+            )
+            for s in out
+        ]
+
+    def update(self, updates: list[tuple[np.ndarray, np.ndarray, int]],
+               metrics: dict[str, Any] | None = None) -> None:
+        self._call("update", run=self.run, updates=_pack_updates(updates), metrics=metrics)
+
+    def set_owner(self, owner: np.ndarray) -> None:
+        self._call("set_owner", run=self.run, owner=pack(np.asarray(owner, dtype=np.int64)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return unpack_tree(self._call("state", run=self.run))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call("load", run=self.run, state=pack_tree(state))
+
+    def summary(self, step: int | None = None) -> dict[str, Any]:
+        return unpack_tree(self._call("summary", run=self.run, step=step))
+
+    def priorities(self) -> dict[str, np.ndarray]:
+        return unpack_tree(self._call("priorities", run=self.run))
+
+    def metrics(self, start: int = 0) -> list[dict[str, Any]]:
+        return self._call("metrics", run=self.run, start=start)
+
+    def close(self) -> None:
+        self._call("close", run=self.run)
+
+
+def _pack_updates(updates: list[tuple[np.ndarray, np.ndarray, int]]) -> list[dict[str, Any]]:
+    return [
+        {"indices": pack(np.asarray(i, dtype=np.int64)),
+         "priorities": pack(np.asarray(p, dtype=np.float64)), "step": int(s)}
+        for i, p, s in updates
+    ]

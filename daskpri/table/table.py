@@ -1,0 +1,295 @@
+"""The priority table: per-sample priorities and per-partition summaries.
+
+:class:`PriorityTable` is plain numpy. The cluster holds one inside the
+scheduler (see :mod:`daskpri.table.plugin`), where it survives the loss of any
+worker; tests and benchmarks use it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from daskpri.table.staleness import estimate, validate_staleness
+
+#: Observations kept per sample: enough for the quadratic staleness fit.
+HISTORY = 3
+
+
+class PriorityTable:
+    """Priorities of ``N`` samples cut into partitions, with their history.
+
+    Samples are numbered globally, partition by partition: partition ``p``
+    holds samples ``offsets[p]`` to ``offsets[p + 1] - 1``.
+
+    Parameters
+    ----------
+    partition_sizes : sequence of int
+        Number of samples in each partition; each must be positive.
+    staleness : {"keep", "exp-linear", "exp-quadratic"}
+        How priorities not recomputed lately are estimated.
+    n_bins : int
+        Bins of the priority histograms in :meth:`summaries`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> table = PriorityTable([3, 2])
+    >>> table.update(np.array([0, 4]), np.array([0.5, 2.0]), step=1)
+    >>> table.topk(1, np.array([0, 4]), step=1).tolist()
+    [4]
+    >>> table.summaries(step=1)["max"].tolist()
+    [0.5, 2.0]
+    """
+
+    def __init__(
+        self,
+        partition_sizes: Sequence[int] | np.ndarray,
+        *,
+        staleness: str = "keep",
+        n_bins: int = 32,
+    ) -> None:
+        sizes = np.asarray(partition_sizes)
+        if sizes.ndim != 1 or sizes.size == 0 or not np.issubdtype(sizes.dtype, np.integer):
+            raise ValueError(
+                "partition_sizes should be a non-empty 1-D sequence of integers, "
+                f"but got {partition_sizes!r}"
+            )
+        empty = np.flatnonzero(sizes <= 0)
+        if empty.size:
+            raise ValueError(
+                f"every partition should hold at least one sample, but partition "
+                f"{int(empty[0])} has {int(sizes[empty[0]])} ({empty.size} empty in all)"
+            )
+        if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+            raise ValueError(f"n_bins should be a positive integer, but got n_bins={n_bins!r}")
+        self.staleness = validate_staleness(staleness)
+        self.n_bins = int(n_bins)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        n = int(self.offsets[-1])
+        self.obs_p = np.zeros((n, HISTORY), dtype=np.float64)
+        self.obs_t = np.full((n, HISTORY), -1, dtype=np.int64)
+        self.n_updates = 0
+
+    # -- shape ---------------------------------------------------------------
+
+    @property
+    def n_samples(self) -> int:
+        """Number of samples."""
+        return int(self.offsets[-1])
+
+    @property
+    def n_partitions(self) -> int:
+        """Number of partitions."""
+        return len(self.offsets) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Samples per partition."""
+        return np.diff(self.offsets)
+
+    @property
+    def priority(self) -> np.ndarray:
+        """The last computed priority of each sample (``nan`` where never computed)."""
+        return np.where(self.version >= 0, self.obs_p[:, 0], np.nan)
+
+    @property
+    def version(self) -> np.ndarray:
+        """The step at which each priority was last computed (``-1``: never)."""
+        return self.obs_t[:, 0]
+
+    def partition_of(self, indices: np.ndarray) -> np.ndarray:
+        """The partition that holds each of ``indices``."""
+        return np.searchsorted(self.offsets, indices, side="right") - 1
+
+    def indices_of(self, partitions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The global indices of the samples in ``partitions``, in order."""
+        parts = np.asarray(partitions, dtype=np.int64)
+        if parts.size == 0:
+            return np.empty(0, dtype=np.int64)
+        starts, stops = self.offsets[parts], self.offsets[parts + 1]
+        lengths = stops - starts
+        # One arange shifted per partition, without a Python loop over samples.
+        shift = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        return np.arange(int(lengths.sum()), dtype=np.int64) + shift
+
+    # -- updates ---------------------------------------------------------------
+
+    def update(self, indices: np.ndarray, priorities: np.ndarray, step: int) -> None:
+        """Record freshly computed ``priorities`` of ``indices`` at ``step``.
+
+        Values are checked before anything is written: on error the table is
+        unchanged. If an index repeats, its last value wins.
+        """
+        idx = np.asarray(indices)
+        val = np.asarray(priorities, dtype=np.float64)
+        if idx.ndim != 1 or val.ndim != 1 or idx.shape != val.shape:
+            raise ValueError(
+                "indices and priorities should be 1-D arrays of one length, but got "
+                f"shapes {idx.shape} and {val.shape}"
+            )
+        if idx.size == 0:
+            return
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"indices should be integers, but got dtype {idx.dtype}")
+        if not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step should be a non-negative integer, but got step={step!r}")
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.n_samples:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"indices should lie in [0, {self.n_samples}), but got {bad}"
+            )
+        finite = np.isfinite(val)
+        if not finite.all():
+            where = np.flatnonzero(~finite)
+            raise ValueError(
+                f"priorities should be finite, but got {where.size} non-finite value(s), "
+                f"first {val[where[0]]} for sample {int(idx[where[0]])}"
+            )
+        self.obs_p[idx, 1:] = self.obs_p[idx, :-1]
+        self.obs_t[idx, 1:] = self.obs_t[idx, :-1]
+        self.obs_p[idx, 0] = val
+        self.obs_t[idx, 0] = step
+        self.n_updates += idx.size
+
+    def forget(self, indices: np.ndarray) -> None:
+        """Mark ``indices`` as never computed (they get the maximum priority)."""
+        self.obs_t[np.asarray(indices, dtype=np.int64)] = -1
+
+    # -- queries -----------------------------------------------------------------
+
+    def estimate(self, step: int, indices: np.ndarray | None = None) -> np.ndarray:
+        """Priorities at ``step`` under the staleness model; ``+inf`` if unseen."""
+        if indices is None:
+            return estimate(self.obs_p, self.obs_t, step, self.staleness)
+        idx = np.asarray(indices, dtype=np.int64)
+        if self.staleness == "keep":
+            # The common case, kept free of the (n, 3) gathers of the fits.
+            p = self.obs_p[idx, 0]
+            return np.where(self.obs_t[idx, 0] >= 0, p, np.inf)
+        return estimate(self.obs_p[idx], self.obs_t[idx], step, self.staleness)
+
+    def topk(
+        self,
+        k: int,
+        candidates: np.ndarray,
+        step: int,
+        rng: np.random.Generator | None = None,
+        exclude: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The ``k`` candidates of highest estimated priority, sorted by index.
+
+        Unseen samples rank first; when more than ``k`` are unseen, ``rng``
+        picks among them uniformly (by position when ``rng`` is None).
+        ``exclude`` (a boolean mask over ``candidates``) removes candidates.
+        """
+        cand = np.asarray(candidates, dtype=np.int64)
+        est = self.estimate(step, cand)
+        if exclude is not None:
+            cand, est = cand[~exclude], est[~exclude]
+        return _topk(cand, est, k, rng)
+
+    def summaries(self, step: int) -> dict[str, np.ndarray]:
+        """Per-partition summaries of the last computed priorities.
+
+        Returns a dict of arrays over partitions: ``sum``, ``max`` (``nan``
+        where nothing was computed yet), ``count`` (samples), ``seen``
+        (samples with a priority), ``staleness`` (mean steps since computed,
+        over seen samples), ``histogram`` (partitions x bins) and
+        ``bin_edges`` (bins + 1).
+        """
+        seen = self.version >= 0
+        p = self.obs_p[:, 0]
+        starts = self.offsets[:-1]
+        total = np.add.reduceat(np.where(seen, p, 0.0), starts)
+        n_seen = np.add.reduceat(seen.astype(np.int64), starts)
+        pmax = np.maximum.reduceat(np.where(seen, p, -np.inf), starts)
+        age = np.add.reduceat(np.where(seen, step - self.version, 0), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            staleness = np.where(n_seen > 0, age / np.maximum(n_seen, 1), np.nan)
+        edges = self.bin_edges()
+        pid = np.repeat(np.arange(self.n_partitions), self.sizes)
+        hist, _, _ = np.histogram2d(
+            pid[seen], p[seen], bins=[np.arange(self.n_partitions + 1), edges]
+        )
+        return {
+            "sum": total,
+            "max": np.where(n_seen > 0, pmax, np.nan),
+            "count": self.sizes,
+            "seen": n_seen,
+            "staleness": staleness,
+            "histogram": hist.astype(np.int64),
+            "bin_edges": edges,
+        }
+
+    def bin_edges(self) -> np.ndarray:
+        """Histogram bin edges spanning the computed priorities."""
+        seen = self.version >= 0
+        if not seen.any():
+            return np.linspace(0.0, 1.0, self.n_bins + 1)
+        p = self.obs_p[seen, 0]
+        lo, hi = float(p.min()), float(p.max())
+        if hi <= lo:
+            hi = lo + 1.0
+        return np.linspace(lo, hi, self.n_bins + 1)
+
+    # -- state ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The table's state, as numpy arrays and plain values."""
+        return {
+            "offsets": self.offsets.copy(),
+            "obs_p": self.obs_p.copy(),
+            "obs_t": self.obs_t.copy(),
+            "staleness": self.staleness,
+            "n_bins": self.n_bins,
+            "n_updates": self.n_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`; the partitions must match."""
+        offsets = np.asarray(state["offsets"])
+        if not np.array_equal(offsets, self.offsets):
+            raise ValueError(
+                "the state's partitions do not match this table's: "
+                f"{len(offsets) - 1} partitions of {int(offsets[-1])} samples in the state, "
+                f"{self.n_partitions} of {self.n_samples} here"
+            )
+        obs_p, obs_t = np.asarray(state["obs_p"]), np.asarray(state["obs_t"])
+        if obs_p.shape != self.obs_p.shape or obs_t.shape != self.obs_t.shape:
+            raise ValueError(f"the state's arrays have shape {obs_p.shape}, expected {self.obs_p.shape}")
+        self.staleness = validate_staleness(str(state["staleness"]))
+        self.n_bins = int(state["n_bins"])
+        self.obs_p[...] = obs_p
+        self.obs_t[...] = obs_t
+        self.n_updates = int(state["n_updates"])
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> PriorityTable:
+        """A table rebuilt from :meth:`state_dict`."""
+        table = cls(np.diff(np.asarray(state["offsets"])), staleness=str(state["staleness"]))
+        table.load_state_dict(state)
+        return table
+
+
+def _topk(
+    cand: np.ndarray, est: np.ndarray, k: int, rng: np.random.Generator | None
+) -> np.ndarray:
+    """Top-``k`` of ``cand`` by ``est`` (``+inf`` = unseen, ties picked by ``rng``)."""
+    if k <= 0 or cand.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if k >= cand.size:
+        return np.sort(cand)
+    unseen = np.isposinf(est)
+    n_unseen = int(unseen.sum())
+    if n_unseen >= k:
+        pool = cand[unseen]
+        pick = rng.choice(pool.size, size=k, replace=False) if rng is not None else np.arange(k)
+        return np.sort(pool[pick])
+    rest = k - n_unseen
+    seen_c, seen_e = cand[~unseen], est[~unseen]
+    top = np.argpartition(seen_e, seen_e.size - rest)[seen_e.size - rest:]
+    return np.sort(np.concatenate([cand[unseen], seen_c[top]]))

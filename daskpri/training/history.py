@@ -1,0 +1,91 @@
+"""The training history: per-step metrics kept as an ``xarray.Dataset``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+#: Per-step scalar metrics, with their units and meaning (``attrs``).
+STEP_VARIABLES: dict[str, tuple[str, str]] = {
+    "time": ("s", "training wall time since the first fit began, evaluation excluded"),
+    "loss": ("", "mean training loss of the samples processed in the step"),
+    "accuracy": ("", "accuracy on eval_data (NaN between evaluations)"),
+    "eval_loss": ("", "mean loss on eval_data (NaN between evaluations)"),
+    "train_accuracy": ("", "accuracy on the samples processed in the step"),
+    "samples": ("", "samples processed so far (forward and backward)"),
+    "grad_samples": ("", "samples whose gradient entered an update so far"),
+    "samples_per_second": ("1/s", "samples processed per second of step time"),
+    "step_time": ("s", "wall time of the step"),
+    "compute_time": ("s", "slowest worker's computation time in the step"),
+    "communication_time": ("s", "step time spent shipping weights, tasks and results"),
+    "selection_time": ("s", "time to update the priority table and select the next samples"),
+    "optimizer_time": ("s", "time to combine the gradients and step the optimizer"),
+    "eval_time": ("s", "time spent evaluating after the step"),
+    "n_workers": ("", "workers that took part in the step"),
+    "priority_mean": ("", "mean of the priorities computed in the step"),
+    "priority_max": ("", "max of the priorities computed in the step"),
+}
+
+#: Per-step, per-worker-slot metrics.
+WORKER_VARIABLES: dict[str, tuple[str, str]] = {
+    "worker_samples": ("", "samples processed by each worker slot in the step"),
+    "worker_compute_time": ("s", "computation time of each worker slot in the step"),
+}
+
+
+class HistoryRecorder:
+    """Collects one record per step and builds the history Dataset."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def to_dataset(self, attrs: dict[str, Any] | None = None) -> xr.Dataset:
+        """The history along ``step`` (and ``worker`` for per-worker metrics)."""
+        steps = np.array([r["step"] for r in self.records], dtype=np.int64)
+        data: dict[str, Any] = {}
+        for name, (units, doc) in STEP_VARIABLES.items():
+            values = np.array([r.get(name, np.nan) for r in self.records], dtype=np.float64)
+            data[name] = xr.Variable("step", values, {"units": units, "long_name": doc})
+        n_slots = max((len(r.get("worker_samples", ())) for r in self.records), default=0)
+        for name, (units, doc) in WORKER_VARIABLES.items():
+            values = np.full((len(self.records), n_slots), np.nan)
+            for i, r in enumerate(self.records):
+                row = r.get(name, ())
+                values[i, : len(row)] = row
+            data[name] = xr.Variable(("step", "worker"), values, {"units": units, "long_name": doc})
+        ds = xr.Dataset(data, coords={"step": steps, "worker": np.arange(n_slots)})
+        ds.attrs.update({k: _attr(v) for k, v in (attrs or {}).items()})
+        return ds
+
+
+def _attr(value: Any) -> Any:
+    """netCDF attributes hold numbers and strings only."""
+    if isinstance(value, (str, int, float, np.number)):
+        return value
+    if value is None:
+        return "None"
+    return repr(value)
+
+
+def time_to_accuracy(history: xr.Dataset, target: float) -> float:
+    """Training time at which ``accuracy`` first reached ``target`` (NaN if never).
+
+    Examples
+    --------
+    >>> import xarray as xr, numpy as np
+    >>> h = xr.Dataset({"time": ("step", [1.0, 2.0, 3.0]),
+    ...                 "accuracy": ("step", [0.5, np.nan, 0.9])})
+    >>> time_to_accuracy(h, 0.8)
+    3.0
+    """
+    acc = history["accuracy"].values
+    hit = np.flatnonzero(np.nan_to_num(acc, nan=-np.inf) >= target)
+    return float(history["time"].values[hit[0]]) if hit.size else float("nan")

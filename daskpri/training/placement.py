@@ -1,0 +1,140 @@
+"""Where things run: the cluster's workers, their resources, partition owners.
+
+Pure helpers (no futures are created here) so the placement rules are tested
+without a cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+
+def parse_resources(resources: Mapping[str, float] | str | None) -> dict[str, float] | None:
+    """``{"GPU": 1}`` from a mapping or from ``"GPU=1,MEM=2"`` (the CLI's form).
+
+    Examples
+    --------
+    >>> parse_resources("GPU=1")
+    {'GPU': 1.0}
+    """
+    if resources is None:
+        return None
+    if isinstance(resources, str):
+        out: dict[str, float] = {}
+        for item in filter(None, (s.strip() for s in resources.split(","))):
+            name, sep, value = item.partition("=")
+            try:
+                out[name.strip()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or not name.strip():
+                raise ValueError(
+                    f"resources should look like 'GPU=1' or 'GPU=1,MEM=4', but got {resources!r}"
+                ) from None
+        resources = out
+    if not isinstance(resources, Mapping):
+        raise TypeError(f"resources should be a dict like {{'GPU': 1}}, but got {resources!r}")
+    for name, value in resources.items():
+        if not isinstance(name, str) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(
+                "resources should map names to positive amounts, like {'GPU': 1}, "
+                f"but got {dict(resources)!r}"
+            )
+    return {k: float(v) for k, v in resources.items()} or None
+
+
+def eligible_workers(
+    workers: Mapping[str, Mapping[str, Any]], resources: dict[str, float] | None, address: str
+) -> list[str]:
+    """Sorted addresses of the workers that have ``resources``.
+
+    ``workers`` is ``client.scheduler_info()["workers"]``. Raises
+    ``ValueError`` naming the resource and how to start such workers when
+    none has it, instead of letting tasks wait forever.
+    """
+    if not workers:
+        raise RuntimeError(f"the cluster at {address} has no workers; start some with `dask worker {address}`")
+    if not resources:
+        return sorted(workers)
+    ok = [
+        addr
+        for addr, info in workers.items()
+        if all(info.get("resources", {}).get(k, 0) >= v for k, v in resources.items())
+    ]
+    if not ok:
+        have = sorted({k for info in workers.values() for k in info.get("resources", {})})
+        want = ",".join(f"{k}={v:g}" for k, v in resources.items())
+        raise ValueError(
+            f"resources={resources!r} were asked for, but none of the {len(workers)} workers "
+            f"of the cluster at {address} has them (resources found: {have or 'none'}); "
+            f"start workers with `dask worker {address} --resources {want}`, or "
+            f"LocalCluster(resources={resources!r}), or drop resources="
+        )
+    return sorted(ok)
+
+
+def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int) -> np.ndarray:
+    """Offsets ``[0, ..., n_samples]`` of the partitions of ``ds``.
+
+    A dataset chunked along ``sample`` is cut at its chunks (one partition =
+    one chunk). Otherwise it is cut into pieces of ``partition_size``; with
+    ``partition_size=None``, small enough that every worker gets at least
+    one partition.
+    """
+    n = ds.sizes["sample"]
+    chunks = ds["x"].chunksizes.get("sample") if ds["x"].chunks is not None else None
+    if chunks is not None and partition_size is None:
+        return np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+    if partition_size is None:
+        from daskpri import _config
+
+        partition_size = min(int(_config.get("trainer.partition-size")), math.ceil(n / n_workers))
+    if not isinstance(partition_size, (int, np.integer)) or partition_size < 1:
+        raise ValueError(
+            f"partition_size should be a positive integer, but got partition_size={partition_size!r}"
+        )
+    return np.unique(np.append(np.arange(0, n, partition_size), n)).astype(np.int64)
+
+
+def assign_owners(n_partitions: int, n_slots: int) -> np.ndarray:
+    """Worker slot of each partition: contiguous, balanced blocks.
+
+    Examples
+    --------
+    >>> assign_owners(5, 2).tolist()
+    [0, 0, 0, 1, 1]
+    """
+    return (np.arange(n_partitions) * n_slots // n_partitions).astype(np.int64)
+
+
+def reassign_owners(
+    owner_addr: list[str | None], live: list[str]
+) -> list[str]:
+    """Give partitions whose worker is gone to the least-loaded live workers.
+
+    Partitions on live workers stay where they are (their data is there).
+
+    Examples
+    --------
+    >>> reassign_owners(["a", "b", "b", None], ["a", "c"])
+    ['a', 'c', 'a', 'c']
+    """
+    live_set = set(live)
+    load = {w: 0 for w in live}
+    for a in owner_addr:
+        if a in live_set:
+            load[a] += 1
+    out: list[str] = []
+    for a in owner_addr:
+        if a in live_set:
+            out.append(a)  # type: ignore[arg-type]
+        else:
+            target = min(live, key=lambda w: (load[w], live.index(w)))
+            load[target] += 1
+            out.append(target)
+    return out

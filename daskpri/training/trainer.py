@@ -1,0 +1,638 @@
+"""The trainer: prioritized data-parallel SGD driven from the client.
+
+Each step: the cluster-held table applies the last step's priorities and
+selects this step's samples per worker (one RPC); the driver ships the current
+weights (CPU tensors, scattered once per step) and one task per worker; each
+worker computes the gradient and fresh priorities on its own partitions; the
+driver combines the gradients and steps its optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from distributed import Client, Future, LocalCluster, wait
+from distributed.client import FutureCancelledError
+from distributed.comm import CommClosedError
+from distributed.protocol import pickle
+from distributed.scheduler import KilledWorker
+from torch import nn
+
+from daskpri import _config
+from daskpri.data.io import open_dataset, validate_dataset
+from daskpri.replicas.replica import Weights
+from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, StoreRef, load_task, train_task
+from daskpri.strategies import Strategy, get_strategy
+from daskpri.table.plugin import RemoteTable
+from daskpri.table.staleness import validate_staleness
+from daskpri.training.evaluation import EvalSet
+from daskpri.training.history import HistoryRecorder
+from daskpri.training.placement import (
+    assign_owners,
+    eligible_workers,
+    parse_resources,
+    partition_bounds,
+    reassign_owners,
+)
+
+# Failures that mean "a worker (and what it held) is gone", after which a step
+# is re-planned on the workers left; anything else is the user's error.
+_LOST = (FutureCancelledError, KilledWorker, CommClosedError, OSError)
+
+
+class Trainer:
+    """Prioritized data-parallel SGD of a PyTorch module on a Dask cluster.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The module to train; the trainer's copy is the master, replicas are
+        built from it on every worker.
+    strategy : str or Strategy
+        ``"uniform"``, ``"projection"``, ``"length"``, ``"loss"``,
+        ``"selective-backprop"`` or a :class:`~daskpri.strategies.Strategy`.
+    client : distributed.Client, optional
+        The cluster to use. ``None`` starts a LocalCluster of ``n_workers``
+        (one thread each, bound to 127.0.0.1), closed by :meth:`close`.
+    seed : int
+        Seeds every random choice of the run; the same seed and cluster size
+        give the same selections.
+    n_workers : int, optional
+        Workers of the LocalCluster started when ``client`` is None (2), or
+        the number of the client's workers to use (all).
+    resources : dict or str, optional
+        Resources each training task requires, e.g. ``{"GPU": 1}``. ``None``
+        asks for ``{"GPU": 1}`` when the cluster's workers have GPUs.
+    batch_size, learning_rate, momentum, weight_decay, optimizer
+        Samples per worker per step, and the driver's optimizer (``"sgd"``
+        or ``"adam"``); ``None`` reads the ``daskpri.trainer`` config.
+    eval_every : int, optional
+        Steps between evaluations on ``eval_data``.
+    partition_size : int, optional
+        Samples per partition for data not chunked along ``sample``.
+    staleness : str, optional
+        Staleness model of the table: ``"keep"``, ``"exp-linear"``,
+        ``"exp-quadratic"``.
+    device : str, optional
+        Force the replicas' device (default: each worker's GPU, else CPU).
+    **strategy_options
+        Passed to the strategy named by ``strategy`` (``k``, ``renew``, ...).
+
+    Attributes
+    ----------
+    history_ : xarray.Dataset
+        Metrics along ``step``.
+    table_ : xarray.DataArray
+        The current priorities along ``sample``.
+    step_ : int
+        Steps taken over all calls of :meth:`fit`.
+
+    Examples
+    --------
+    >>> import daskpri
+    >>> train, test = daskpri.datasets.load("mnist1d")  # doctest: +SKIP
+    >>> model = daskpri.models.build_model("mlp", train)  # doctest: +SKIP
+    >>> with daskpri.Trainer(model, strategy="projection", seed=0) as trainer:  # doctest: +SKIP
+    ...     history = trainer.fit(train, eval_data=test, max_steps=500)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        strategy: str | Strategy = "projection",
+        client: Client | None = None,
+        seed: int = 0,
+        n_workers: int | None = None,
+        resources: Mapping[str, float] | str | None = None,
+        *,
+        batch_size: int | None = None,
+        learning_rate: float | None = None,
+        momentum: float | None = None,
+        weight_decay: float = 0.0,
+        optimizer: str | None = None,
+        eval_every: int | None = None,
+        partition_size: int | None = None,
+        staleness: str | None = None,
+        device: str | None = None,
+        **strategy_options: Any,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model should be a torch.nn.Module, but got {type(model).__name__}")
+        if client is not None and not isinstance(client, Client):
+            raise TypeError(f"client should be a distributed.Client, but got {type(client).__name__}")
+        self.model = model
+        self.strategy = get_strategy(strategy, **strategy_options)
+        self.seed = _check_int("seed", seed, minimum=0)
+        self.n_workers = None if n_workers is None else _check_int("n_workers", n_workers, minimum=1)
+        self.resources = parse_resources(resources)
+        self.batch_size = _check_int("batch_size", _config.get("trainer.batch-size", batch_size), 1)
+        self.learning_rate = _check_float(
+            "learning_rate", _config.get("trainer.learning-rate", learning_rate)
+        )
+        self.momentum = float(_config.get("trainer.momentum", momentum))
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum should be in [0, 1), but got momentum={momentum!r}")
+        self.weight_decay = float(weight_decay)
+        self.optimizer = _config.get("trainer.optimizer", optimizer)
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer should be one of 'sgd', 'adam', but got {self.optimizer!r}")
+        self.eval_every = _check_int("eval_every", _config.get("trainer.eval-every", eval_every), 1)
+        self.partition_size = (
+            None if partition_size is None else _check_int("partition_size", partition_size, 1)
+        )
+        self.staleness = validate_staleness(_config.get("table.staleness", staleness))
+        self.device = device
+        self._own_cluster: LocalCluster | None = None
+        self._client = client
+        self.run_id = f"{self.strategy.name}-{uuid.uuid4().hex[:8]}"
+        self.step_ = 0
+        self._recorder = HistoryRecorder()
+        self._opt: torch.optim.Optimizer | None = None
+        self._mean_grad: torch.Tensor | None = None
+        self._pending: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self._data_key: tuple[Any, ...] | None = None
+        self._elapsed = 0.0
+        self._torch_gen = torch.Generator().manual_seed(self.seed)
+
+    # -- cluster -------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        """The client in use (a LocalCluster's, started on first use)."""
+        if self._client is None:
+            n = self.n_workers or 2
+            self._own_cluster = LocalCluster(
+                n_workers=n,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",
+                resources=self.resources,
+            )
+            self._client = Client(self._own_cluster)
+        return self._client
+
+    def close(self) -> None:
+        """Release the run's state in the cluster; close a cluster we started."""
+        if self._client is not None and self._data_key is not None:
+            try:
+                self._table.close()
+                self._client.unregister_worker_plugin(self._plugin.name)
+            except Exception:  # the cluster may be gone already
+                pass
+        self._data_key = None
+        if self._own_cluster is not None:
+            self._client.close()  # type: ignore[union-attr]
+            self._own_cluster.close()
+            self._own_cluster = self._client = None
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- fit -----------------------------------------------------------------
+
+    def fit(
+        self,
+        data: xr.Dataset | str,
+        eval_data: xr.Dataset | str | None = None,
+        *,
+        max_steps: int | None = None,
+        max_time: float | None = None,
+        target_accuracy: float | None = None,
+        progress: bool = True,
+    ) -> xr.Dataset:
+        """Train on ``data`` until ``max_steps``, ``max_time`` or ``target_accuracy``.
+
+        Parameters
+        ----------
+        data : xarray.Dataset or path
+            Variables ``x`` and ``y`` along ``sample``, in memory or in a zarr
+            store / netCDF file (read partition by partition on the workers).
+        eval_data : xarray.Dataset or path, optional
+            Evaluated every ``eval_every`` steps and at the end.
+        max_steps : int, optional
+            Total steps of the trainer (a second ``fit`` continues counting).
+        max_time : float, optional
+            Seconds of training in this call.
+        target_accuracy : float, optional
+            Stop once the accuracy on ``eval_data`` reaches it.
+        progress : bool
+            Show a progress bar.
+
+        Returns
+        -------
+        xarray.Dataset
+            The history, also in ``history_``.
+        """
+        if max_steps is None and max_time is None:
+            raise ValueError("fit needs max_steps= or max_time= (target_accuracy= alone may never be reached)")
+        if max_steps is not None:
+            _check_int("max_steps", max_steps, 0)
+        if max_time is not None:
+            _check_float("max_time", max_time)
+        if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
+            raise ValueError(f"target_accuracy should be in (0, 1], but got {target_accuracy!r}")
+        if target_accuracy is not None and eval_data is None:
+            raise ValueError("target_accuracy= needs eval_data= to measure accuracy on")
+        ds = open_dataset(data, name="data")
+        info = validate_dataset(ds, name="data")
+        evalset = None
+        if eval_data is not None:
+            eds = open_dataset(eval_data, name="eval_data")
+            einfo = validate_dataset(eds, name="eval_data")
+            if einfo["x_shape"] != info["x_shape"]:
+                raise ValueError(
+                    f"eval_data.x should have per-sample shape {info['x_shape']} like data.x, "
+                    f"but got {einfo['x_shape']}"
+                )
+            evalset = EvalSet(eds)
+        self._prepare(ds, info, data)
+        if evalset is not None:
+            evalset.check(self._n_classes)
+
+        from tqdm.auto import tqdm
+
+        total = None if max_steps is None else max(0, max_steps - self.step_)
+        bar = tqdm(total=total, disable=not progress, desc=self.strategy.name, unit="step")
+        start = time.perf_counter()
+        try:
+            while True:
+                if max_steps is not None and self.step_ >= max_steps:
+                    break
+                if max_time is not None and time.perf_counter() - start >= max_time:
+                    break
+                record = self._step()
+                if evalset is not None and (self.step_ % self.eval_every == 0):
+                    self._evaluate(evalset, record)
+                self._recorder.append(record)
+                bar.update(1)
+                postfix = {"loss": f"{record['loss']:.3f}"}
+                if not math.isnan(record.get("accuracy", math.nan)):
+                    postfix["acc"] = f"{record['accuracy']:.3f}"
+                bar.set_postfix(postfix, refresh=False)
+                if target_accuracy is not None and record.get("accuracy", 0.0) >= target_accuracy:
+                    break
+            if evalset is not None and self._recorder.records:
+                last = self._recorder.records[-1]
+                if math.isnan(last.get("accuracy", math.nan)):
+                    self._evaluate(evalset, last)
+            self._flush()
+        finally:
+            bar.close()
+        return self.history_
+
+    # -- preparation ---------------------------------------------------------------
+
+    def _prepare(self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str) -> None:
+        client = self.client
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        if self.resources is None and workers and all(
+            w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values()
+        ):
+            self.resources = {"GPU": 1.0}
+        addrs = eligible_workers(workers, self.resources, client.scheduler.address)
+        if self.n_workers is not None and self._own_cluster is None:
+            if len(addrs) < self.n_workers:
+                raise ValueError(
+                    f"n_workers={self.n_workers} but the cluster has {len(addrs)} suitable workers"
+                )
+            addrs = addrs[: self.n_workers]
+        bounds = partition_bounds(ds, self.partition_size, len(addrs))
+        key = (
+            str(source) if not isinstance(source, xr.Dataset) else id(source),
+            tuple(bounds.tolist()),
+        )
+        if key == self._data_key:
+            return
+        if self._data_key is not None:
+            self.close()
+        self._n_classes = self._check_model(ds, info)
+        sizes = np.diff(bounds)
+        owner = assign_owners(len(sizes), len(addrs))
+        self._bounds = bounds
+        self._slots = addrs
+        self._owner_addr = [addrs[s] for s in owner]
+        self._source = source
+        self._ds = ds
+        self._plugin = ReplicaPlugin(
+            self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
+        )
+        client.register_plugin(self._plugin)
+        self._parts: dict[int, StoreRef | Future] = {}
+        self._place_partitions(list(range(len(sizes))))
+        RemoteTable.ensure_plugin(client)
+        self._table = RemoteTable(client, self.run_id)
+        self._table.create(
+            sizes, owner, self.strategy, seed=self.seed, batch_size=self.batch_size,
+            staleness=self.staleness, n_bins=int(_config.get("table.histogram-bins")),
+            info={"strategy": self.strategy.name, "params": repr(self.strategy),
+                  "n_workers": len(addrs), "n_samples": int(bounds[-1])},
+        )
+        self._data_key = key
+        self._init_optimizer()
+
+    def _check_model(self, ds: xr.Dataset, info: dict[str, Any]) -> int:
+        """Classes the labels need, checked against the model's output."""
+        n_classes = info.get("n_classes")
+        y_max = int(ds["y"].max().compute()) if n_classes is None else None
+        x0 = torch.as_tensor(np.asarray(ds["x"].isel(sample=slice(0, 2)).values, dtype=np.float32))
+        try:
+            with torch.no_grad():
+                out = self.model(x0)
+        except Exception as e:
+            raise ValueError(
+                f"the model could not run on data.x of per-sample shape {info['x_shape']}: {e}"
+            ) from e
+        if out.ndim != 2:
+            raise ValueError(
+                f"the model should output (batch, n_classes) logits, but got shape {tuple(out.shape)}"
+            )
+        width = int(out.shape[1])
+        if n_classes is None:
+            if width <= (y_max or 0):
+                raise ValueError(
+                    f"the model outputs {width} classes, but data.y holds label {y_max}; "
+                    f"labels should lie in [0, {width})"
+                )
+            return width
+        if width != n_classes:
+            raise ValueError(
+                f"the model outputs {width} classes, but data has n_classes={n_classes}"
+            )
+        return int(n_classes)
+
+    def _place_partitions(self, pids: list[int]) -> None:
+        """Make partitions ``pids`` available on their owners and check them."""
+        client = self.client
+        by_worker: dict[str, list[int]] = {}
+        for pid in pids:
+            by_worker.setdefault(self._owner_addr[pid], []).append(pid)
+        path = None if isinstance(self._source, xr.Dataset) else str(self._source)
+        for addr, mine in by_worker.items():
+            if path is not None:
+                for pid in mine:
+                    self._parts[pid] = StoreRef(path, int(self._bounds[pid]), int(self._bounds[pid + 1]))
+            else:
+                arrays = [
+                    ArrayPart(
+                        np.asarray(self._ds["x"].isel(sample=slice(a, b)).values),
+                        np.asarray(self._ds["y"].isel(sample=slice(a, b)).values),
+                    )
+                    for a, b in ((self._bounds[p], self._bounds[p + 1]) for p in mine)
+                ]
+                futures = client.scatter(arrays, workers=[addr], hash=False)
+                self._parts.update(zip(mine, futures))
+        checks = [
+            client.submit(
+                load_task, self._plugin.name, pid, self._parts[pid], pure=False,
+                workers=[self._owner_addr[pid]], allow_other_workers=True,
+                resources=self.resources, key=f"daskpri-load-{self.run_id}-{pid}",
+            )
+            for pid in pids
+        ]
+        client.gather(checks)
+
+    def _init_optimizer(self) -> None:
+        params = list(self.model.parameters())
+        if self.optimizer == "adam":
+            self._opt = torch.optim.Adam(params, lr=self.learning_rate, weight_decay=self.weight_decay)
+        else:
+            self._opt = torch.optim.SGD(
+                params, lr=self.learning_rate, momentum=self.momentum, weight_decay=self.weight_decay
+            )
+        self._mean_grad = None
+
+    # -- one step --------------------------------------------------------------------
+
+    def _step(self) -> dict[str, Any]:
+        step = self.step_
+        t_start = time.perf_counter()
+        for attempt in range(int(_config.get("trainer.max-retries")) + 1):
+            t0 = time.perf_counter()
+            selections = self._table.step(step, self._pending)
+            self._pending = []
+            t_select = time.perf_counter() - t0
+            try:
+                results = self._run_tasks(step, selections)
+                break
+            except _LOST as e:
+                if attempt == int(_config.get("trainer.max-retries")):
+                    raise RuntimeError(
+                        f"step {step} failed {attempt + 1} times after losing workers: {e}"
+                    ) from e
+                self._recover()
+        t1 = time.perf_counter()
+        grad = torch.zeros_like(results[0].grad)
+        n_grad = 0
+        for r in results:
+            grad += r.grad
+            n_grad += r.n_grad
+        loss_sum = sum(r.loss_sum for r in results)
+        n_loss = sum(r.n_loss for r in results)
+        if not math.isfinite(loss_sum):
+            bad = np.concatenate([r.indices[~np.isfinite(r.priorities)] for r in results])
+            raise FloatingPointError(
+                f"the training loss became {loss_sum} at step {step}"
+                + (f"; non-finite priorities for samples {bad[:10].tolist()}" if bad.size else "")
+            )
+        if n_grad:
+            self._apply_gradient(grad / n_grad)
+        t_opt = time.perf_counter() - t1
+        self.step_ += 1
+        for r in results:
+            if r.indices.size:
+                self._pending.append((r.indices, r.priorities, step))
+        prio = np.concatenate([r.priorities for r in results]) if results else np.empty(0)
+        step_time = time.perf_counter() - t_start
+        self._elapsed += step_time
+        compute = max(r.compute_seconds for r in results)
+        n_samples = sum(r.indices.size for r in results)
+        prev = self._recorder.records[-1] if self._recorder.records else {}
+        return {
+            "step": step,
+            "time": self._elapsed,
+            "loss": loss_sum / max(n_loss, 1),
+            "train_accuracy": sum(r.correct for r in results) / max(n_loss, 1),
+            "samples": prev.get("samples", 0) + n_samples,
+            "grad_samples": prev.get("grad_samples", 0) + n_grad,
+            "samples_per_second": n_samples / step_time,
+            "step_time": step_time,
+            "compute_time": compute,
+            "selection_time": t_select,
+            "optimizer_time": t_opt,
+            "communication_time": max(0.0, step_time - t_select - compute - t_opt),
+            "n_workers": len(results),
+            "priority_mean": float(prio.mean()) if prio.size else math.nan,
+            "priority_max": float(prio.max()) if prio.size else math.nan,
+            "worker_samples": [r.indices.size for r in results],
+            "worker_compute_time": [r.compute_seconds for r in results],
+        }
+
+    def _run_tasks(self, step: int, selections: list) -> list:
+        client = self.client
+        weights = Weights(
+            version=step,
+            params=torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone(),
+            buffers={k: v.detach().clone() for k, v in self.model.named_buffers()},
+            mean_grad=self._mean_grad if self.strategy.uses_mean_grad else None,
+        )
+        [wfut] = client.scatter([weights], hash=False)
+        futures = []
+        for slot, sel in enumerate(selections):
+            indices = np.concatenate([sel.train, sel.score]).astype(np.int64)
+            pids = np.searchsorted(self._bounds, indices, side="right") - 1
+            local = indices - self._bounds[pids]
+            parts = {int(p): self._parts[int(p)] for p in np.unique(pids)}
+            futures.append(
+                client.submit(
+                    train_task, self._plugin.name, wfut, self.strategy, pids, local,
+                    int(sel.train.size), sel.weights, indices, sel.extra, parts,
+                    (self.seed, step, slot),
+                    key=f"daskpri-step-{self.run_id}-{step}-{slot}-{uuid.uuid4().hex[:6]}",
+                    workers=[self._slots[slot]], allow_other_workers=True,
+                    resources=self.resources, pure=False,
+                )
+            )
+        self._wait(futures)
+        return client.gather(futures)
+
+    def _wait(self, futures: list[Future]) -> None:
+        """Wait for ``futures``; raise if no suitable worker is left for too long."""
+        client = self.client
+        deadline: float | None = None
+        while True:
+            try:
+                wait(futures, timeout=1.0)
+                return
+            except TimeoutError:
+                workers = client.scheduler_info(n_workers=-1)["workers"]
+                try:
+                    eligible_workers(workers, self.resources, client.scheduler.address)
+                    deadline = None
+                except (RuntimeError, ValueError) as e:
+                    deadline = deadline or time.monotonic() + dask_timeout()
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"no suitable worker for {dask_timeout():g} s "
+                            "(daskpri.trainer.no-workers-timeout): " + str(e)
+                        ) from e
+
+    def _apply_gradient(self, grad: torch.Tensor) -> None:
+        offset = 0
+        for p in self.model.parameters():
+            n = p.numel()
+            p.grad = grad[offset : offset + n].view_as(p).to(p.dtype).clone()
+            offset += n
+        assert self._opt is not None
+        self._opt.step()
+        if self.strategy.uses_mean_grad:
+            decay = float(getattr(self.strategy, "mean_grad_decay", 0.9))
+            if self._mean_grad is None:
+                self._mean_grad = grad.clone()
+            else:
+                self._mean_grad.mul_(decay).add_(grad, alpha=1.0 - decay)
+
+    def _recover(self) -> None:
+        """Re-plan after losing workers: move their partitions to live ones."""
+        client = self.client
+        deadline = time.monotonic() + dask_timeout()
+        while True:
+            workers = client.scheduler_info(n_workers=-1)["workers"]
+            try:
+                live = eligible_workers(workers, self.resources, client.scheduler.address)
+                break
+            except (RuntimeError, ValueError):
+                if time.monotonic() > deadline:
+                    raise
+                client.sync(client.scheduler.identity)  # a round trip, then look again
+                time.sleep(0.2)
+        old = self._owner_addr
+        self._owner_addr = reassign_owners([a if a in live else None for a in old], live)
+        self._slots = sorted(set(self._owner_addr))
+        slot_of = {a: i for i, a in enumerate(self._slots)}
+        moved = [
+            pid for pid, (a, b) in enumerate(zip(old, self._owner_addr))
+            if a != b or (isinstance(self._parts.get(pid), Future) and self._parts[pid].status != "finished")
+        ]
+        for pid in moved:
+            self._parts.pop(pid, None)
+        if moved:
+            self._place_partitions(moved)
+        self._table.set_owner(np.array([slot_of[a] for a in self._owner_addr], dtype=np.int64))
+
+    def _evaluate(self, evalset: EvalSet, record: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        acc, loss = evalset.evaluate(self.model)
+        record["accuracy"], record["eval_loss"] = acc, loss
+        record["eval_time"] = time.perf_counter() - t0
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._table.update(self._pending)
+            self._pending = []
+
+    # -- results ------------------------------------------------------------------------
+
+    @property
+    def history_(self) -> xr.Dataset:
+        """The metrics of every step so far, as an ``xarray.Dataset``."""
+        return self._recorder.to_dataset(
+            {
+                "strategy": self.strategy.name,
+                "strategy_params": repr(self.strategy),
+                "seed": self.seed,
+                "batch_size": self.batch_size,
+                "learning_rate": self.learning_rate,
+                "optimizer": self.optimizer,
+                "n_workers": len(getattr(self, "_slots", ())),
+                "resources": repr(self.resources),
+            }
+        )
+
+    @property
+    def table_(self) -> xr.DataArray:
+        """The current priorities along ``sample`` (fetched from the cluster)."""
+        if self._data_key is None:
+            raise RuntimeError("table_ is available after fit")
+        self._flush()
+        p = self._table.priorities()
+        pid = np.repeat(np.arange(len(self._bounds) - 1), np.diff(self._bounds))
+        return xr.DataArray(
+            p["priority"],
+            dims="sample",
+            coords={"version": ("sample", p["version"]), "partition": ("sample", pid)},
+            name="priority",
+            attrs={"strategy": self.strategy.name, "staleness": self.staleness},
+        )
+
+
+def dask_timeout() -> float:
+    """The no-workers timeout of the ``daskpri.trainer`` config, in seconds."""
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(_config.get("trainer.no-workers-timeout")))
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} should be {kind}, but got {name}={value!r}")
+    return int(value)
+
+
+def _check_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise ValueError(f"{name} should be a positive finite number, but got {name}={value!r}")
+    return float(value)
