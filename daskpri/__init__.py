@@ -9,15 +9,16 @@ Examples
 
 from __future__ import annotations
 
-from daskpri import _config  # noqa: F401  (loads the config defaults)
+from daskpri import (
+    _config,  # noqa: F401  (loads the config defaults)
+    models,  # noqa: E402  (after data: it reads dataset info)
+)
 from daskpri._warnings import DaskpriWarning
 from daskpri.data import datasets
 from daskpri.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
 from daskpri.table.table import PriorityTable
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.trainer import Trainer
-
-from daskpri import models  # noqa: E402  (after data: it reads dataset info)
 
 __version__ = "0.1.0"
 

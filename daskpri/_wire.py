@@ -23,7 +23,10 @@ def pack_tree(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return {"__ndarray__": pack(obj)}
     if isinstance(obj, dict):
-        return {str(k) if not isinstance(k, int) else f"__int__{k}": pack_tree(v) for k, v in obj.items()}
+        return {
+            str(k) if not isinstance(k, int) else f"__int__{k}": pack_tree(v)
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
         return [pack_tree(v) for v in obj]
     if isinstance(obj, np.generic):

@@ -9,6 +9,7 @@ not be able to run code.
 from __future__ import annotations
 
 import gzip
+import importlib
 import os
 import pickle
 from typing import IO, Any, cast
@@ -158,11 +159,12 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 def _allowed_globals() -> dict[tuple[str, str], Any]:
     try:
-        from numpy._core.multiarray import _reconstruct
-        from numpy._core.numeric import _frombuffer
+        multiarray = importlib.import_module("numpy._core.multiarray")
+        numeric = importlib.import_module("numpy._core.numeric")
     except ImportError:  # numpy < 2 has no numpy._core
-        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
-        from numpy.core.numeric import _frombuffer  # type: ignore[no-redef]
+        multiarray = importlib.import_module("numpy.core.multiarray")
+        numeric = importlib.import_module("numpy.core.numeric")
+    _reconstruct, _frombuffer = multiarray._reconstruct, numeric._frombuffer
     return {
         ("builtins", "dict"): dict,
         ("builtins", "list"): list,
@@ -191,7 +193,7 @@ def load_pickle(path: str) -> Any:
 def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     batch = load_pickle(path)
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        keys = list(batch) if isinstance(batch, dict) else type(batch).__name__
         raise ValueError(
             f"{path} should hold a dict with keys b'data' and b'labels', but got {keys}"
         )

@@ -169,7 +169,9 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
     }
 
 
-def check_values(x: np.ndarray, y: np.ndarray, *, n_classes: int | None, where: str) -> None:
+def check_values(
+    x: np.ndarray, y: np.ndarray, *, n_classes: int | None, where: str, offset: int = 0
+) -> None:
     """Check loaded features for NaN/inf and labels for the allowed range.
 
     Meant for one partition once it is in memory: `validate_dataset` checks
@@ -187,6 +189,9 @@ def check_values(x: np.ndarray, y: np.ndarray, *, n_classes: int | None, where: 
     where : str
         Where the values come from, for the message, e.g.
         ``"partition 3 (samples 3000-3999)"``.
+    offset : int
+        Index of the first row in the whole dataset, so messages name the
+        sample as the user numbers it.
 
     Raises
     ------
@@ -210,7 +215,7 @@ def check_values(x: np.ndarray, y: np.ndarray, *, n_classes: int | None, where: 
         bad = ~np.isfinite(x)
         n_bad = int(bad.sum())
         if n_bad:
-            first = int(np.argmax(bad.reshape(len(x), -1).any(axis=1)))
+            first = offset + int(np.argmax(bad.reshape(len(x), -1).any(axis=1)))
             raise ValueError(
                 f"x in {where} should hold finite numbers, but got {n_bad} NaN or infinite "
                 f"value{'s' if n_bad != 1 else ''}, the first at sample {first}"
@@ -220,9 +225,10 @@ def check_values(x: np.ndarray, y: np.ndarray, *, n_classes: int | None, where: 
     n_bad = int(bad.sum())
     if n_bad:
         first = int(np.argmax(bad))
+        label, first = y[first], first + offset
         allowed = "non-negative" if n_classes is None else f"in [0, {n_classes})"
         raise ValueError(
-            f"y in {where} should be {allowed}, but got {y[first]} at sample {first} "
+            f"y in {where} should be {allowed}, but got {label} at sample {first} "
             f"({n_bad} bad label{'s' if n_bad != 1 else ''})"
         )
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import dask.config
 import numpy as np
 import torch
 from distributed import WorkerPlugin, get_worker
@@ -39,6 +40,7 @@ class ArrayPart:
 
     x: np.ndarray
     y: np.ndarray
+    start: int
 
 
 PartitionRef = StoreRef | ArrayPart
@@ -98,13 +100,17 @@ class ReplicaPlugin(WorkerPlugin):
         if cached is not None:
             return cached
         if isinstance(ref, StoreRef):
-            ds = open_dataset(ref.path).isel(sample=slice(ref.start, ref.stop))
-            x, y = np.asarray(ds["x"].values), np.asarray(ds["y"].values)
+            # Read in this thread: a dask compute here would submit tasks to
+            # the cluster from inside a task and wait on this worker's slot.
+            with dask.config.set(scheduler="synchronous"):
+                ds = open_dataset(ref.path).isel(sample=slice(ref.start, ref.stop))
+                x, y = np.asarray(ds["x"].values), np.asarray(ds["y"].values)
             where = f"partition {pid} (samples {ref.start}-{ref.stop - 1} of {ref.path})"
+            start = ref.start
         else:
-            x, y = ref.x, ref.y
-            where = f"partition {pid}"
-        check_values(x, y, n_classes=self.n_classes, where=where)
+            x, y, start = ref.x, ref.y, ref.start
+            where = f"partition {pid} (samples {start}-{start + len(y) - 1})"
+        check_values(x, y, n_classes=self.n_classes, where=where, offset=start)
         device = self.replica.device
         xt = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device)
         yt = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
@@ -127,8 +133,12 @@ def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
     """Load and check a partition on this worker (run once per partition)."""
     plugin = _plugin(name)
     x, y = plugin.partition(pid, ref)
-    return {"pid": pid, "n": int(x.shape[0]), "worker": plugin.address,
-            "device": str(plugin.replica.device)}
+    return {
+        "pid": pid,
+        "n": int(x.shape[0]),
+        "worker": plugin.address,
+        "device": str(plugin.replica.device),
+    }
 
 
 @dataclass
@@ -188,12 +198,20 @@ def train_task(
     else:
         x_all = torch.empty(0, device=device)
         y_all = torch.empty(0, dtype=torch.int64, device=device)
-    w = None if sample_weights is None else torch.as_tensor(
-        sample_weights, dtype=torch.float32, device=device
+    w = (
+        None
+        if sample_weights is None
+        else torch.as_tensor(sample_weights, dtype=torch.float32, device=device)
     )
     batch = Batch(
-        x=x_all, y=y_all, indices=indices, n_train=n_train, weights=w,
-        mean_grad=weights.mean_grad, extra=extra, rng=np.random.default_rng(list(seed)),
+        x=x_all,
+        y=y_all,
+        indices=indices,
+        n_train=n_train,
+        weights=w,
+        mean_grad=weights.mean_grad,
+        extra=extra,
+        rng=np.random.default_rng(list(seed)),
     )
     if x_all.shape[0] == 0:
         grad = torch.zeros(replica.n_params)
@@ -218,4 +236,3 @@ def train_task(
         device=str(device),
         pid=os.getpid(),
     )
-

@@ -57,6 +57,14 @@ class SelectContext:
     #: the strategy's own state, kept with the table and checkpointed with it
     state: dict[str, Any]
 
+    def candidates(self, slot: int) -> np.ndarray | slice:
+        """The samples of ``slot``: a slice when they are contiguous (fast path)."""
+        group = self.groups[slot]
+        if group.size and int(group[-1]) - int(group[0]) + 1 == group.size:
+            # groups are sorted and unique, so this span is exactly the group
+            return slice(int(group[0]), int(group[-1]) + 1)
+        return group
+
     def owner_of(self, indices: np.ndarray) -> np.ndarray:
         """The worker slot holding each of ``indices``."""
         return self.owner[self.table.partition_of(indices)]

@@ -33,9 +33,7 @@ def sampling_probabilities(priorities: np.ndarray, epsilon: float) -> np.ndarray
         fill = loss[~unseen].max() if (~unseen).any() else 1.0
         loss = np.where(unseen, fill, loss)
     if (loss < 0).any():
-        raise ValueError(
-            f"loss priorities should be non-negative, but got {float(loss.min())}"
-        )
+        raise ValueError(f"loss priorities should be non-negative, but got {float(loss.min())}")
     n = loss.size
     total = loss.sum()
     if total <= 0:

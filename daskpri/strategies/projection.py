@@ -76,8 +76,7 @@ class Projection(Strategy):
         out = []
         for slot, group in enumerate(ctx.groups):
             renew = round_robin(ctx, slot, math.ceil(self.renew * group.size))
-            exclude = np.isin(group, renew, assume_unique=True)
-            top = ctx.table.topk(k, group, ctx.step, ctx.rng, exclude=exclude)
+            top = ctx.table.topk(k, ctx.candidates(slot), ctx.step, ctx.rng, exclude=renew)
             if self.train_on_renew:
                 out.append(Selection(train=np.sort(np.concatenate([top, renew]))))
             else:

@@ -92,7 +92,7 @@ class SelectiveBackprop(Strategy):
         extra: dict[str, np.ndarray] = {}
         if self.beta is not None:
             seen = ctx.table.version >= 0
-            losses = ctx.table.obs_p[seen, 0]
+            losses = ctx.table.current[seen]
             if losses.size > 1024:
                 losses = ctx.rng.choice(losses, 1024, replace=False)
             extra["reference"] = np.sort(losses)

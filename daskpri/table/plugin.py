@@ -104,8 +104,19 @@ class TablePlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        for op in ("create", "step", "update", "set_owner", "state", "load", "summary",
-                   "priorities", "metrics", "runs", "close"):
+        for op in (
+            "create",
+            "step",
+            "update",
+            "set_owner",
+            "state",
+            "load",
+            "summary",
+            "priorities",
+            "metrics",
+            "runs",
+            "close",
+        ):
             scheduler.handlers[f"daskpri_{op}"] = getattr(self, f"_{op}")
 
     async def close(self) -> None:
@@ -115,7 +126,9 @@ class TablePlugin(SchedulerPlugin):
         try:
             return self.runs[run]
         except KeyError:
-            raise KeyError(f"no daskpri run {run!r} on this scheduler; runs: {sorted(self.runs)}")
+            raise KeyError(
+                f"no daskpri run {run!r} on this scheduler; runs: {sorted(self.runs)}"
+            ) from None
 
     # -- handlers (called with the message's keyword arguments) ----------------
 
@@ -186,8 +199,14 @@ class TablePlugin(SchedulerPlugin):
     def _summary(self, run: str, step: int | None = None) -> dict:
         tr = self._run(run)
         s = tr.table.summaries(tr.last_step if step is None else step)
-        s = dict(s, owner=tr.owner, n_updates=tr.table.n_updates, last_step=tr.last_step,
-                 info=tr.info, selection_seconds=tr.selection_seconds)
+        s = dict(
+            s,
+            owner=tr.owner,
+            n_updates=tr.table.n_updates,
+            last_step=tr.last_step,
+            info=tr.info,
+            selection_seconds=tr.selection_seconds,
+        )
         return pack_tree(s)
 
     def _priorities(self, run: str) -> dict:
@@ -223,6 +242,7 @@ class RemoteTable:
     @staticmethod
     def ensure_plugin(client: Client) -> None:
         """Register :class:`TablePlugin` on the scheduler unless it is there."""
+
         def has_plugin(dask_scheduler: Scheduler) -> bool:
             return PLUGIN_NAME in dask_scheduler.plugins
 
@@ -245,18 +265,28 @@ class RemoteTable:
         info: dict[str, Any],
     ) -> None:
         self._call(
-            "create", run=self.run, sizes=pack(np.asarray(sizes, dtype=np.int64)),
-            owner=pack(np.asarray(owner, dtype=np.int64)), strategy=pickle.dumps(strategy),
-            seed=seed, batch_size=batch_size, staleness=staleness, n_bins=n_bins, info=info,
+            "create",
+            run=self.run,
+            sizes=pack(np.asarray(sizes, dtype=np.int64)),
+            owner=pack(np.asarray(owner, dtype=np.int64)),
+            strategy=pickle.dumps(strategy),
+            seed=seed,
+            batch_size=batch_size,
+            staleness=staleness,
+            n_bins=n_bins,
+            info=info,
         )
 
     def step(
-        self, step: int, updates: list[tuple[np.ndarray, np.ndarray, int]],
+        self,
+        step: int,
+        updates: list[tuple[np.ndarray, np.ndarray, int]],
         metrics: dict[str, Any] | None = None,
     ) -> list[Selection]:
         """Apply ``updates``, then return the selections for ``step``."""
-        out = self._call("step", run=self.run, step=step, updates=_pack_updates(updates),
-                         metrics=metrics)
+        out = self._call(
+            "step", run=self.run, step=step, updates=_pack_updates(updates), metrics=metrics
+        )
         return [
             Selection(
                 train=unpack(s["train"]),
@@ -267,8 +297,11 @@ class RemoteTable:
             for s in out
         ]
 
-    def update(self, updates: list[tuple[np.ndarray, np.ndarray, int]],
-               metrics: dict[str, Any] | None = None) -> None:
+    def update(
+        self,
+        updates: list[tuple[np.ndarray, np.ndarray, int]],
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
         self._call("update", run=self.run, updates=_pack_updates(updates), metrics=metrics)
 
     def set_owner(self, owner: np.ndarray) -> None:
@@ -295,7 +328,10 @@ class RemoteTable:
 
 def _pack_updates(updates: list[tuple[np.ndarray, np.ndarray, int]]) -> list[dict[str, Any]]:
     return [
-        {"indices": pack(np.asarray(i, dtype=np.int64)),
-         "priorities": pack(np.asarray(p, dtype=np.float64)), "step": int(s)}
+        {
+            "indices": pack(np.asarray(i, dtype=np.int64)),
+            "priorities": pack(np.asarray(p, dtype=np.float64)),
+            "step": int(s),
+        }
         for i, p, s in updates
     ]

@@ -69,8 +69,13 @@ class PriorityTable:
         self.n_bins = int(n_bins)
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         n = int(self.offsets[-1])
-        self.obs_p = np.zeros((n, HISTORY), dtype=np.float64)
-        self.obs_t = np.full((n, HISTORY), -1, dtype=np.int64)
+        # The newest observation in contiguous arrays (``current`` is +inf
+        # where unseen, so "keep" estimates are a view and unseen samples rank
+        # first in a top-k), older ones beside them for the staleness fits.
+        self.current = np.full(n, np.inf, dtype=np.float64)
+        self.version = np.full(n, -1, dtype=np.int64)
+        self.older_p = np.zeros((n, HISTORY - 1), dtype=np.float64)
+        self.older_t = np.full((n, HISTORY - 1), -1, dtype=np.int64)
         self.n_updates = 0
 
     # -- shape ---------------------------------------------------------------
@@ -93,12 +98,13 @@ class PriorityTable:
     @property
     def priority(self) -> np.ndarray:
         """The last computed priority of each sample (``nan`` where never computed)."""
-        return np.where(self.version >= 0, self.obs_p[:, 0], np.nan)
+        return np.where(self.version >= 0, self.current, np.nan)
 
-    @property
-    def version(self) -> np.ndarray:
-        """The step at which each priority was last computed (``-1``: never)."""
-        return self.obs_t[:, 0]
+    def observations(self, indices: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
+        """The last observations ``(p, t)`` of ``indices``, newest first, ``(n, 3)``."""
+        p = np.column_stack([self.current[indices], self.older_p[indices]])
+        t = np.column_stack([self.version[indices], self.older_t[indices]])
+        return np.where(t >= 0, p, 0.0), t
 
     def partition_of(self, indices: np.ndarray) -> np.ndarray:
         """The partition that holds each of ``indices``."""
@@ -139,9 +145,7 @@ class PriorityTable:
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self.n_samples:
             bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"indices should lie in [0, {self.n_samples}), but got {bad}"
-            )
+            raise ValueError(f"indices should lie in [0, {self.n_samples}), but got {bad}")
         finite = np.isfinite(val)
         if not finite.all():
             where = np.flatnonzero(~finite)
@@ -149,48 +153,71 @@ class PriorityTable:
                 f"priorities should be finite, but got {where.size} non-finite value(s), "
                 f"first {val[where[0]]} for sample {int(idx[where[0]])}"
             )
-        self.obs_p[idx, 1:] = self.obs_p[idx, :-1]
-        self.obs_t[idx, 1:] = self.obs_t[idx, :-1]
-        self.obs_p[idx, 0] = val
-        self.obs_t[idx, 0] = step
+        if self.older_p.shape[1] > 1:
+            self.older_p[idx, 1:] = self.older_p[idx, :-1]
+            self.older_t[idx, 1:] = self.older_t[idx, :-1]
+        self.older_p[idx, 0] = self.current[idx]
+        self.older_t[idx, 0] = self.version[idx]
+        self.current[idx] = val
+        self.version[idx] = step
         self.n_updates += idx.size
 
     def forget(self, indices: np.ndarray) -> None:
         """Mark ``indices`` as never computed (they get the maximum priority)."""
-        self.obs_t[np.asarray(indices, dtype=np.int64)] = -1
+        idx = np.asarray(indices, dtype=np.int64)
+        self.current[idx] = np.inf
+        self.version[idx] = -1
+        self.older_t[idx] = -1
 
     # -- queries -----------------------------------------------------------------
 
-    def estimate(self, step: int, indices: np.ndarray | None = None) -> np.ndarray:
-        """Priorities at ``step`` under the staleness model; ``+inf`` if unseen."""
-        if indices is None:
-            return estimate(self.obs_p, self.obs_t, step, self.staleness)
-        idx = np.asarray(indices, dtype=np.int64)
+    def estimate(self, step: int, indices: np.ndarray | slice | None = None) -> np.ndarray:
+        """Priorities at ``step`` under the staleness model; ``+inf`` if unseen.
+
+        With the ``keep`` model and a slice, this is a read-only view.
+        """
+        sel = slice(None) if indices is None else indices
         if self.staleness == "keep":
-            # The common case, kept free of the (n, 3) gathers of the fits.
-            p = self.obs_p[idx, 0]
-            return np.where(self.obs_t[idx, 0] >= 0, p, np.inf)
-        return estimate(self.obs_p[idx], self.obs_t[idx], step, self.staleness)
+            out = self.current[sel]
+            if isinstance(sel, slice):
+                out = out.view()
+                out.flags.writeable = False
+            return out
+        p, t = self.observations(sel)
+        return estimate(p, t, step, self.staleness)
 
     def topk(
         self,
         k: int,
-        candidates: np.ndarray,
+        candidates: np.ndarray | slice,
         step: int,
         rng: np.random.Generator | None = None,
         exclude: np.ndarray | None = None,
     ) -> np.ndarray:
         """The ``k`` candidates of highest estimated priority, sorted by index.
 
-        Unseen samples rank first; when more than ``k`` are unseen, ``rng``
-        picks among them uniformly (by position when ``rng`` is None).
-        ``exclude`` (a boolean mask over ``candidates``) removes candidates.
+        ``candidates`` are global indices, or a slice of them (the fast path
+        for a worker's contiguous partitions). Unseen samples rank first; when
+        more than ``k`` are unseen, ``rng`` picks among them uniformly (by
+        position when ``rng`` is None). ``exclude`` lists global indices that
+        may not be picked.
         """
-        cand = np.asarray(candidates, dtype=np.int64)
-        est = self.estimate(step, cand)
-        if exclude is not None:
-            cand, est = cand[~exclude], est[~exclude]
-        return _topk(cand, est, k, rng)
+        est = self.estimate(step, candidates)
+        if isinstance(candidates, slice):
+            start, stop, _ = candidates.indices(self.n_samples)
+            cand = None
+            base = start
+        else:
+            cand = np.asarray(candidates, dtype=np.int64)
+            base = 0
+        excluded = np.empty(0, dtype=np.int64) if exclude is None else np.asarray(exclude)
+        pos = _topk_positions(est, k, rng, excluded.size)
+        picked = pos + base if cand is None else cand[pos]
+        if excluded.size:
+            keep = ~np.isin(picked, excluded)
+            order = np.argsort(-est[pos][keep], kind="stable")[:k]
+            picked = picked[keep][order]
+        return np.sort(picked)
 
     def summaries(self, step: int) -> dict[str, np.ndarray]:
         """Per-partition summaries of the last computed priorities.
@@ -202,7 +229,7 @@ class PriorityTable:
         ``bin_edges`` (bins + 1).
         """
         seen = self.version >= 0
-        p = self.obs_p[:, 0]
+        p = self.current
         starts = self.offsets[:-1]
         total = np.add.reduceat(np.where(seen, p, 0.0), starts)
         n_seen = np.add.reduceat(seen.astype(np.int64), starts)
@@ -230,7 +257,7 @@ class PriorityTable:
         seen = self.version >= 0
         if not seen.any():
             return np.linspace(0.0, 1.0, self.n_bins + 1)
-        p = self.obs_p[seen, 0]
+        p = self.current[seen]
         lo, hi = float(p.min()), float(p.max())
         if hi <= lo:
             hi = lo + 1.0
@@ -242,15 +269,20 @@ class PriorityTable:
         """The table's state, as numpy arrays and plain values."""
         return {
             "offsets": self.offsets.copy(),
-            "obs_p": self.obs_p.copy(),
-            "obs_t": self.obs_t.copy(),
+            "current": self.current.copy(),
+            "version": self.version.copy(),
+            "older_p": self.older_p.copy(),
+            "older_t": self.older_t.copy(),
             "staleness": self.staleness,
             "n_bins": self.n_bins,
             "n_updates": self.n_updates,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`; the partitions must match."""
+        """Restore a state from :meth:`state_dict`; the partitions must match.
+
+        Everything is checked before anything is written.
+        """
         offsets = np.asarray(state["offsets"])
         if not np.array_equal(offsets, self.offsets):
             raise ValueError(
@@ -258,13 +290,21 @@ class PriorityTable:
                 f"{len(offsets) - 1} partitions of {int(offsets[-1])} samples in the state, "
                 f"{self.n_partitions} of {self.n_samples} here"
             )
-        obs_p, obs_t = np.asarray(state["obs_p"]), np.asarray(state["obs_t"])
-        if obs_p.shape != self.obs_p.shape or obs_t.shape != self.obs_t.shape:
-            raise ValueError(f"the state's arrays have shape {obs_p.shape}, expected {self.obs_p.shape}")
-        self.staleness = validate_staleness(str(state["staleness"]))
+        arrays = {k: np.asarray(state[k]) for k in ("current", "version", "older_p", "older_t")}
+        for k, a in arrays.items():
+            if a.shape != getattr(self, k).shape:
+                raise ValueError(
+                    f"the state's {k} has shape {a.shape}, expected {getattr(self, k).shape}"
+                )
+        seen = arrays["version"] >= 0
+        if not np.isfinite(arrays["current"][seen]).all():
+            raise ValueError("the state's priorities should be finite where computed")
+        staleness = validate_staleness(str(state["staleness"]))
+        self.staleness = staleness
         self.n_bins = int(state["n_bins"])
-        self.obs_p[...] = obs_p
-        self.obs_t[...] = obs_t
+        for k, a in arrays.items():
+            getattr(self, k)[...] = a
+        self.current[~seen] = np.inf
         self.n_updates = int(state["n_updates"])
 
     @classmethod
@@ -275,21 +315,22 @@ class PriorityTable:
         return table
 
 
-def _topk(
-    cand: np.ndarray, est: np.ndarray, k: int, rng: np.random.Generator | None
+def _topk_positions(
+    est: np.ndarray, k: int, rng: np.random.Generator | None, slack: int = 0
 ) -> np.ndarray:
-    """Top-``k`` of ``cand`` by ``est`` (``+inf`` = unseen, ties picked by ``rng``)."""
-    if k <= 0 or cand.size == 0:
+    """Positions of the ``k + slack`` largest of ``est`` (unseen = ``+inf`` first).
+
+    When more than ``k + slack`` are unseen, ``rng`` picks among them.
+    """
+    want = k + slack
+    if k <= 0 or est.size == 0:
         return np.empty(0, dtype=np.int64)
-    if k >= cand.size:
-        return np.sort(cand)
-    unseen = np.isposinf(est)
-    n_unseen = int(unseen.sum())
-    if n_unseen >= k:
-        pool = cand[unseen]
-        pick = rng.choice(pool.size, size=k, replace=False) if rng is not None else np.arange(k)
-        return np.sort(pool[pick])
-    rest = k - n_unseen
-    seen_c, seen_e = cand[~unseen], est[~unseen]
-    top = np.argpartition(seen_e, seen_e.size - rest)[seen_e.size - rest:]
-    return np.sort(np.concatenate([cand[unseen], seen_c[top]]))
+    if want >= est.size:
+        return np.arange(est.size)
+    n_unseen = int(np.count_nonzero(np.isposinf(est)))
+    if n_unseen >= want:
+        pool = np.flatnonzero(np.isposinf(est))
+        if rng is None:
+            return pool[:want]
+        return pool[rng.choice(pool.size, size=want, replace=False)]
+    return np.argpartition(est, est.size - want)[est.size - want :]

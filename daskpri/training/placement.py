@@ -58,7 +58,9 @@ def eligible_workers(
     none has it, instead of letting tasks wait forever.
     """
     if not workers:
-        raise RuntimeError(f"the cluster at {address} has no workers; start some with `dask worker {address}`")
+        raise RuntimeError(
+            f"the cluster at {address} has no workers; start some with `dask worker {address}`"
+        )
     if not resources:
         return sorted(workers)
     ok = [
@@ -96,7 +98,8 @@ def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int)
         partition_size = min(int(_config.get("trainer.partition-size")), math.ceil(n / n_workers))
     if not isinstance(partition_size, (int, np.integer)) or partition_size < 1:
         raise ValueError(
-            f"partition_size should be a positive integer, but got partition_size={partition_size!r}"
+            "partition_size should be a positive integer, but got "
+            f"partition_size={partition_size!r}"
         )
     return np.unique(np.append(np.arange(0, n, partition_size), n)).astype(np.int64)
 
@@ -112,9 +115,7 @@ def assign_owners(n_partitions: int, n_slots: int) -> np.ndarray:
     return (np.arange(n_partitions) * n_slots // n_partitions).astype(np.int64)
 
 
-def reassign_owners(
-    owner_addr: list[str | None], live: list[str]
-) -> list[str]:
+def reassign_owners(owner_addr: list[str | None], live: list[str]) -> list[str]:
     """Give partitions whose worker is gone to the least-loaded live workers.
 
     Partitions on live workers stay where they are (their data is there).

@@ -13,13 +13,13 @@ import math
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import CancelledError
 from typing import Any
 
 import numpy as np
 import torch
 import xarray as xr
 from distributed import Client, Future, LocalCluster, wait
-from distributed.client import FutureCancelledError
 from distributed.comm import CommClosedError
 from distributed.protocol import pickle
 from distributed.scheduler import KilledWorker
@@ -44,7 +44,7 @@ from daskpri.training.placement import (
 
 # Failures that mean "a worker (and what it held) is gone", after which a step
 # is re-planned on the workers left; anything else is the user's error.
-_LOST = (FutureCancelledError, KilledWorker, CommClosedError, OSError)
+_LOST = (CancelledError, KilledWorker, CommClosedError, OSError)
 
 
 class Trainer:
@@ -126,11 +126,15 @@ class Trainer:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model should be a torch.nn.Module, but got {type(model).__name__}")
         if client is not None and not isinstance(client, Client):
-            raise TypeError(f"client should be a distributed.Client, but got {type(client).__name__}")
+            raise TypeError(
+                f"client should be a distributed.Client, but got {type(client).__name__}"
+            )
         self.model = model
         self.strategy = get_strategy(strategy, **strategy_options)
         self.seed = _check_int("seed", seed, minimum=0)
-        self.n_workers = None if n_workers is None else _check_int("n_workers", n_workers, minimum=1)
+        self.n_workers = (
+            None if n_workers is None else _check_int("n_workers", n_workers, minimum=1)
+        )
         self.resources = parse_resources(resources)
         self.batch_size = _check_int("batch_size", _config.get("trainer.batch-size", batch_size), 1)
         self.learning_rate = _check_float(
@@ -142,7 +146,9 @@ class Trainer:
         self.weight_decay = float(weight_decay)
         self.optimizer = _config.get("trainer.optimizer", optimizer)
         if self.optimizer not in ("sgd", "adam"):
-            raise ValueError(f"optimizer should be one of 'sgd', 'adam', but got {self.optimizer!r}")
+            raise ValueError(
+                f"optimizer should be one of 'sgd', 'adam', but got {self.optimizer!r}"
+            )
         self.eval_every = _check_int("eval_every", _config.get("trainer.eval-every", eval_every), 1)
         self.partition_size = (
             None if partition_size is None else _check_int("partition_size", partition_size, 1)
@@ -188,6 +194,7 @@ class Trainer:
             except Exception:  # the cluster may be gone already
                 pass
         self._data_key = None
+        self._parts = {}
         if self._own_cluster is not None:
             self._client.close()  # type: ignore[union-attr]
             self._own_cluster.close()
@@ -235,7 +242,9 @@ class Trainer:
             The history, also in ``history_``.
         """
         if max_steps is None and max_time is None:
-            raise ValueError("fit needs max_steps= or max_time= (target_accuracy= alone may never be reached)")
+            raise ValueError(
+                "fit needs max_steps= or max_time= (target_accuracy= alone may never be reached)"
+            )
         if max_steps is not None:
             _check_int("max_steps", max_steps, 0)
         if max_time is not None:
@@ -296,8 +305,10 @@ class Trainer:
     def _prepare(self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str) -> None:
         client = self.client
         workers = client.scheduler_info(n_workers=-1)["workers"]
-        if self.resources is None and workers and all(
-            w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values()
+        if (
+            self.resources is None
+            and workers
+            and all(w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values())
         ):
             self.resources = {"GPU": 1.0}
         addrs = eligible_workers(workers, self.resources, client.scheduler.address)
@@ -333,10 +344,19 @@ class Trainer:
         RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)
         self._table.create(
-            sizes, owner, self.strategy, seed=self.seed, batch_size=self.batch_size,
-            staleness=self.staleness, n_bins=int(_config.get("table.histogram-bins")),
-            info={"strategy": self.strategy.name, "params": repr(self.strategy),
-                  "n_workers": len(addrs), "n_samples": int(bounds[-1])},
+            sizes,
+            owner,
+            self.strategy,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            staleness=self.staleness,
+            n_bins=int(_config.get("table.histogram-bins")),
+            info={
+                "strategy": self.strategy.name,
+                "params": repr(self.strategy),
+                "n_workers": len(addrs),
+                "n_samples": int(bounds[-1]),
+            },
         )
         self._data_key = key
         self._init_optimizer()
@@ -355,7 +375,8 @@ class Trainer:
             ) from e
         if out.ndim != 2:
             raise ValueError(
-                f"the model should output (batch, n_classes) logits, but got shape {tuple(out.shape)}"
+                "the model should output (batch, n_classes) logits, but got shape "
+                f"{tuple(out.shape)}"
             )
         width = int(out.shape[1])
         if n_classes is None:
@@ -381,22 +402,31 @@ class Trainer:
         for addr, mine in by_worker.items():
             if path is not None:
                 for pid in mine:
-                    self._parts[pid] = StoreRef(path, int(self._bounds[pid]), int(self._bounds[pid + 1]))
+                    self._parts[pid] = StoreRef(
+                        path, int(self._bounds[pid]), int(self._bounds[pid + 1])
+                    )
             else:
                 arrays = [
                     ArrayPart(
                         np.asarray(self._ds["x"].isel(sample=slice(a, b)).values),
                         np.asarray(self._ds["y"].isel(sample=slice(a, b)).values),
+                        int(a),
                     )
                     for a, b in ((self._bounds[p], self._bounds[p + 1]) for p in mine)
                 ]
                 futures = client.scatter(arrays, workers=[addr], hash=False)
-                self._parts.update(zip(mine, futures))
+                self._parts.update(zip(mine, futures, strict=True))
         checks = [
             client.submit(
-                load_task, self._plugin.name, pid, self._parts[pid], pure=False,
-                workers=[self._owner_addr[pid]], allow_other_workers=True,
-                resources=self.resources, key=f"daskpri-load-{self.run_id}-{pid}",
+                load_task,
+                self._plugin.name,
+                pid,
+                self._parts[pid],
+                pure=False,
+                workers=[self._owner_addr[pid]],
+                allow_other_workers=True,
+                resources=self.resources,
+                key=f"daskpri-load-{self.run_id}-{pid}",
             )
             for pid in pids
         ]
@@ -405,10 +435,15 @@ class Trainer:
     def _init_optimizer(self) -> None:
         params = list(self.model.parameters())
         if self.optimizer == "adam":
-            self._opt = torch.optim.Adam(params, lr=self.learning_rate, weight_decay=self.weight_decay)
+            self._opt = torch.optim.Adam(
+                params, lr=self.learning_rate, weight_decay=self.weight_decay
+            )
         else:
             self._opt = torch.optim.SGD(
-                params, lr=self.learning_rate, momentum=self.momentum, weight_decay=self.weight_decay
+                params,
+                lr=self.learning_rate,
+                momentum=self.momentum,
+                weight_decay=self.weight_decay,
             )
         self._mean_grad = None
 
@@ -495,12 +530,23 @@ class Trainer:
             parts = {int(p): self._parts[int(p)] for p in np.unique(pids)}
             futures.append(
                 client.submit(
-                    train_task, self._plugin.name, wfut, self.strategy, pids, local,
-                    int(sel.train.size), sel.weights, indices, sel.extra, parts,
+                    train_task,
+                    self._plugin.name,
+                    wfut,
+                    self.strategy,
+                    pids,
+                    local,
+                    int(sel.train.size),
+                    sel.weights,
+                    indices,
+                    sel.extra,
+                    parts,
                     (self.seed, step, slot),
                     key=f"daskpri-step-{self.run_id}-{step}-{slot}-{uuid.uuid4().hex[:6]}",
-                    workers=[self._slots[slot]], allow_other_workers=True,
-                    resources=self.resources, pure=False,
+                    workers=[self._slots[slot]],
+                    allow_other_workers=True,
+                    resources=self.resources,
+                    pure=False,
                 )
             )
         self._wait(futures)
@@ -561,8 +607,10 @@ class Trainer:
         self._slots = sorted(set(self._owner_addr))
         slot_of = {a: i for i, a in enumerate(self._slots)}
         moved = [
-            pid for pid, (a, b) in enumerate(zip(old, self._owner_addr))
-            if a != b or (isinstance(self._parts.get(pid), Future) and self._parts[pid].status != "finished")
+            pid
+            for pid, (a, b) in enumerate(zip(old, self._owner_addr, strict=True))
+            if a != b
+            or (isinstance(self._parts.get(pid), Future) and self._parts[pid].status != "finished")
         ]
         for pid in moved:
             self._parts.pop(pid, None)
@@ -631,8 +679,10 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 def _check_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value > 0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and value > 0)
     ):
         raise ValueError(f"{name} should be a positive finite number, but got {name}={value!r}")
     return float(value)

@@ -1,0 +1,362 @@
+"""The ``daskpri`` command line: ``train``, ``demo`` and ``strategies``.
+
+Examples
+--------
+Train on a LocalCluster of two workers and keep the history::
+
+    daskpri train --dataset mnist1d --model mlp --strategy projection \\
+        --workers 2 --max-steps 2000 --output run.nc
+
+Train on a running cluster, on workers started with ``--resources GPU=1``::
+
+    daskpri train --scheduler tcp://HOST:8786 --resources GPU=1 --max-time 600
+
+Compare selective backprop with uniform sampling for the same time budget::
+
+    daskpri demo --max-time 45
+
+>>> main(["strategies"])  # doctest: +ELLIPSIS
+uniform...
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import xarray as xr
+    from distributed import Client
+
+from daskpri.data.datasets import DATASETS
+from daskpri.models import MODELS
+from daskpri.strategies import STRATEGIES, get_strategy
+from daskpri.training.placement import parse_resources
+
+__all__ = ["main"]
+
+_PROG = "daskpri"
+_OUTPUT_SUFFIXES = (".nc", ".zarr")
+_CONNECT_TIMEOUT = 10.0  # seconds; a scheduler that does not answer by then is taken as down
+_DEFAULT_MAX_STEPS = 2000  # when neither --max-steps nor --max-time is given
+_DEMO_STRATEGY = "selective-backprop"
+_DEMO_TARGET_FRACTION = 0.97  # of the best accuracy the uniform baseline reached
+
+
+class _ConnectError(Exception):
+    """The scheduler named by ``--scheduler`` could not be reached."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``daskpri`` command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments after the program name; ``None`` reads ``sys.argv``.
+
+    Returns
+    -------
+    int
+        The exit status: 0 on success, 2 for bad input (argparse exits with
+        ``SystemExit(2)`` itself for bad arguments), 1 when the scheduler
+        cannot be reached, 130 when interrupted.
+
+    Examples
+    --------
+    >>> main(["strategies"])  # doctest: +ELLIPSIS
+    uniform             Uniform(batch_size=None)
+    ...
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except _ConnectError as e:
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{_PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+# -- parser ----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PROG, description="Prioritized data-parallel SGD for PyTorch on Dask clusters."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train a model and report its history")
+    train.set_defaults(run=_train)
+    data = train.add_argument_group("data and model")
+    data.add_argument("--dataset", choices=DATASETS, default="mnist1d")
+    data.add_argument("--model", choices=MODELS, default="mlp")
+    data.add_argument("--n-samples", type=int, metavar="N",
+                      help="samples of the dataset, train and test together")
+    data.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
+    data.add_argument("--seed", type=int, default=0, help="seeds data, weights and selections")
+    run = train.add_argument_group("training")
+    run.add_argument("--strategy", choices=list(STRATEGIES), default="projection")
+    run.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
+                     metavar="KEY=VALUE", help="a strategy parameter, e.g. k=32 (repeatable)")
+    run.add_argument("--max-steps", type=int, metavar="N",
+                     help=f"total steps (default {_DEFAULT_MAX_STEPS} unless --max-time is given)")
+    run.add_argument("--max-time", type=float, metavar="S", help="seconds of training")
+    run.add_argument("--target-accuracy", type=float, metavar="A",
+                     help="stop once the test accuracy reaches A, in (0, 1]")
+    run.add_argument("--batch-size", type=int, metavar="N", help="samples per worker per step")
+    run.add_argument("--learning-rate", type=float, metavar="LR")
+    run.add_argument("--optimizer", choices=("sgd", "adam"))
+    run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
+    cluster = train.add_argument_group("cluster")
+    cluster.add_argument("--scheduler", metavar="ADDRESS",
+                         help="a running scheduler, e.g. tcp://HOST:8786 (default: a LocalCluster)")
+    cluster.add_argument("--workers", type=int, metavar="N",
+                         help="LocalCluster workers (2), or the scheduler's workers to use (all)")
+    cluster.add_argument("--resources", type=_resources, metavar="NAME=AMOUNT[,...]",
+                         help="resources each training task needs, e.g. GPU=1")
+    out = train.add_argument_group("output")
+    out.add_argument("--output", type=_output_path, metavar="PATH",
+                     help="write the history to PATH (.nc for netCDF, .zarr for zarr)")
+    out.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    demo = sub.add_parser(
+        "demo", help=f"{_DEMO_STRATEGY} against uniform sampling for the same time budget"
+    )
+    demo.set_defaults(run=_demo)
+    demo.add_argument("--workers", type=int, default=2, metavar="N")
+    demo.add_argument("--max-time", type=float, default=45.0, metavar="S",
+                      help="seconds of training for each run (default 45)")
+    demo.add_argument("--dataset", choices=DATASETS, default="mnist1d")
+    demo.add_argument("--model", choices=MODELS, default="mlp")
+    demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
+    demo.add_argument("--seed", type=int, default=0)
+
+    strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
+    strategies.set_defaults(run=_strategies)
+    return parser
+
+
+def _strategy_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"a strategy option should look like KEY=VALUE, e.g. k=32, but got {text!r}"
+        )
+    return key, _parse_value(value.strip())
+
+
+def _parse_value(text: str) -> Any:
+    """``text`` as an int, else a float, else a bool, else None, else itself.
+
+    Examples
+    --------
+    >>> [_parse_value(s) for s in ["32", "0.02", "true", "None", "top"]]
+    [32, 0.02, True, None, 'top']
+    """
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    lower = text.lower()
+    if lower in ("true", "false"):
+        return lower == "true"
+    if lower == "none":
+        return None
+    return text
+
+
+def _resources(text: str) -> dict[str, float] | None:
+    try:
+        return parse_resources(text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _output_path(text: str) -> str:
+    if not text.lower().rstrip("/").endswith(_OUTPUT_SUFFIXES):
+        raise argparse.ArgumentTypeError(
+            "the output should be a path ending in .nc (netCDF) or .zarr (zarr), "
+            f"but got {text!r}"
+        )
+    return text
+
+
+# -- commands --------------------------------------------------------------------
+
+
+def _train(args: argparse.Namespace) -> int:
+    import daskpri
+
+    options = dict(args.strategy_option)
+    _check_strategy_options(args.strategy, options)
+    train, test = daskpri.datasets.load(
+        args.dataset, root=args.root, seed=args.seed, n_samples=args.n_samples
+    )
+    model = daskpri.models.build_model(args.model, train, seed=args.seed)
+    max_steps = args.max_steps
+    if max_steps is None and args.max_time is None:
+        max_steps = _DEFAULT_MAX_STEPS
+    client = None if args.scheduler is None else _connect(args.scheduler)
+    trainer = None
+    try:
+        trainer = daskpri.Trainer(
+            model, strategy=args.strategy, client=client, seed=args.seed,
+            n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
+            learning_rate=args.learning_rate, optimizer=args.optimizer,
+            eval_every=args.eval_every, **options,
+        )
+        print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
+        history = trainer.fit(
+            train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
+            target_accuracy=args.target_accuracy, progress=not args.no_progress,
+        )
+        print(_summary(history), flush=True)
+        if args.output is not None:
+            from daskpri.data.io import to_store
+
+            to_store(history, args.output)
+            print(f"history written to {args.output}", flush=True)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if client is not None:
+            client.close()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from distributed import Client, LocalCluster
+
+    import daskpri
+
+    # Checked here, as argparse leaves them, so that bad values fail before a cluster starts.
+    if args.workers < 1:
+        raise ValueError(f"workers should be a positive integer, but got workers={args.workers}")
+    if not (math.isfinite(args.max_time) and args.max_time > 0):
+        raise ValueError(
+            f"max_time should be a positive finite number, but got max_time={args.max_time}"
+        )
+    train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
+    histories: dict[str, xr.Dataset] = {}
+    cluster = LocalCluster(
+        n_workers=args.workers, threads_per_worker=1, host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+    )
+    try:
+        with Client(cluster) as client:
+            print(f"dashboard: {_dashboard(client)}", flush=True)
+            for strategy in (_DEMO_STRATEGY, "uniform"):
+                # The same initial weights for both runs: only the sampling differs.
+                model = daskpri.models.build_model(args.model, train, seed=args.seed)
+                with daskpri.Trainer(model, strategy=strategy, client=client,
+                                     seed=args.seed) as trainer:
+                    histories[strategy] = trainer.fit(train, eval_data=test,
+                                                      max_time=args.max_time)
+                print(_summary(histories[strategy]), flush=True)
+    finally:
+        cluster.close()
+    print(_comparison(histories[_DEMO_STRATEGY], histories["uniform"]), flush=True)
+    return 0
+
+
+def _strategies(args: argparse.Namespace) -> int:
+    width = max(len(name) for name in STRATEGIES) + 2
+    for name in STRATEGIES:
+        print(f"{name:<{width}}{get_strategy(name)!r}")
+    return 0
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _check_strategy_options(strategy: str, options: dict[str, Any]) -> None:
+    """Name the parameters ``strategy`` takes, before any cluster is started."""
+    params = inspect.signature(STRATEGIES[strategy]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    allowed = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"strategy {strategy!r} takes the options {', '.join(allowed) or 'none'}, "
+            f"but got --strategy-option {', '.join(unknown)}"
+        )
+
+
+def _connect(address: str) -> Client:
+    from distributed import Client
+
+    try:
+        # Left as the default client: the Trainer waits on its futures with
+        # distributed.wait, which looks for the default client.
+        return Client(address, timeout=_CONNECT_TIMEOUT)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise _ConnectError(f"could not connect to the scheduler at {address}: {e}") from e
+
+
+def _dashboard(client: Client) -> str:
+    try:
+        link = client.dashboard_link
+    except KeyError:  # the scheduler was started with --no-dashboard
+        link = None
+    return link or "none (the scheduler runs without one)"
+
+
+def _summary(history: xr.Dataset) -> str:
+    """One line: strategy, steps, final and best accuracy, time, samples/s."""
+    import numpy as np
+
+    steps = history.sizes["step"]
+    name = history.attrs.get("strategy", "run")
+    if steps == 0:
+        return f"{name}: 0 steps"
+    acc = history["accuracy"].values
+    seen = acc[~np.isnan(acc)]
+    final = seen[-1] if seen.size else math.nan
+    best = seen.max() if seen.size else math.nan
+    seconds = float(history["time"].values[-1])
+    rate = float(history["samples"].values[-1]) / seconds if seconds > 0 else math.nan
+    return (
+        f"{name}: {steps} steps, final accuracy {final:.4f}, best accuracy {best:.4f}, "
+        f"{seconds:.1f} s training, {rate:,.0f} samples/s"
+    )
+
+
+def _comparison(prioritized: xr.Dataset, uniform: xr.Dataset) -> str:
+    """Time to 97% of the uniform baseline's best accuracy, for both runs."""
+    import numpy as np
+
+    from daskpri.training.history import time_to_accuracy
+
+    best = float(np.nanmax(uniform["accuracy"].values, initial=-np.inf))
+    if not math.isfinite(best):
+        return "no accuracy was measured, so there is no target to compare against"
+    target = _DEMO_TARGET_FRACTION * best
+    parts = []
+    times = {}
+    for name, history in ((_DEMO_STRATEGY, prioritized), ("uniform", uniform)):
+        acc = history["accuracy"].values
+        final = acc[~np.isnan(acc)][-1] if (~np.isnan(acc)).any() else math.nan
+        times[name] = time_to_accuracy(history, target)
+        reached = "not reached" if math.isnan(times[name]) else f"{times[name]:.1f} s"
+        parts.append(f"{name} accuracy {final:.4f}, time to target {reached}")
+    if math.isnan(times[_DEMO_STRATEGY]):
+        speedup = f"not reached by {_DEMO_STRATEGY}"
+    else:
+        speedup = f"{times['uniform'] / times[_DEMO_STRATEGY]:.2f}x"
+    return (
+        f"target {target:.4f} ({_DEMO_TARGET_FRACTION:.0%} of uniform's best {best:.4f}): "
+        + "; ".join(parts) + f"; speedup {speedup}"
+    )

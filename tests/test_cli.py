@@ -1,0 +1,227 @@
+"""The ``daskpri`` command line, on real clusters (a LocalCluster and a loopback one)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xarray as xr
+from distributed import Client
+
+from daskpri import STRATEGIES
+from daskpri.cli import _parse_value, main
+
+SMALL = ["--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "20"]
+SUMMARY = re.compile(
+    r"^projection: 20 steps, final accuracy 0\.\d{4}, best accuracy 0\.\d{4}, "
+    r"[\d.]+ s training, [\d,]+ samples/s$",
+    re.M,
+)
+
+
+def _open(path: Path) -> xr.Dataset:
+    if path.suffix == ".zarr":
+        return xr.open_zarr(path, consolidated=False)
+    return xr.open_dataset(path, engine="h5netcdf")
+
+
+def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "daskpri", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(procs: list[subprocess.Popen[Any]]) -> None:
+    """Terminate ``procs``, then kill those still running after 10 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# -- bad input, caught before any cluster starts ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--strategy", "los"], r"--strategy: invalid choice: '?los'? .*uniform.*selective-"),
+        (["--dataset", "mnist2d"], r"--dataset: invalid choice: '?mnist2d'? .*mnist1d.*synthetic"),
+        (["--resources", "GPU"], r"--resources: resources should look like 'GPU=1'.*but got 'GPU'"),
+        (["--output", "run.csv"], r"--output: .*ending in \.nc \(netCDF\) or \.zarr .*'run\.csv'"),
+        (["--strategy-option", "k"], r"--strategy-option: .*KEY=VALUE, e\.g\. k=32, but got 'k'"),
+    ],
+)
+def test_bad_argument_exits_2_naming_what_is_allowed(
+    args: list[str], match: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", *SMALL, *args])
+    assert info.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch-size", "0"], "batch_size should be a positive integer, but got batch_size=0"),
+        (["--strategy-option", "size=3"], "strategy 'projection' takes the options k, renew,"),
+        (["--root", "/data"], "root is only used by datasets 'mnist', 'cifar10'"),
+    ],
+)
+def test_library_error_is_one_line_with_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *SMALL, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"daskpri: error: {message}")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("32", 32), ("0.02", 0.02), ("true", True), ("False", False), ("none", None), ("top", "top")],
+)
+def test_strategy_option_value_is_int_float_bool_none_or_string(text: str, value: object) -> None:
+    assert _parse_value(text) == value and type(_parse_value(text)) is type(value)
+
+
+def test_strategies_lists_names_with_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["strategies"]) == 0
+    out = capsys.readouterr().out
+    for name in STRATEGIES:
+        assert re.search(rf"^{re.escape(name)} +\w+\(", out, re.M)
+    assert "Projection(k=None, renew=0.01" in out
+
+
+# -- training on a LocalCluster of its own ----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["run.nc", "run.zarr"])
+def test_train_on_own_local_cluster_writes_history(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / name
+    options = ["--strategy-option", "k=32", "--strategy-option", "train_on_renew=false"]
+    argv = ["train", *SMALL, *options, "--workers", "2", "--no-progress", "--output", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+/status$", out, re.M)
+    assert SUMMARY.search(out)
+    with _open(path) as ds:
+        assert {"step", "loss", "accuracy"} <= set(ds.variables)
+        assert ds.sizes["step"] == 20
+        assert ds.attrs["n_workers"] == 2
+        assert ds.attrs["strategy_params"].startswith("Projection(k=32, renew=0.01, "
+                                                      "train_on_renew=False")
+
+
+def test_demo_compares_prioritized_with_uniform(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--dataset", "synthetic", "--max-time", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status", lines[0])
+    assert lines[1].startswith("selective-backprop: ") and lines[2].startswith("uniform: ")
+    assert re.fullmatch(
+        r"target 0\.\d{4} \(97% of uniform's best 0\.\d{4}\): "
+        r"selective-backprop accuracy 0\.\d{4}, time to target ([\d.]+ s|not reached); "
+        r"uniform accuracy 0\.\d{4}, time to target [\d.]+ s; "
+        r"speedup (\d+\.\d\dx|not reached by selective-backprop)",
+        lines[3],
+    )
+
+
+def test_interrupt_closes_the_cluster_and_exits_130() -> None:
+    argv = [sys.executable, "-m", "daskpri", "train", *SMALL[:4], "--max-time", "60",
+            "--workers", "1", "--no-progress"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("dashboard: ")  # the cluster is up
+        time.sleep(1.0)  # into the training loop
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        _stop([proc])
+    assert proc.returncode == 130
+    assert err.endswith("daskpri: interrupted\n") and "Traceback" not in err
+
+
+def test_unreachable_scheduler_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    assert main(["train", *SMALL, "--scheduler", address]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"daskpri: error: could not connect to the scheduler at {address}: ")
+
+
+# -- a scheduler and two workers with GPU=1, on loopback --------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of a scheduler with two one-thread workers that have ``GPU=1``."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    log = (tmp_path_factory.mktemp("cluster") / "cluster.log").open("wb")
+    commands = [
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--no-dashboard"],
+    ] + [
+        [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+         "--resources", "GPU=1", "--host", "127.0.0.1", "--no-dashboard"],
+    ] * 2
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        for command in commands:
+            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        _stop(procs[1:])  # the workers first, so that they do not wait for the scheduler
+        _stop(procs[:1])
+        log.close()
+
+
+def test_train_on_scheduler_uses_its_gpu_workers(gpu_cluster: str, tmp_path: Path) -> None:
+    path = tmp_path / "run.nc"
+    result = _cli(
+        "train", "--scheduler", gpu_cluster, "--resources", "GPU=1", *SMALL, "--no-progress",
+        "--output", str(path), timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    assert SUMMARY.search(result.stdout)
+    assert re.search(r"^dashboard: ", result.stdout, re.M)
+    with _open(path) as ds:
+        assert ds.attrs["n_workers"] == 2
+        assert ds.attrs["resources"] == "{'GPU': 1.0}"
+
+
+def test_resource_no_worker_has_fails_fast(gpu_cluster: str) -> None:
+    start = time.monotonic()
+    result = _cli(
+        "train", "--scheduler", gpu_cluster, "--resources", "TPU=1", *SMALL, "--no-progress",
+        timeout=60,
+    )
+    assert time.monotonic() - start < 20
+    assert result.returncode == 2
+    assert result.stderr.startswith("daskpri: error: resources={'TPU': 1.0} were asked for")
+    assert f"`dask worker {gpu_cluster} --resources TPU=1`" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,174 @@
+"""Selection rules as pure functions of arrays, without a cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from daskpri.replicas.replica import Replica
+from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
+from daskpri.strategies.base import Batch
+from daskpri.strategies.loss import importance_sample, sampling_probabilities
+from daskpri.strategies.selective_backprop import keep_by_cdf, keep_top_fraction
+from daskpri.table.table import PriorityTable
+
+
+def make_ctx(sizes, owner, *, step=0, batch_size=4, seed=0, table=None, state=None):
+    table = table or PriorityTable(sizes)
+    owner = np.asarray(owner)
+    groups = [table.indices_of(np.flatnonzero(owner == s)) for s in range(owner.max() + 1)]
+    return SelectContext(
+        table=table,
+        groups=groups,
+        owner=owner,
+        step=step,
+        batch_size=batch_size,
+        rng=np.random.default_rng(seed),
+        state={} if state is None else state,
+    )
+
+
+def test_registry_and_errors():
+    assert {"uniform", "projection", "length", "loss", "selective-backprop"} <= set(STRATEGIES)
+    with pytest.raises(ValueError, match="strategy should be one of 'uniform'.*but got 'los'"):
+        get_strategy("los")
+    with pytest.raises(ValueError, match=r"renew should be a number in \[0, 1\], but got renew=2"):
+        get_strategy("projection", renew=2)
+    with pytest.raises(ValueError, match="epsilon should be a number in"):
+        get_strategy("loss", epsilon=0)
+    with pytest.raises(ValueError, match="k should be a positive integer"):
+        get_strategy("projection", k=0)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        get_strategy("uniform", k=3)
+    with pytest.raises(TypeError, match="Strategy subclass"):
+        register_strategy(object)  # type: ignore[arg-type]
+
+
+def test_uniform_walks_a_shuffled_epoch_per_worker():
+    s = get_strategy("uniform")
+    ctx = make_ctx([6, 6], [0, 1], batch_size=4)
+    seen = {0: [], 1: []}
+    for step in range(3):
+        ctx.step = step
+        for slot, sel in enumerate(s.select(ctx)):
+            assert sel.weights is None and sel.train.size == 4
+            seen[slot].extend(sel.train.tolist())
+    # 12 draws over 6 samples each: two full epochs, each sample twice
+    assert sorted(seen[0]) == sorted(list(range(6)) * 2)
+    assert sorted(seen[1]) == sorted(list(range(6, 12)) * 2)
+
+
+def test_projection_takes_topk_plus_round_robin_renew():
+    table = PriorityTable([5, 5])
+    table.update(np.arange(10), np.array([9, 1, 2, 8, 3, 0, 7, 6, 5, 4], float), step=0)
+    s = get_strategy("projection", k=2, renew=0.2)  # renew 20% of 5 = 1 per worker
+    ctx = make_ctx(None, [0, 1], table=table, step=1)
+    sels = s.select(ctx)
+    # worker 0: renew sample 0 (round robin), top-2 of the rest = 3 (8), 4 (3)
+    assert sels[0].train.tolist() == [0, 3, 4]
+    # worker 1: renew sample 5, top-2 of the rest = 6 (7), 7 (6)
+    assert sels[1].train.tolist() == [5, 6, 7]
+    sels = s.select(ctx)
+    # the renew pointer moved on: 1 and 6; top-2 excluding them
+    assert sels[0].train.tolist() == [0, 1, 3]
+    assert sels[1].train.tolist() == [6, 7, 8]
+
+
+def test_projection_can_score_renewed_samples_without_training_on_them():
+    table = PriorityTable([4])
+    table.update(np.arange(4), np.array([4.0, 3.0, 2.0, 1.0]), step=0)
+    s = get_strategy("projection", k=1, renew=0.25, train_on_renew=False)
+    [sel] = s.select(make_ctx(None, [0], table=table, step=1))
+    assert sel.train.tolist() == [1] and sel.score.tolist() == [0]
+
+
+def test_loss_probabilities_mix_with_uniform_and_fill_unseen():
+    p = sampling_probabilities(np.array([1.0, 3.0, np.inf, 0.0]), epsilon=0.2)
+    assert p.sum() == pytest.approx(1.0)
+    # unseen gets the max seen loss (3)
+    np.testing.assert_allclose(p, 0.8 * np.array([1, 3, 3, 0]) / 7 + 0.05)
+    with pytest.raises(ValueError, match="non-negative"):
+        sampling_probabilities(np.array([-1.0, 1.0]), 0.1)
+
+
+def test_loss_strategy_gradient_estimate_is_unbiased():
+    """Monte-Carlo: the weighted mean of g_i matches the full mean; unweighted does not."""
+    rng = np.random.default_rng(0)
+    n = 200
+    losses = rng.gamma(0.5, 2.0, size=n)
+    g = np.column_stack([losses, losses**2 / 4, rng.normal(size=n)])  # correlated with loss
+    full = g.mean(0)
+    table = PriorityTable([100, 100])
+    table.update(np.arange(n), losses, step=0)
+    strategy = get_strategy("loss", epsilon=0.3, batch_size=16)
+    ctx = make_ctx(None, [0, 1], table=table, step=1, seed=1)
+    weighted, unweighted = [], []
+    for _ in range(3000):
+        sels = strategy.select(ctx)
+        idx = np.concatenate([s.train for s in sels])
+        w = np.concatenate([s.weights for s in sels])
+        assert idx.size == 32 and (ctx.owner_of(sels[1].train) == 1).all()
+        weighted.append((w[:, None] * g[idx]).sum(0) / idx.size)
+        unweighted.append(g[idx].mean(0))
+    weighted, unweighted = np.array(weighted), np.array(unweighted)
+    se = weighted.std(0) / np.sqrt(len(weighted))
+    assert (np.abs(weighted.mean(0) - full) < 4 * se).all()
+    assert (np.abs(unweighted.mean(0) - full) > 4 * se).any()
+
+
+def test_importance_sample_weights():
+    p = np.array([0.5, 0.25, 0.25])
+    pos, w = importance_sample(p, 1000, np.random.default_rng(0))
+    np.testing.assert_allclose(w, 1 / (3 * p[pos]))
+
+
+def test_selective_backprop_keeps_the_high_loss_fraction():
+    assert keep_top_fraction(np.array([0.1, 0.9, 0.5, 0.2]), 0.5).tolist() == [1, 2]
+    assert keep_top_fraction(np.array([0.3, 0.1, 0.2]), 0.01).tolist() == [0]
+    reference = np.sort(np.arange(1.0, 101.0))
+    kept = keep_by_cdf(np.array([0.5, 1000.0]), reference, 2.0, np.random.default_rng(0))
+    assert kept.tolist() == [1]  # CDF 0 is never kept, CDF 1 always
+    s = get_strategy("selective-backprop", fraction=0.25)
+    sels = s.select(make_ctx([40, 40], [0, 1], batch_size=4))
+    assert [sel.train.size for sel in sels] == [16, 16]
+
+
+def _batch(x, y, n_train, weights=None, mean_grad=None):
+    return Batch(
+        x=x,
+        y=y,
+        indices=np.arange(x.shape[0]),
+        n_train=n_train,
+        weights=weights,
+        mean_grad=mean_grad,
+        extra={},
+        rng=np.random.default_rng(0),
+    )
+
+
+def test_projection_and_length_priorities_on_a_known_model():
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Linear(3, 2), "cpu")
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 1, 0])
+    grads, _, _ = replica.per_sample_grads(x, y)
+    mean_grad = torch.randn(grads.shape[1])
+    c = get_strategy("projection").compute(replica, _batch(x, y, 4, mean_grad=mean_grad))
+    np.testing.assert_allclose(c.priorities, (grads @ mean_grad).numpy(), rtol=1e-5)
+    torch.testing.assert_close(c.grad, grads[:4].sum(0))
+    assert c.n_grad == 4
+    c = get_strategy("length").compute(replica, _batch(x, y, 6))
+    np.testing.assert_allclose(c.priorities, (grads**2).sum(1).numpy(), rtol=1e-5)
+
+
+def test_selective_backprop_compute_backpropagates_the_top_losses():
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Linear(3, 2), "cpu")
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    losses, _ = replica.losses(x, y)
+    c = get_strategy("selective-backprop", fraction=0.25).compute(replica, _batch(x, y, 8))
+    top = torch.argsort(losses, descending=True)[:2]
+    grads, _, _ = replica.per_sample_grads(x, y)
+    torch.testing.assert_close(c.grad, grads[top].sum(0), rtol=1e-5, atol=1e-6)
+    assert c.n_grad == 2
+    np.testing.assert_allclose(c.priorities, losses.numpy(), rtol=1e-6)

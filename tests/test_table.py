@@ -1,0 +1,128 @@
+"""The priority table's own operations, without a cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from daskpri.table.table import PriorityTable
+
+
+def test_offsets_and_partition_lookup():
+    t = PriorityTable([3, 2, 4])
+    assert t.n_samples == 9 and t.n_partitions == 3
+    assert t.partition_of(np.array([0, 2, 3, 4, 5, 8])).tolist() == [0, 0, 1, 1, 2, 2]
+    assert t.indices_of([2, 0]).tolist() == [5, 6, 7, 8, 0, 1, 2]
+    assert t.indices_of([]).size == 0
+
+
+def test_unseen_samples_have_infinite_estimate_and_nan_priority():
+    t = PriorityTable([4])
+    t.update(np.array([1]), np.array([0.3]), step=0)
+    assert np.isinf(t.estimate(0)[[0, 2, 3]]).all()
+    assert np.isnan(t.priority[[0, 2, 3]]).all()
+    assert t.priority[1] == pytest.approx(0.3)
+    assert t.version.tolist() == [-1, 0, -1, -1]
+
+
+def test_update_keeps_history_newest_first():
+    t = PriorityTable([2])
+    for step, v in enumerate([1.0, 2.0, 3.0, 4.0]):
+        t.update(np.array([0]), np.array([v]), step=step)
+    p, s = t.observations(np.array([0]))
+    assert p[0].tolist() == [4.0, 3.0, 2.0]
+    assert s[0].tolist() == [3, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "indices, values, match",
+    [
+        (np.array([0, 1]), np.array([0.1, np.nan]), "priorities should be finite.*sample 1"),
+        (np.array([0]), np.array([np.inf]), "priorities should be finite"),
+        (np.array([0, 9]), np.array([0.1, 0.2]), r"indices should lie in \[0, 5\), but got 9"),
+        (np.array([-1]), np.array([0.1]), r"indices should lie in \[0, 5\), but got -1"),
+        (np.array([0, 1]), np.array([0.1]), "one length"),
+    ],
+)
+def test_bad_updates_are_refused_and_leave_the_table_unchanged(indices, values, match):
+    t = PriorityTable([5])
+    t.update(np.array([0, 1]), np.array([0.5, 0.6]), step=0)
+    before = t.state_dict()
+    with pytest.raises(ValueError, match=match):
+        t.update(indices, values, step=1)
+    after = t.state_dict()
+    for k in ("current", "version", "older_p", "older_t"):
+        np.testing.assert_array_equal(before[k], after[k])
+
+
+def test_float_indices_are_a_type_error():
+    with pytest.raises(TypeError, match="indices should be integers"):
+        PriorityTable([3]).update(np.array([0.0]), np.array([1.0]), step=0)
+
+
+def test_negative_priorities_are_allowed():
+    t = PriorityTable([2])
+    t.update(np.array([0, 1]), np.array([-2.0, -1.0]), step=0)
+    assert t.topk(1, np.array([0, 1]), step=0).tolist() == [1]
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 2], [], [[1, 2]], [1.5]])
+def test_bad_partition_sizes(sizes):
+    with pytest.raises(ValueError, match="partition"):
+        PriorityTable(sizes)
+
+
+def test_topk_picks_the_largest_exactly():
+    t = PriorityTable([4, 4])
+    values = np.array([0.1, 0.9, 0.5, 0.3, 0.8, 0.2, 0.7, 0.6])
+    t.update(np.arange(8), values, step=0)
+    assert t.topk(3, np.arange(8), step=0).tolist() == [1, 4, 6]
+    assert t.topk(3, slice(0, 8), step=0).tolist() == [1, 4, 6]
+    # among a subset, and with exclusions
+    assert t.topk(2, np.array([0, 2, 3, 5]), step=0).tolist() == [2, 3]
+    assert t.topk(2, slice(0, 8), step=0, exclude=np.array([1, 4])).tolist() == [6, 7]
+    assert t.topk(10, np.array([3, 1]), step=0).tolist() == [1, 3]
+
+
+def test_topk_ranks_unseen_first_and_draws_among_them_with_the_rng():
+    t = PriorityTable([100])
+    t.update(np.arange(50), np.full(50, 100.0), step=0)
+    picks = t.topk(10, slice(0, 100), step=0, rng=np.random.default_rng(1))
+    assert (picks >= 50).all() and picks.size == 10
+    again = t.topk(10, slice(0, 100), step=0, rng=np.random.default_rng(1))
+    other = t.topk(10, slice(0, 100), step=0, rng=np.random.default_rng(2))
+    assert picks.tolist() == again.tolist() and picks.tolist() != other.tolist()
+    # fewer unseen than k: all unseen plus the best seen
+    t.update(np.arange(50, 95), np.zeros(45), step=1)
+    top = t.topk(7, slice(0, 100), step=1)
+    assert set(range(95, 100)) <= set(top.tolist())
+
+
+def test_summaries_per_partition():
+    t = PriorityTable([2, 3], n_bins=4)
+    t.update(np.array([0, 1, 2]), np.array([1.0, 3.0, 2.0]), step=2)
+    s = t.summaries(step=5)
+    assert s["sum"].tolist() == [4.0, 2.0]
+    assert s["max"].tolist() == [3.0, 2.0]
+    assert s["count"].tolist() == [2, 3]
+    assert s["seen"].tolist() == [2, 1]
+    assert s["staleness"].tolist() == [3.0, 3.0]
+    assert s["histogram"].shape == (2, 4) and s["histogram"].sum() == 3
+    assert s["bin_edges"][0] == 1.0 and s["bin_edges"][-1] == 3.0
+
+
+def test_state_dict_round_trip_and_mismatch():
+    t = PriorityTable([3, 3], staleness="exp-linear")
+    t.update(np.array([0, 4]), np.array([0.5, 0.25]), step=3)
+    u = PriorityTable.from_state_dict(t.state_dict())
+    np.testing.assert_array_equal(u.priority, t.priority)
+    assert u.staleness == "exp-linear" and u.n_updates == 2
+    with pytest.raises(ValueError, match="partitions do not match"):
+        PriorityTable([6]).load_state_dict(t.state_dict())
+
+
+def test_forget_makes_samples_unseen():
+    t = PriorityTable([3])
+    t.update(np.arange(3), np.ones(3), step=0)
+    t.forget(np.array([1]))
+    assert np.isinf(t.estimate(1)[1]) and t.version[1] == -1

@@ -1,0 +1,209 @@
+"""The trainer end to end on real LocalClusters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import daskpri
+from daskpri.data.io import to_store
+from daskpri.models import build_model
+
+
+def fit(client, data, strategy="uniform", steps=12, seed=0, **kw):
+    train, test = data
+    trainer = daskpri.Trainer(
+        build_model("mlp", train, seed=seed),
+        strategy=strategy,
+        client=client,
+        seed=seed,
+        batch_size=32,
+        eval_every=5,
+        **kw,
+    )
+    history = trainer.fit(train, eval_data=test, max_steps=steps, progress=False)
+    return trainer, history
+
+
+@pytest.mark.parametrize(
+    "strategy", ["uniform", "projection", "length", "loss", "selective-backprop"]
+)
+def test_each_strategy_trains_on_gpu_tagged_workers(gpu_client, small_data, strategy):
+    trainer, h = fit(gpu_client, small_data, strategy, steps=30)
+    try:
+        assert trainer.resources == {"GPU": 1.0}  # asked for by default on GPU workers
+        assert h.sizes["step"] == 30 and h["n_workers"].values.tolist() == [2] * 30
+        assert np.isfinite(h["loss"]).all() and (np.diff(h["time"]) > 0).all()
+        acc = h["accuracy"].dropna("step")
+        assert acc["step"].values.tolist() == [4, 9, 14, 19, 24, 29]
+        assert float(acc[-1]) > 0.3  # 10 classes: far above chance after 30 steps
+        assert (np.diff(h["samples"]) > 0).all()
+        assert h.attrs["strategy"] == strategy
+        table = trainer.table_
+        assert table.sizes["sample"] == small_data[0].sizes["sample"]
+        seen = table["version"] >= 0
+        assert int(seen.sum()) > 0 and np.isfinite(table.where(seen, drop=True)).all()
+    finally:
+        trainer.close()
+
+
+def test_second_fit_continues_the_step_count(gpu_client, small_data):
+    trainer, h = fit(gpu_client, small_data, "projection", steps=5)
+    try:
+        h2 = trainer.fit(small_data[0], max_steps=9, progress=False)
+        assert trainer.step_ == 9
+        assert h2["step"].values.tolist() == list(range(9))
+        assert (np.diff(h2["time"]) > 0).all()
+    finally:
+        trainer.close()
+
+
+def test_same_seed_same_selections(gpu_client, small_data):
+    runs = []
+    for _ in range(2):
+        trainer, h = fit(gpu_client, small_data, "projection", steps=15, seed=3)
+        runs.append((h, trainer.table_))
+        trainer.close()
+    (h1, t1), (h2, t2) = runs
+    np.testing.assert_array_equal(t1["version"], t2["version"])
+    np.testing.assert_array_equal(t1.values, t2.values)
+    np.testing.assert_array_equal(h1["loss"], h2["loss"])
+    trainer, h3 = fit(gpu_client, small_data, "projection", steps=15, seed=4)
+    t3 = trainer.table_
+    trainer.close()
+    assert not np.array_equal(t1["version"], t3["version"])
+
+
+def test_fit_from_zarr_and_netcdf_paths(gpu_client, small_data, tmp_path):
+    train, test = small_data
+    zpath = to_store(train.chunk({"sample": 250}), str(tmp_path / "train.zarr"))
+    npath = to_store(test, str(tmp_path / "test.nc"))
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="loss", client=gpu_client)
+    try:
+        h = trainer.fit(zpath, eval_data=npath, max_steps=6, progress=False)
+        assert int(trainer.table_["partition"].max()) == 6  # 7 zarr chunks of 1600 samples
+        assert np.isfinite(h["accuracy"][-1])
+    finally:
+        trainer.close()
+
+
+def test_bad_input_gives_clear_errors(gpu_client, small_data):
+    train, test = small_data
+    model = build_model("mlp", train)
+    with pytest.raises(ValueError, match="strategy should be one of 'uniform'.*but got 'los'"):
+        daskpri.Trainer(model, strategy="los", client=gpu_client)
+    with pytest.raises(
+        ValueError, match="batch_size should be a positive integer, but got batch_size=0"
+    ):
+        daskpri.Trainer(model, client=gpu_client, batch_size=0)
+    with pytest.raises(TypeError, match="model should be a torch.nn.Module"):
+        daskpri.Trainer("mlp", client=gpu_client)  # type: ignore[arg-type]
+
+    def attempt(data, match, exc=ValueError, **kw):
+        t = daskpri.Trainer(kw.pop("model", model), client=gpu_client, **kw)
+        try:
+            with pytest.raises(exc, match=match):
+                t.fit(data, max_steps=3, progress=False)
+        finally:
+            t.close()
+
+    x = train["x"].values.copy()
+    x[1234, 3] = np.nan
+    attempt(
+        train.assign(x=(train["x"].dims, x)),
+        r"x in partition 1 \(samples 800-1599\) should hold finite numbers.*at sample 1234",
+    )
+    y = train["y"].values.copy()
+    y[7] = 12
+    attempt(
+        train.assign(y=("sample", y)),
+        r"y in partition 0 .* should be in \[0, 10\), but got 12 at sample 7",
+    )
+    attempt(
+        train,
+        "model outputs 4 classes, but data has n_classes=10",
+        model=build_model("mlp", train.assign_attrs(n_classes=4)),
+    )
+    attempt(train.isel(sample=slice(0, 0)), "at least one sample|sample")
+    attempt(train, "resources=.*TPU.*dask worker .* --resources TPU=1", resources={"TPU": 1})
+    with pytest.raises(ValueError, match="max_steps= or max_time="):
+        daskpri.Trainer(model, client=gpu_client).fit(train)
+
+
+def test_model_class_defined_in_main_works_on_spawned_workers(tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        textwrap.dedent("""
+        import torch
+        from distributed import Client, LocalCluster
+        import daskpri
+
+        class MyNet(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = torch.nn.Sequential(
+                    torch.nn.Linear(20, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10))
+            def forward(self, x):
+                return self.body(x)
+
+        if __name__ == "__main__":
+            train, test = daskpri.datasets.load("synthetic", n_samples=1000)
+            with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                              dashboard_address="127.0.0.1:0") as cluster, \
+                    Client(cluster) as client:
+                t = daskpri.Trainer(MyNet(), strategy="length", client=client)
+                h = t.fit(train, eval_data=test, max_steps=4, progress=False)
+                print("OK", h.sizes["step"], int(h["n_workers"][-1]))
+    """)
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK 4 2" in out.stdout
+
+
+def test_fit_survives_a_killed_worker(small_data):
+    train, test = small_data
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        trainer = daskpri.Trainer(
+            build_model("mlp", train),
+            strategy="projection",
+            client=client,
+            batch_size=32,
+            renew=0.05,
+        )
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[1]
+        killed = threading.Event()
+
+        def killer():
+            while trainer.step_ < 8:
+                time.sleep(0.05)
+            os.kill(pids[victim], signal.SIGKILL)
+            killed.set()
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        try:
+            h = trainer.fit(train, eval_data=test, max_steps=80, progress=False)
+            assert killed.is_set()
+            assert h.sizes["step"] == 80
+            assert int(h["n_workers"].min()) in (2, 3)
+            table = trainer.table_
+            assert np.isfinite(table.values).all(), "every sample has a finite priority"
+            assert float(h["accuracy"].dropna("step")[-1]) > 0.5
+        finally:
+            trainer.close()
