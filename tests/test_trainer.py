@@ -207,3 +207,25 @@ def test_fit_survives_a_killed_worker(small_data):
             assert float(h["accuracy"].dropna("step")[-1]) > 0.5
         finally:
             trainer.close()
+
+
+def test_table_lives_in_the_scheduler_and_round_trips_its_state(gpu_client, small_data):
+    from daskpri.table.table import PriorityTable
+
+    a, _ = fit(gpu_client, small_data, "loss", steps=4)
+    b, _ = fit(gpu_client, small_data, "uniform", steps=4)
+    try:
+        runs = gpu_client.sync(gpu_client.scheduler.daskpri_runs)
+        assert {a.run_id, b.run_id} <= set(runs)
+        state = a._table.state_dict()
+        table = PriorityTable.from_state_dict(state["table"])
+        np.testing.assert_array_equal(table.priority, a.table_.values)
+        assert state["last_step"] == 3
+        a._table.load_state_dict(state)  # accepted back as it is
+        summary = a._table.summary()
+        assert summary["count"].sum() == small_data[0].sizes["sample"]
+        assert summary["info"]["strategy"] == "loss"
+    finally:
+        a.close()
+        b.close()
+    assert a.run_id not in gpu_client.sync(gpu_client.scheduler.daskpri_runs)

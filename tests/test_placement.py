@@ -1,0 +1,62 @@
+"""Placement rules, without a cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from daskpri.training.placement import (
+    assign_owners,
+    eligible_workers,
+    parse_resources,
+    partition_bounds,
+    reassign_owners,
+)
+
+
+def test_parse_resources():
+    assert parse_resources(None) is None
+    assert parse_resources("GPU=1, MEM=2.5") == {"GPU": 1.0, "MEM": 2.5}
+    assert parse_resources({"GPU": 1}) == {"GPU": 1.0}
+    for bad in ("GPU", "GPU=x", "=1"):
+        with pytest.raises(ValueError, match="resources should look like 'GPU=1'"):
+            parse_resources(bad)
+    with pytest.raises(ValueError, match="positive amounts"):
+        parse_resources({"GPU": 0})
+    with pytest.raises(TypeError, match="resources should be a dict"):
+        parse_resources(3)  # type: ignore[arg-type]
+
+
+def test_eligible_workers_filter_and_explain():
+    workers = {
+        "tcp://b": {"resources": {"GPU": 1}},
+        "tcp://a": {"resources": {"GPU": 1}},
+        "tcp://c": {"resources": {}},
+    }
+    assert eligible_workers(workers, None, "tcp://s") == ["tcp://a", "tcp://b", "tcp://c"]
+    assert eligible_workers(workers, {"GPU": 1.0}, "tcp://s") == ["tcp://a", "tcp://b"]
+    with pytest.raises(ValueError, match=r"none of the 3 workers.*--resources TPU=1"):
+        eligible_workers(workers, {"TPU": 1.0}, "tcp://s")
+    with pytest.raises(RuntimeError, match="has no workers"):
+        eligible_workers({}, None, "tcp://s")
+
+
+def _ds(n, chunk=None):
+    ds = xr.Dataset({"x": (("sample", "f"), np.zeros((n, 2))), "y": ("sample", np.zeros(n, int))})
+    return ds.chunk({"sample": chunk}) if chunk else ds
+
+
+def test_partition_bounds():
+    assert partition_bounds(_ds(10), 4, 2).tolist() == [0, 4, 8, 10]
+    assert partition_bounds(_ds(10), None, 4).tolist() == [0, 3, 6, 9, 10]  # one per worker at least
+    assert partition_bounds(_ds(10, chunk=6), None, 2).tolist() == [0, 6, 10]  # zarr/dask chunks
+    with pytest.raises(ValueError, match="partition_size should be a positive integer"):
+        partition_bounds(_ds(10), 0, 2)
+
+
+def test_owners_are_balanced_and_moved_only_when_lost():
+    assert assign_owners(4, 4).tolist() == [0, 1, 2, 3]
+    assert np.bincount(assign_owners(10, 3)).tolist() == [4, 3, 3]
+    assert reassign_owners(["a", "b", "b", "a"], ["a", "b"]) == ["a", "b", "b", "a"]
+    assert reassign_owners(["a", "b", "b", "c"], ["a", "c"]) == ["a", "a", "c", "c"]
