@@ -229,3 +229,14 @@ def test_table_lives_in_the_scheduler_and_round_trips_its_state(gpu_client, smal
         a.close()
         b.close()
     assert a.run_id not in gpu_client.sync(gpu_client.scheduler.daskpri_runs)
+
+
+def test_step_metrics_reach_the_scheduler(gpu_client, small_data):
+    trainer, h = fit(gpu_client, small_data, "uniform", steps=6)
+    try:
+        metrics = trainer._table.metrics()
+        assert [m["step"] for m in metrics] == list(range(6))
+        assert metrics[-1]["loss"] == pytest.approx(float(h["loss"][-1]))
+        assert metrics[4]["accuracy"] == pytest.approx(float(h["accuracy"][4]))
+    finally:
+        trainer.close()

@@ -162,7 +162,7 @@ class TablePlugin(SchedulerPlugin):
     def _apply(self, tr: TableRun, updates: list | None, metrics: dict | None) -> None:
         for u in updates or ():
             tr.table.update(unpack(u["indices"]), unpack(u["priorities"]), int(u["step"]))
-        if metrics:
+        if metrics and (not tr.metrics or tr.metrics[-1].get("step") != metrics.get("step")):
             tr.metrics.append(metrics)
 
     def _step(

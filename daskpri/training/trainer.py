@@ -454,7 +454,9 @@ class Trainer:
         t_start = time.perf_counter()
         for attempt in range(int(_config.get("trainer.max-retries")) + 1):
             t0 = time.perf_counter()
-            selections = self._table.step(step, self._pending)
+            # The last step's metrics ride along, for the dashboard in the cluster.
+            last = self._recorder.records[-1] if self._recorder.records else None
+            selections = self._table.step(step, self._pending, metrics=last)
             self._pending = []
             t_select = time.perf_counter() - t0
             try:
@@ -626,7 +628,8 @@ class Trainer:
 
     def _flush(self) -> None:
         if self._pending:
-            self._table.update(self._pending)
+            last = self._recorder.records[-1] if self._recorder.records else None
+            self._table.update(self._pending, metrics=last)
             self._pending = []
 
     # -- results ------------------------------------------------------------------------
