@@ -14,9 +14,6 @@ Train on a running cluster, on workers started with ``--resources GPU=1``::
 Compare selective backprop with uniform sampling for the same time budget::
 
     daskpri demo --max-time 45
-
->>> main(["strategies"])  # doctest: +ELLIPSIS
-uniform...
 """
 
 from __future__ import annotations
@@ -26,15 +23,18 @@ import inspect
 import math
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import xarray as xr
-    from distributed import Client
+import numpy as np
+import xarray as xr
+from distributed import Client, LocalCluster
 
+import daskpri
 from daskpri.data.datasets import DATASETS
+from daskpri.data.io import to_store
 from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, get_strategy
+from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 
 __all__ = ["main"]
@@ -197,8 +197,6 @@ def _output_path(text: str) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import daskpri
-
     options = dict(args.strategy_option)
     _check_strategy_options(args.strategy, options)
     train, test = daskpri.datasets.load(
@@ -224,8 +222,6 @@ def _train(args: argparse.Namespace) -> int:
         )
         print(_summary(history), flush=True)
         if args.output is not None:
-            from daskpri.data.io import to_store
-
             to_store(history, args.output)
             print(f"history written to {args.output}", flush=True)
     finally:
@@ -237,10 +233,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from distributed import Client, LocalCluster
-
-    import daskpri
-
     # Checked here, as argparse leaves them, so that bad values fail before a cluster starts.
     if args.workers < 1:
         raise ValueError(f"workers should be a positive integer, but got workers={args.workers}")
@@ -296,8 +288,6 @@ def _check_strategy_options(strategy: str, options: dict[str, Any]) -> None:
 
 
 def _connect(address: str) -> Client:
-    from distributed import Client
-
     try:
         # Left as the default client: the Trainer waits on its futures with
         # distributed.wait, which looks for the default client.
@@ -309,15 +299,13 @@ def _connect(address: str) -> Client:
 def _dashboard(client: Client) -> str:
     try:
         link = client.dashboard_link
-    except KeyError:  # the scheduler was started with --no-dashboard
+    except KeyError:  # a scheduler without an HTTP server reports no dashboard port
         link = None
     return link or "none (the scheduler runs without one)"
 
 
 def _summary(history: xr.Dataset) -> str:
     """One line: strategy, steps, final and best accuracy, time, samples/s."""
-    import numpy as np
-
     steps = history.sizes["step"]
     name = history.attrs.get("strategy", "run")
     if steps == 0:
@@ -336,10 +324,6 @@ def _summary(history: xr.Dataset) -> str:
 
 def _comparison(prioritized: xr.Dataset, uniform: xr.Dataset) -> str:
     """Time to 97% of the uniform baseline's best accuracy, for both runs."""
-    import numpy as np
-
-    from daskpri.training.history import time_to_accuracy
-
     best = float(np.nanmax(uniform["accuracy"].values, initial=-np.inf))
     if not math.isfinite(best):
         return "no accuracy was measured, so there is no target to compare against"

@@ -240,3 +240,27 @@ def test_step_metrics_reach_the_scheduler(gpu_client, small_data):
         assert metrics[4]["accuracy"] == pytest.approx(float(h["accuracy"][4]))
     finally:
         trainer.close()
+
+
+def test_trainer_uses_its_own_client_not_the_default(small_data):
+    train, test = small_data
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster:
+        client = Client(cluster, set_as_default=False)
+        try:
+            trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+            h = trainer.fit(train, max_steps=3, max_time=60, progress=False)
+            assert h.sizes["step"] == 3 and trainer.client is client
+            trainer.close()
+        finally:
+            client.close()
+
+
+def test_max_time_counts_training_time(gpu_client, small_data):
+    trainer, _ = fit(gpu_client, small_data, "uniform", steps=1)
+    try:
+        h = trainer.fit(small_data[0], eval_data=small_data[1], max_time=1.0, progress=False)
+        t = h["time"].values - h["time"].values[0]  # training time of the second fit
+        assert t[-2] < 1.0 <= t[-1], "stops at the first step past max_time, eval excluded"
+    finally:
+        trainer.close()

@@ -96,7 +96,7 @@ class Replica:
         buffers = {k: v.detach() for k, v in self.module.named_buffers()}
         module = self.module
 
-        def loss_one(p, b, xi, yi):  # type: ignore[no-untyped-def]
+        def loss_one(p: dict, b: dict, xi: torch.Tensor, yi: torch.Tensor) -> tuple:
             logits = functional_call(module, (p, b), (xi.unsqueeze(0),))
             return F.cross_entropy(logits, yi.unsqueeze(0)), logits.squeeze(0)
 

@@ -141,6 +141,33 @@ def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
     }
 
 
+def warmup_task(
+    name: str, weights: Weights, strategy: Strategy, pid: int, ref: PartitionRef
+) -> None:
+    """Run ``strategy`` once on a few rows of partition ``pid``; drop the result.
+
+    The first ``torch.func`` transform on a process is slow; this keeps that
+    cost out of the first training step.
+    """
+    plugin = _plugin(name)
+    replica = plugin.replica
+    x, y = plugin.partition(pid, ref)
+    n = min(4, int(x.shape[0]))
+    replica.load(weights)
+    batch = Batch(
+        x=x[:n],
+        y=y[:n],
+        indices=np.arange(n),
+        n_train=n,
+        weights=None,
+        mean_grad=weights.mean_grad,
+        extra={"reference": np.zeros(1)},
+        rng=np.random.default_rng(0),
+    )
+    strategy.compute(replica, batch)
+    replica.version = -1  # the warm-up weights are not a training version
+
+
 @dataclass
 class StepResult:
     """What one worker returns for one step (CPU tensors and numpy only)."""

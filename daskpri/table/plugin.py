@@ -198,9 +198,8 @@ class TablePlugin(SchedulerPlugin):
 
     def _summary(self, run: str, step: int | None = None) -> dict:
         tr = self._run(run)
-        s = tr.table.summaries(tr.last_step if step is None else step)
-        s = dict(
-            s,
+        s: dict[str, Any] = dict(
+            tr.table.summaries(tr.last_step if step is None else step),
             owner=tr.owner,
             n_updates=tr.table.n_updates,
             last_step=tr.last_step,

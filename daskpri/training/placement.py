@@ -27,20 +27,20 @@ def parse_resources(resources: Mapping[str, float] | str | None) -> dict[str, fl
     if isinstance(resources, str):
         out: dict[str, float] = {}
         for item in filter(None, (s.strip() for s in resources.split(","))):
-            name, sep, value = item.partition("=")
+            key, sep, text = item.partition("=")
             try:
-                out[name.strip()] = float(value)
+                out[key.strip()] = float(text)
             except ValueError:
                 sep = ""
-            if not sep or not name.strip():
+            if not sep or not key.strip():
                 raise ValueError(
                     f"resources should look like 'GPU=1' or 'GPU=1,MEM=4', but got {resources!r}"
                 ) from None
         resources = out
     if not isinstance(resources, Mapping):
         raise TypeError(f"resources should be a dict like {{'GPU': 1}}, but got {resources!r}")
-    for name, value in resources.items():
-        if not isinstance(name, str) or not isinstance(value, (int, float)) or value <= 0:
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not isinstance(amount, (int, float)) or amount <= 0:
             raise ValueError(
                 "resources should map names to positive amounts, like {'GPU': 1}, "
                 f"but got {dict(resources)!r}"
@@ -133,7 +133,7 @@ def reassign_owners(owner_addr: list[str | None], live: list[str]) -> list[str]:
     out: list[str] = []
     for a in owner_addr:
         if a in live_set:
-            out.append(a)  # type: ignore[arg-type]
+            out.append(str(a))
         else:
             target = min(live, key=lambda w: (load[w], live.index(w)))
             load[target] += 1

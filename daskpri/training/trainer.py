@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import xarray as xr
-from distributed import Client, Future, LocalCluster, wait
+from distributed import Client, Future, LocalCluster
 from distributed.comm import CommClosedError
 from distributed.protocol import pickle
 from distributed.scheduler import KilledWorker
@@ -28,8 +28,16 @@ from torch import nn
 from daskpri import _config
 from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.replicas.replica import Weights
-from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, StoreRef, load_task, train_task
-from daskpri.strategies import Strategy, get_strategy
+from daskpri.replicas.worker import (
+    ArrayPart,
+    ReplicaPlugin,
+    StepResult,
+    StoreRef,
+    load_task,
+    train_task,
+    warmup_task,
+)
+from daskpri.strategies import Selection, Strategy, get_strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.table.staleness import validate_staleness
 from daskpri.training.evaluation import EvalSet
@@ -165,7 +173,8 @@ class Trainer:
         self._pending: list[tuple[np.ndarray, np.ndarray, int]] = []
         self._data_key: tuple[Any, ...] | None = None
         self._elapsed = 0.0
-        self._torch_gen = torch.Generator().manual_seed(self.seed)
+        self._parts: dict[int, StoreRef | Future] = {}
+        self._table: RemoteTable | None = None
 
     # -- cluster -------------------------------------------------------------
 
@@ -187,13 +196,14 @@ class Trainer:
 
     def close(self) -> None:
         """Release the run's state in the cluster; close a cluster we started."""
-        if self._client is not None and self._data_key is not None:
+        if self._client is not None and self._table is not None:
             try:
                 self._table.close()
                 self._client.unregister_worker_plugin(self._plugin.name)
             except Exception:  # the cluster may be gone already
                 pass
         self._data_key = None
+        self._table = None
         self._parts = {}
         if self._own_cluster is not None:
             self._client.close()  # type: ignore[union-attr]
@@ -230,7 +240,8 @@ class Trainer:
         max_steps : int, optional
             Total steps of the trainer (a second ``fit`` continues counting).
         max_time : float, optional
-            Seconds of training in this call.
+            Seconds of training in this call (as the history's ``time``
+            counts them: evaluation excluded).
         target_accuracy : float, optional
             Stop once the accuracy on ``eval_data`` reaches it.
         progress : bool
@@ -273,12 +284,12 @@ class Trainer:
 
         total = None if max_steps is None else max(0, max_steps - self.step_)
         bar = tqdm(total=total, disable=not progress, desc=self.strategy.name, unit="step")
-        start = time.perf_counter()
+        start = self._elapsed
         try:
             while True:
                 if max_steps is not None and self.step_ >= max_steps:
                     break
-                if max_time is not None and time.perf_counter() - start >= max_time:
+                if max_time is not None and self._elapsed - start >= max_time:
                     break
                 record = self._step()
                 if evalset is not None and (self.step_ % self.eval_every == 0):
@@ -339,8 +350,9 @@ class Trainer:
             self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
         )
         client.register_plugin(self._plugin)
-        self._parts: dict[int, StoreRef | Future] = {}
+        self._parts = {}
         self._place_partitions(list(range(len(sizes))))
+        self._warm_up()
         RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)
         self._table.create(
@@ -432,6 +444,43 @@ class Trainer:
         ]
         client.gather(checks)
 
+    def _warm_up(self) -> None:
+        """Run the strategy once per worker on a few samples, results dropped.
+
+        The first ``torch.func`` call on a fresh worker takes seconds; paying
+        it here keeps it out of the history's training time.
+        """
+        first: dict[str, int] = {}
+        for pid, addr in enumerate(self._owner_addr):
+            first.setdefault(addr, pid)
+        weights = self._weights(version=-2)
+        futures = [
+            self.client.submit(
+                warmup_task,
+                self._plugin.name,
+                weights,
+                self.strategy,
+                pid,
+                self._parts[pid],
+                workers=[addr],
+                allow_other_workers=True,
+                resources=self.resources,
+                pure=False,
+                key=f"daskpri-warmup-{self.run_id}-{pid}",
+            )
+            for addr, pid in first.items()
+        ]
+        self.client.gather(futures)
+
+    def _weights(self, version: int) -> Weights:
+        """The master's current weights as CPU tensors, for the replicas."""
+        return Weights(
+            version=version,
+            params=torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone(),
+            buffers={k: v.detach().clone() for k, v in self.model.named_buffers()},
+            mean_grad=self._mean_grad if self.strategy.uses_mean_grad else None,
+        )
+
     def _init_optimizer(self) -> None:
         params = list(self.model.parameters())
         if self.optimizer == "adam":
@@ -456,7 +505,7 @@ class Trainer:
             t0 = time.perf_counter()
             # The last step's metrics ride along, for the dashboard in the cluster.
             last = self._recorder.records[-1] if self._recorder.records else None
-            selections = self._table.step(step, self._pending, metrics=last)
+            selections = self._remote.step(step, self._pending, metrics=last)
             self._pending = []
             t_select = time.perf_counter() - t0
             try:
@@ -515,14 +564,9 @@ class Trainer:
             "worker_compute_time": [r.compute_seconds for r in results],
         }
 
-    def _run_tasks(self, step: int, selections: list) -> list:
+    def _run_tasks(self, step: int, selections: list[Selection]) -> list[StepResult]:
         client = self.client
-        weights = Weights(
-            version=step,
-            params=torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone(),
-            buffers={k: v.detach().clone() for k, v in self.model.named_buffers()},
-            mean_grad=self._mean_grad if self.strategy.uses_mean_grad else None,
-        )
+        weights = self._weights(version=step)
         [wfut] = client.scatter([weights], hash=False)
         futures = []
         for slot, sel in enumerate(selections):
@@ -551,29 +595,35 @@ class Trainer:
                     pure=False,
                 )
             )
-        self._wait(futures)
-        return client.gather(futures)
+        return self._wait(futures)
 
-    def _wait(self, futures: list[Future]) -> None:
-        """Wait for ``futures``; raise if no suitable worker is left for too long."""
+    def _wait(self, futures: list[Future]) -> list[StepResult]:
+        """Results of ``futures``, through this trainer's client (not the default one).
+
+        Raises if no suitable worker is left for ``no-workers-timeout``,
+        instead of waiting forever.
+        """
         client = self.client
         deadline: float | None = None
-        while True:
-            try:
-                wait(futures, timeout=1.0)
-                return
-            except TimeoutError:
-                workers = client.scheduler_info(n_workers=-1)["workers"]
+        results = []
+        for future in futures:
+            while True:
                 try:
-                    eligible_workers(workers, self.resources, client.scheduler.address)
-                    deadline = None
-                except (RuntimeError, ValueError) as e:
-                    deadline = deadline or time.monotonic() + dask_timeout()
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"no suitable worker for {dask_timeout():g} s "
-                            "(daskpri.trainer.no-workers-timeout): " + str(e)
-                        ) from e
+                    results.append(future.result(timeout=1.0))
+                    break
+                except TimeoutError:
+                    workers = client.scheduler_info(n_workers=-1)["workers"]
+                    try:
+                        eligible_workers(workers, self.resources, client.scheduler.address)
+                        deadline = None
+                    except (RuntimeError, ValueError) as e:
+                        deadline = deadline or time.monotonic() + dask_timeout()
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(
+                                f"no suitable worker for {dask_timeout():g} s "
+                                "(daskpri.trainer.no-workers-timeout): " + str(e)
+                            ) from e
+        return results
 
     def _apply_gradient(self, grad: torch.Tensor) -> None:
         offset = 0
@@ -611,14 +661,13 @@ class Trainer:
         moved = [
             pid
             for pid, (a, b) in enumerate(zip(old, self._owner_addr, strict=True))
-            if a != b
-            or (isinstance(self._parts.get(pid), Future) and self._parts[pid].status != "finished")
+            if a != b or _lost(self._parts.get(pid))
         ]
         for pid in moved:
             self._parts.pop(pid, None)
         if moved:
             self._place_partitions(moved)
-        self._table.set_owner(np.array([slot_of[a] for a in self._owner_addr], dtype=np.int64))
+        self._remote.set_owner(np.array([slot_of[a] for a in self._owner_addr], dtype=np.int64))
 
     def _evaluate(self, evalset: EvalSet, record: dict[str, Any]) -> None:
         t0 = time.perf_counter()
@@ -629,8 +678,14 @@ class Trainer:
     def _flush(self) -> None:
         if self._pending:
             last = self._recorder.records[-1] if self._recorder.records else None
-            self._table.update(self._pending, metrics=last)
+            self._remote.update(self._pending, metrics=last)
             self._pending = []
+
+    @property
+    def _remote(self) -> RemoteTable:
+        if self._table is None:
+            raise RuntimeError("the trainer has no table in the cluster yet: call fit first")
+        return self._table
 
     # -- results ------------------------------------------------------------------------
 
@@ -656,7 +711,7 @@ class Trainer:
         if self._data_key is None:
             raise RuntimeError("table_ is available after fit")
         self._flush()
-        p = self._table.priorities()
+        p = self._remote.priorities()
         pid = np.repeat(np.arange(len(self._bounds) - 1), np.diff(self._bounds))
         return xr.DataArray(
             p["priority"],
@@ -665,6 +720,11 @@ class Trainer:
             name="priority",
             attrs={"strategy": self.strategy.name, "staleness": self.staleness},
         )
+
+
+def _lost(ref: StoreRef | Future | None) -> bool:
+    """Whether a partition's scattered data is gone (a store is never lost)."""
+    return isinstance(ref, Future) and ref.status != "finished"
 
 
 def dask_timeout() -> float:
