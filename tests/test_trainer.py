@@ -264,3 +264,20 @@ def test_max_time_counts_training_time(gpu_client, small_data):
         assert t[-2] < 1.0 <= t[-1], "stops at the first step past max_time, eval excluded"
     finally:
         trainer.close()
+
+
+def test_fit_on_new_data_rebuilds_the_table_on_the_same_cluster(small_data):
+    train, test = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="loss", n_workers=1)
+    try:
+        trainer.fit(train, max_steps=2, progress=False)
+        client = trainer.client
+        smaller = train.isel(sample=slice(0, 500))
+        trainer.fit(smaller, max_steps=4, progress=False)
+        assert trainer.client is client and client.status == "running"
+        assert trainer.table_.sizes["sample"] == 500
+        addr = client.scheduler.address
+        assert addr.startswith("tcp://127.0.0.1:")
+    finally:
+        trainer.close()
+    assert client.status == "closed"

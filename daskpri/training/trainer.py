@@ -196,6 +196,14 @@ class Trainer:
 
     def close(self) -> None:
         """Release the run's state in the cluster; close a cluster we started."""
+        self._release()
+        if self._own_cluster is not None:
+            self._client.close()  # type: ignore[union-attr]
+            self._own_cluster.close()
+            self._own_cluster = self._client = None
+
+    def _release(self) -> None:
+        """Drop the run's table, replicas and partitions from the cluster."""
         if self._client is not None and self._table is not None:
             try:
                 self._table.close()
@@ -205,10 +213,6 @@ class Trainer:
         self._data_key = None
         self._table = None
         self._parts = {}
-        if self._own_cluster is not None:
-            self._client.close()  # type: ignore[union-attr]
-            self._own_cluster.close()
-            self._own_cluster = self._client = None
 
     def __enter__(self) -> Trainer:
         return self
@@ -337,7 +341,7 @@ class Trainer:
         if key == self._data_key:
             return
         if self._data_key is not None:
-            self.close()
+            self._release()  # new data: a new table, partitions and replicas
         self._n_classes = self._check_model(ds, info)
         sizes = np.diff(bounds)
         owner = assign_owners(len(sizes), len(addrs))
