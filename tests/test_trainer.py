@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from distributed import Client, LocalCluster
 
 import daskpri
@@ -281,3 +282,20 @@ def test_fit_on_new_data_rebuilds_the_table_on_the_same_cluster(small_data):
     finally:
         trainer.close()
     assert client.status == "closed"
+
+
+def test_a_loss_that_overflows_stops_with_the_step_named(gpu_client, small_data):
+    train, _ = small_data
+    model = build_model("mlp", train)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1e30)  # finite weights and data, overflowing logits
+    trainer = daskpri.Trainer(model, strategy="uniform", client=gpu_client)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    try:
+        with pytest.raises(FloatingPointError, match="at step 0"):
+            trainer.fit(train, max_steps=3, progress=False)
+        after = list(trainer.model.parameters())
+        assert all(bool((a == b).all()) for a, b in zip(after, before, strict=True))
+    finally:
+        trainer.close()

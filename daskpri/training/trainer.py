@@ -535,6 +535,11 @@ class Trainer:
                 f"the training loss became {loss_sum} at step {step}"
                 + (f"; non-finite priorities for samples {bad[:10].tolist()}" if bad.size else "")
             )
+        if not bool(torch.isfinite(grad).all()):
+            raise FloatingPointError(
+                f"the gradient became non-finite at step {step} "
+                f"(loss {loss_sum / max(n_loss, 1)}); the model was not updated with it"
+            )
         if n_grad:
             self._apply_gradient(grad / n_grad)
         t_opt = time.perf_counter() - t1
