@@ -17,7 +17,7 @@ from torch import nn
 
 from daskpri.data.io import validate_dataset
 
-__all__ = ["CNN", "MLP", "MODELS", "build_model", "cnn", "mlp"]
+__all__ = ["CNN", "MLP", "MODELS", "build_model", "cnn", "from_spec", "mlp"]
 
 MODELS = ("mlp", "cnn")
 
@@ -58,6 +58,13 @@ class MLP(nn.Sequential):
             nn.Linear(hidden, n_classes, device="meta"),
         )
         _materialize(self, seed)
+        #: the constructor's arguments: a checkpoint rebuilds the model from them
+        self.spec = {
+            "name": "mlp",
+            "in_shape": [int(s) for s in in_shape],
+            "n_classes": int(n_classes),
+            "hidden": int(hidden),
+        }
 
 
 class CNN(nn.Sequential):
@@ -125,6 +132,8 @@ class CNN(nn.Sequential):
             n_flat = 64 * (height // 4) * (width // 4)
         super().__init__(*layers, nn.Flatten(), nn.Linear(n_flat, n_classes, device=meta))
         _materialize(self, seed)
+        #: the constructor's arguments: a checkpoint rebuilds the model from them
+        self.spec = {"name": "cnn", "in_shape": list(shape), "n_classes": int(n_classes)}
 
 
 def mlp(ds_or_info: DatasetOrInfo, hidden: int = 300, *, seed: int = 0) -> MLP:
@@ -251,3 +260,20 @@ def _materialize(model: nn.Module, seed: int) -> None:
                     nn.init.uniform_(module.bias, -bound, bound, generator=generator)
             elif any(True for _ in module.parameters(recurse=False)):
                 raise TypeError(f"no initialisation is defined for {type(module).__name__}")
+
+
+def from_spec(spec: dict[str, Any]) -> nn.Module:
+    """Rebuild a built-in model from its ``spec`` (weights are loaded after).
+
+    Examples
+    --------
+    >>> m = build_model("mlp", {"x_shape": (40,), "n_classes": 10})
+    >>> type(from_spec(m.spec)).__name__
+    'MLP'
+    """
+    name = spec.get("name")
+    if name == "mlp":
+        return MLP(spec["in_shape"], spec["n_classes"], hidden=spec["hidden"])
+    if name == "cnn":
+        return CNN(spec["in_shape"], spec["n_classes"])
+    raise ValueError(f"model spec name should be one of 'mlp', 'cnn', but got {name!r}")

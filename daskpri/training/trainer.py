@@ -10,8 +10,10 @@ driver combines the gradients and steps its optimizer.
 from __future__ import annotations
 
 import math
+import os
 import time
 import uuid
+import zlib
 from collections.abc import Mapping
 from concurrent.futures import CancelledError
 from typing import Any
@@ -27,6 +29,7 @@ from torch import nn
 
 from daskpri import _config
 from daskpri.data.io import open_dataset, validate_dataset
+from daskpri.models import from_spec
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import (
     ArrayPart,
@@ -40,6 +43,7 @@ from daskpri.replicas.worker import (
 from daskpri.strategies import Selection, Strategy, get_strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.table.staleness import validate_staleness
+from daskpri.training import checkpoint
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import (
@@ -129,6 +133,8 @@ class Trainer:
         partition_size: int | None = None,
         staleness: str | None = None,
         device: str | None = None,
+        checkpoint_path: str | os.PathLike[str] | None = None,
+        checkpoint_every: int | None = None,
         **strategy_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -163,6 +169,12 @@ class Trainer:
         )
         self.staleness = validate_staleness(_config.get("table.staleness", staleness))
         self.device = device
+        if checkpoint_every is not None:
+            _check_int("checkpoint_every", checkpoint_every, 1)
+            if checkpoint_path is None:
+                raise ValueError("checkpoint_every= needs checkpoint_path=, the file to write")
+        self.checkpoint_path = None if checkpoint_path is None else os.fspath(checkpoint_path)
+        self.checkpoint_every = checkpoint_every
         self._own_cluster: LocalCluster | None = None
         self._client = client
         self.run_id = f"{self.strategy.name}-{uuid.uuid4().hex[:8]}"
@@ -175,6 +187,7 @@ class Trainer:
         self._elapsed = 0.0
         self._parts: dict[int, StoreRef | Future] = {}
         self._table: RemoteTable | None = None
+        self._resume_state: dict[str, Any] | None = None
 
     # -- cluster -------------------------------------------------------------
 
@@ -299,6 +312,8 @@ class Trainer:
                 if evalset is not None and (self.step_ % self.eval_every == 0):
                     self._evaluate(evalset, record)
                 self._recorder.append(record)
+                if self.checkpoint_every and self.step_ % self.checkpoint_every == 0:
+                    self.save(self.checkpoint_path)  # type: ignore[arg-type]
                 bar.update(1)
                 postfix = {"loss": f"{record['loss']:.3f}"}
                 if not math.isnan(record.get("accuracy", math.nan)):
@@ -376,6 +391,9 @@ class Trainer:
         )
         self._data_key = key
         self._init_optimizer()
+        if self._resume_state is not None:
+            self._restore(self._resume_state, owner)
+            self._resume_state = None
 
     def _check_model(self, ds: xr.Dataset, info: dict[str, Any]) -> int:
         """Classes the labels need, checked against the model's output."""
@@ -555,6 +573,7 @@ class Trainer:
         prev = self._recorder.records[-1] if self._recorder.records else {}
         return {
             "step": step,
+            "selection_digest": _digest(selections),
             "time": self._elapsed,
             "loss": loss_sum / max(n_loss, 1),
             "train_accuracy": sum(r.correct for r in results) / max(n_loss, 1),
@@ -690,6 +709,105 @@ class Trainer:
             self._remote.update(self._pending, metrics=last)
             self._pending = []
 
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def _init_params(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "n_workers": self.n_workers,
+            "resources": self.resources,
+            "batch_size": self.batch_size,
+            "learning_rate": self.learning_rate,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            "optimizer": self.optimizer,
+            "eval_every": self.eval_every,
+            "partition_size": self.partition_size,
+            "staleness": self.staleness,
+            "device": self.device,
+            "checkpoint_path": self.checkpoint_path,
+            "checkpoint_every": self.checkpoint_every,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write a checkpoint of the whole run to ``path``, atomically.
+
+        It holds the model, the optimizer, the priority table with the
+        selection's random state and the strategy's state, the step count and
+        the history: :meth:`resume` continues the run exactly where it was.
+
+        Examples
+        --------
+        >>> trainer.save("run.ckpt")  # doctest: +SKIP
+        >>> trainer = daskpri.Trainer.resume("run.ckpt", client=client)  # doctest: +SKIP
+        """
+        if self._table is None or self._opt is None:
+            raise RuntimeError("nothing to save yet: call fit first")
+        self._flush()
+        return checkpoint.write(
+            {
+                "step": self.step_,
+                "elapsed": self._elapsed,
+                "model": self.model.state_dict(),
+                "model_spec": getattr(self.model, "spec", None),
+                "optimizer": self._opt.state_dict(),
+                "mean_grad": self._mean_grad,
+                "strategy": {"name": self.strategy.name, "params": self.strategy.get_params()},
+                "trainer": self._init_params(),
+                "table": checkpoint.to_storable(self._remote.state_dict()),
+                "history": self._recorder.records,
+            },
+            path,
+        )
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike[str],
+        model: nn.Module | None = None,
+        client: Client | None = None,
+        **overrides: Any,
+    ) -> Trainer:
+        """A trainer that continues the run checkpointed at ``path``.
+
+        The file is read weights-only. ``model`` is a module of the run's
+        architecture (its weights are replaced); it may be left out for the
+        built-in models. Call :meth:`fit` with the same data to go on: the
+        step count, history, table and selections continue.
+        """
+        state = checkpoint.read(path)
+        if model is None:
+            if state["model_spec"] is None:
+                raise ValueError(
+                    "the checkpoint's model is not a built-in one: pass model=, a module of "
+                    "the same architecture"
+                )
+            model = from_spec(state["model_spec"])
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise ValueError(f"model does not match the checkpoint's architecture: {e}") from None
+        params = dict(state["trainer"], **overrides)
+        strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])
+        trainer = cls(model, strategy=strategy, client=client, **params)
+        trainer.step_ = int(state["step"])
+        trainer._elapsed = float(state["elapsed"])
+        trainer._recorder.records = list(state["history"])
+        trainer._resume_state = {
+            "optimizer": state["optimizer"],
+            "mean_grad": state["mean_grad"],
+            "table": checkpoint.from_storable(state["table"]),
+        }
+        return trainer
+
+    def _restore(self, state: dict[str, Any], owner: np.ndarray) -> None:
+        assert self._opt is not None
+        self._opt.load_state_dict(state["optimizer"])
+        self._mean_grad = state["mean_grad"]
+        self._remote.load_state_dict(state["table"])
+        # the cluster may have another size now: partitions go where they are
+        self._remote.set_owner(owner)
+
     @property
     def _remote(self) -> RemoteTable:
         if self._table is None:
@@ -729,6 +847,14 @@ class Trainer:
             name="priority",
             attrs={"strategy": self.strategy.name, "staleness": self.staleness},
         )
+
+
+def _digest(selections: list[Selection]) -> float:
+    """CRC-32 of a step's selected samples (exact in a float64 history)."""
+    crc = 0
+    for s in selections:
+        crc = zlib.crc32(np.ascontiguousarray(s.train, dtype=np.int64).tobytes(), crc)
+    return float(crc)
 
 
 def _lost(ref: StoreRef | Future | None) -> bool:

@@ -1,0 +1,113 @@
+"""Checkpoints: atomic, weights-only, and a resumed run continues exactly."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import daskpri
+from daskpri.models import build_model
+from daskpri.training import checkpoint
+
+
+@pytest.mark.parametrize("strategy", ["projection", "uniform"])
+def test_resumed_run_selects_the_same_samples_and_reaches_the_same_weights(
+    gpu_client, small_data, tmp_path, strategy
+):
+    train, test = small_data
+    path = tmp_path / "run.ckpt"
+    kw = {"strategy": strategy, "client": gpu_client, "seed": 5, "batch_size": 32, "eval_every": 7}
+    a = daskpri.Trainer(build_model("mlp", train, seed=1), **kw)
+    try:
+        a.fit(train, eval_data=test, max_steps=15, progress=False)
+        a.save(path)
+        ha = a.fit(train, eval_data=test, max_steps=40, progress=False)
+        params_a = [p.detach().clone() for p in a.model.parameters()]
+    finally:
+        a.close()
+    b = daskpri.Trainer.resume(path, client=gpu_client)
+    try:
+        assert b.step_ == 15 and b.history_.sizes["step"] == 15
+        hb = b.fit(train, eval_data=test, max_steps=40, progress=False)
+        assert hb["step"].values.tolist() == list(range(40))
+        np.testing.assert_array_equal(ha["selection_digest"], hb["selection_digest"])
+        np.testing.assert_array_equal(ha["loss"], hb["loss"])
+        for pa, pb in zip(params_a, b.model.parameters(), strict=True):
+            assert torch.equal(pa, pb), "bitwise equal parameters on CPU"
+        assert (np.diff(hb["time"]) > 0).all()
+    finally:
+        b.close()
+
+
+def test_checkpoint_every_writes_the_latest_state(gpu_client, small_data, tmp_path):
+    train, _ = small_data
+    path = tmp_path / "periodic.ckpt"
+    t = daskpri.Trainer(build_model("mlp", train), strategy="loss", client=gpu_client,
+                        checkpoint_path=path, checkpoint_every=4)
+    try:
+        t.fit(train, max_steps=10, progress=False)
+    finally:
+        t.close()
+    state = checkpoint.read(path)
+    assert state["step"] == 8 and len(state["history"]) == 8
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
+    with pytest.raises(ValueError, match="checkpoint_every= needs checkpoint_path="):
+        daskpri.Trainer(build_model("mlp", train), checkpoint_every=3)
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "c.ckpt"
+    checkpoint.write({"step": 1}, path)
+
+    class Unsaveable:
+        def __reduce__(self):
+            raise RuntimeError("cannot pickle this")
+
+    with pytest.raises(RuntimeError, match="cannot pickle"):
+        checkpoint.write({"step": 2, "bad": Unsaveable()}, path)
+    assert checkpoint.read(path)["step"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["c.ckpt"]
+
+
+class _Evil:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_malicious_pickle_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.ckpt"
+    with open(path, "wb") as f:
+        torch.save({"format": checkpoint.FORMAT, "step": 0, "x": _Evil(str(marker))}, f)
+    with pytest.raises(ValueError, match="not a loadable daskpri checkpoint"):
+        daskpri.Trainer.resume(path)
+    assert not marker.exists()
+    path.write_bytes(pickle.dumps(_Evil(str(marker))))
+    with pytest.raises(ValueError, match="weights-only"):
+        checkpoint.read(path)
+    assert not marker.exists()
+
+
+def test_resume_errors(tmp_path, small_data):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        daskpri.Trainer.resume(tmp_path / "missing.ckpt")
+    path = tmp_path / "other.ckpt"
+    torch.save({"weights": torch.zeros(2)}, path)
+    with pytest.raises(ValueError, match="not a daskpri checkpoint of format 1"):
+        daskpri.Trainer.resume(path)
+
+
+def test_resume_needs_a_matching_model(tmp_path):
+    net = torch.nn.Linear(3, 2)
+    path = checkpoint.write({"step": 0, "model": net.state_dict(), "model_spec": None}, tmp_path / "m")
+    with pytest.raises(ValueError, match="not a built-in one: pass model="):
+        daskpri.Trainer.resume(path)
+    with pytest.raises(ValueError, match="model does not match the checkpoint's architecture"):
+        daskpri.Trainer.resume(path, model=torch.nn.Linear(4, 2))
