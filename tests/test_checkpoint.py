@@ -106,7 +106,8 @@ def test_resume_errors(tmp_path, small_data):
 
 def test_resume_needs_a_matching_model(tmp_path):
     net = torch.nn.Linear(3, 2)
-    path = checkpoint.write({"step": 0, "model": net.state_dict(), "model_spec": None}, tmp_path / "m")
+    state = {"step": 0, "model": net.state_dict(), "model_spec": None}
+    path = checkpoint.write(state, tmp_path / "m")
     with pytest.raises(ValueError, match="not a built-in one: pass model="):
         daskpri.Trainer.resume(path)
     with pytest.raises(ValueError, match="model does not match the checkpoint's architecture"):
