@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import xarray as xr
-from distributed import Client
+from _procs import _free_port, _stop
 
 from daskpri import STRATEGIES
 from daskpri.cli import _parse_value, main
@@ -37,24 +34,6 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "daskpri", *args], capture_output=True, text=True, timeout=timeout
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(procs: list[subprocess.Popen[Any]]) -> None:
-    """Terminate ``procs``, then kill those still running after 10 s."""
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 # -- bad input, caught before any cluster starts ----------------------------------
@@ -172,32 +151,6 @@ def test_unreachable_scheduler_is_a_one_line_error(capsys: pytest.CaptureFixture
 
 
 # -- a scheduler and two workers with GPU=1, on loopback --------------------------
-
-
-@pytest.fixture(scope="module")
-def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The address of a scheduler with two one-thread workers that have ``GPU=1``."""
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    log = (tmp_path_factory.mktemp("cluster") / "cluster.log").open("wb")
-    commands = [
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard"],
-    ] + [
-        [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-         "--resources", "GPU=1", "--host", "127.0.0.1", "--no-dashboard"],
-    ] * 2
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        for command in commands:
-            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
-        yield address
-    finally:
-        _stop(procs[1:])  # the workers first, so that they do not wait for the scheduler
-        _stop(procs[:1])
-        log.close()
 
 
 def test_train_on_scheduler_uses_its_gpu_workers(gpu_cluster: str, tmp_path: Path) -> None:
