@@ -18,7 +18,7 @@ from daskpri.data import datasets
 from daskpri.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
 from daskpri.table.table import PriorityTable
 from daskpri.training.history import time_to_accuracy
-from daskpri.training.trainer import Trainer
+from daskpri.training.trainer import SchedulerLostError, Trainer
 
 __version__ = "0.1.0"
 
@@ -26,6 +26,7 @@ __all__ = [
     "STRATEGIES",
     "DaskpriWarning",
     "PriorityTable",
+    "SchedulerLostError",
     "Strategy",
     "Trainer",
     "datasets",

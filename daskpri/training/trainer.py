@@ -308,7 +308,13 @@ class Trainer:
                     break
                 if max_time is not None and self._elapsed - start >= max_time:
                     break
-                record = self._step()
+                try:
+                    record = self._step()
+                except (ValueError, TypeError, FloatingPointError):
+                    raise  # the user's input: the scheduler is not to blame
+                except Exception:
+                    self._check_scheduler()
+                    raise
                 if evalset is not None and (self.step_ % self.eval_every == 0):
                     self._evaluate(evalset, record)
                 self._recorder.append(record)
@@ -673,6 +679,7 @@ class Trainer:
         client = self.client
         deadline = time.monotonic() + dask_timeout()
         while True:
+            self._check_scheduler()
             workers = client.scheduler_info(n_workers=-1)["workers"]
             try:
                 live = eligible_workers(workers, self.resources, client.scheduler.address)
@@ -680,7 +687,6 @@ class Trainer:
             except (RuntimeError, ValueError):
                 if time.monotonic() > deadline:
                     raise
-                client.sync(client.scheduler.identity)  # a round trip, then look again
                 time.sleep(0.2)
         old = self._owner_addr
         self._owner_addr = reassign_owners([a if a in live else None for a in old], live)
@@ -696,6 +702,36 @@ class Trainer:
         if moved:
             self._place_partitions(moved)
         self._remote.set_owner(np.array([slot_of[a] for a in self._owner_addr], dtype=np.int64))
+
+    def _check_scheduler(self) -> None:
+        """Raise :class:`SchedulerLostError` if the scheduler does not answer.
+
+        Waits ``daskpri.trainer.scheduler-timeout`` for an answer; the message
+        names the checkpoint to resume from.
+        """
+        client = self.client
+        timeout = _seconds(_config.get("trainer.scheduler-timeout"))
+        try:
+            client.sync(client.scheduler.identity, callback_timeout=timeout)
+            return
+        except Exception as e:
+            cause: BaseException = e
+        where = self.checkpoint_path
+        if where is not None and os.path.exists(where):
+            step = checkpoint.read(where)["step"]
+            hint = (
+                f"the last checkpoint is {where!r} (step {step}): resume with "
+                f"daskpri.Trainer.resume({where!r}, client=...) on a new cluster"
+            )
+        else:
+            hint = (
+                "no checkpoint was written: pass checkpoint_path= and checkpoint_every= "
+                "to be able to resume"
+            )
+        raise SchedulerLostError(
+            f"lost the scheduler at {client.scheduler.address}: no answer within "
+            f"{timeout:g} s (daskpri.trainer.scheduler-timeout); {hint}"
+        ) from cause
 
     def _evaluate(self, evalset: EvalSet, record: dict[str, Any]) -> None:
         t0 = time.perf_counter()
@@ -862,11 +898,19 @@ def _lost(ref: StoreRef | Future | None) -> bool:
     return isinstance(ref, Future) and ref.status != "finished"
 
 
-def dask_timeout() -> float:
-    """The no-workers timeout of the ``daskpri.trainer`` config, in seconds."""
+class SchedulerLostError(RuntimeError):
+    """The scheduler stopped answering: the run cannot go on in this cluster."""
+
+
+def _seconds(value: str | float) -> float:
     from dask.utils import parse_timedelta
 
-    return float(parse_timedelta(_config.get("trainer.no-workers-timeout")))
+    return float(parse_timedelta(value, default="s"))
+
+
+def dask_timeout() -> float:
+    """The no-workers timeout of the ``daskpri.trainer`` config, in seconds."""
+    return _seconds(_config.get("trainer.no-workers-timeout"))
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
