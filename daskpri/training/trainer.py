@@ -25,6 +25,7 @@ from distributed import Client, Future, LocalCluster
 from distributed.comm import CommClosedError
 from distributed.protocol import pickle
 from distributed.scheduler import KilledWorker
+from distributed.security import Security
 from torch import nn
 
 from daskpri import _config
@@ -94,6 +95,12 @@ class Trainer:
         ``"exp-quadratic"``.
     device : str, optional
         Force the replicas' device (default: each worker's GPU, else CPU).
+    checkpoint_path, checkpoint_every : optional
+        Write a checkpoint to ``checkpoint_path`` every ``checkpoint_every``
+        steps (atomically; see :meth:`save` and :meth:`resume`).
+    security : distributed.security.Security or bool, optional
+        TLS for the LocalCluster the trainer starts (``True``: temporary
+        self-signed credentials). A ``client`` brings its own security.
     **strategy_options
         Passed to the strategy named by ``strategy`` (``k``, ``renew``, ...).
 
@@ -135,6 +142,7 @@ class Trainer:
         device: str | None = None,
         checkpoint_path: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
+        security: Security | bool | None = None,
         **strategy_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -177,6 +185,17 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self._own_cluster: LocalCluster | None = None
         self._client = client
+        if security is not None and client is not None:
+            raise ValueError(
+                "security= applies to the LocalCluster the trainer starts; a client brings "
+                "its own: Client(address, security=Security(...))"
+            )
+        if security is not None and not isinstance(security, (bool, Security)):
+            raise TypeError(
+                "security should be a distributed.security.Security or True, but got "
+                f"{type(security).__name__}"
+            )
+        self.security = security
         self.run_id = f"{self.strategy.name}-{uuid.uuid4().hex[:8]}"
         self.step_ = 0
         self._recorder = HistoryRecorder()
@@ -203,6 +222,11 @@ class Trainer:
                 host="127.0.0.1",
                 dashboard_address="127.0.0.1:0",
                 resources=self.resources,
+                **(
+                    {"security": self.security, "protocol": "tls://"}
+                    if self.security not in (None, False)
+                    else {}
+                ),
             )
             self._client = Client(self._own_cluster)
         return self._client
