@@ -162,10 +162,8 @@ class Trainer:
         self.learning_rate = _check_float(
             "learning_rate", _config.get("trainer.learning-rate", learning_rate)
         )
-        self.momentum = float(_config.get("trainer.momentum", momentum))
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum should be in [0, 1), but got momentum={momentum!r}")
-        self.weight_decay = float(weight_decay)
+        self.momentum = _check_real("momentum", _config.get("trainer.momentum", momentum), 0.0, 1.0)
+        self.weight_decay = _check_real("weight_decay", weight_decay, 0.0, math.inf)
         self.optimizer = _config.get("trainer.optimizer", optimizer)
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(
@@ -176,11 +174,23 @@ class Trainer:
             None if partition_size is None else _check_int("partition_size", partition_size, 1)
         )
         self.staleness = validate_staleness(_config.get("table.staleness", staleness))
+        if device is not None:
+            try:
+                torch.device(device)
+            except (RuntimeError, TypeError, ValueError):
+                raise ValueError(
+                    f"device should name a torch device like 'cpu' or 'cuda:0', but got "
+                    f"device={device!r}"
+                ) from None
         self.device = device
         if checkpoint_every is not None:
             _check_int("checkpoint_every", checkpoint_every, 1)
             if checkpoint_path is None:
                 raise ValueError("checkpoint_every= needs checkpoint_path=, the file to write")
+        if checkpoint_path is not None and not isinstance(checkpoint_path, (str, os.PathLike)):
+            raise TypeError(
+                f"checkpoint_path should be a path, but got {type(checkpoint_path).__name__}"
+            )
         self.checkpoint_path = None if checkpoint_path is None else os.fspath(checkpoint_path)
         self.checkpoint_every = checkpoint_every
         self._own_cluster: LocalCluster | None = None
@@ -942,6 +952,16 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{name} should be {kind}, but got {name}={value!r}")
     return int(value)
+
+
+def _check_real(name: str, value: Any, low: float, high: float) -> float:
+    """``value`` as a float if it is a number in ``[low, high)``."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not low <= float(value) < high:
+        raise ValueError(
+            f"{name} should be a number in [{low:g}, {high:g}), but got {name}={value!r}"
+        )
+    return float(value)
 
 
 def _check_float(name: str, value: Any) -> float:
