@@ -14,6 +14,7 @@ registers it.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ from daskpri.strategies.base import SelectContext, Selection, Strategy
 from daskpri.table.table import PriorityTable
 
 PLUGIN_NAME = "daskpri"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,6 +121,12 @@ class TablePlugin(SchedulerPlugin):
             "close",
         ):
             scheduler.handlers[f"daskpri_{op}"] = getattr(self, f"_{op}")
+        try:  # the /daskpri dashboard page must never break training
+            from daskpri.dashboard.page import install  # local import: bokeh only when serving
+
+            install(scheduler)
+        except Exception as e:
+            logger.warning("daskpri: no /daskpri dashboard page: %s: %s", type(e).__name__, e)
 
     async def close(self) -> None:
         self.runs.clear()
@@ -216,7 +225,7 @@ class TablePlugin(SchedulerPlugin):
         return list(self._run(run).metrics)[start:]
 
     def _runs(self) -> list[str]:
-        return sorted(self.runs)
+        return list(self.runs)  # oldest first: the dashboard follows the newest
 
     def _close(self, run: str) -> None:
         self.runs.pop(run, None)

@@ -1,0 +1,291 @@
+"""The dashboard's plots, one class each, built as distributed's own are.
+
+Each component has a ``source`` (its main ``ColumnDataSource``), a ``root``
+(the Bokeh model to lay out) and ``update(snapshot)``, which draws a
+snapshot from :mod:`daskpri.dashboard.snapshot`. Snapshots carry only the
+steps after the previous one, so components append (``stream``) what
+accumulates and replace what is small (a histogram, a status table). A
+snapshot of another run than the last one clears what was drawn.
+
+Examples
+--------
+>>> from daskpri.dashboard.components import RunStatus
+>>> status = RunStatus()
+>>> status.source.data["field"][:2]
+['run', 'strategy']
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+from bokeh.core.properties import without_property_validation
+from bokeh.models import (
+    BasicTicker,
+    CDSView,
+    ColumnDataSource,
+    GroupFilter,
+    HoverTool,
+    LinearColorMapper,
+)
+from bokeh.models.annotations import ColorBar
+from bokeh.models.widgets import Div
+from bokeh.palettes import Viridis256
+from distributed.dashboard.components import DashboardComponent
+
+from daskpri.dashboard._plotting import (
+    RUN_COLOR,
+    empty,
+    new_figure,
+)
+from daskpri.dashboard.progress import Speedup, TrainingCurves, Workers
+
+__all__ = [
+    "PartitionHeatmap",
+    "PriorityHistogram",
+    "RunStatus",
+    "Speedup",
+    "TrainingCurves",
+    "Workers",
+]
+
+
+class PriorityHistogram(DashboardComponent):
+    """The current priorities' histogram beside the one at the run's start.
+
+    Both are fractions of the samples computed then, on the same bins: on
+    log10 of the priority when the spread calls for it (see
+    :data:`daskpri.dashboard.snapshot.LOG_SPREAD`).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.source = ColumnDataSource(
+            {"left": [], "right": [], "current": [], "start": []}, name="daskpri-histogram"
+        )
+        fig = new_figure("Priority distribution", **kwargs)
+        fig.quad(
+            source=self.source,
+            left="left",
+            right="right",
+            bottom=0,
+            top="start",
+            fill_color="#bbbbbb",
+            fill_alpha=0.6,
+            line_color=None,
+            legend_label="at the start",
+        )
+        fig.quad(
+            source=self.source,
+            left="left",
+            right="right",
+            bottom=0,
+            top="current",
+            fill_color=RUN_COLOR,
+            fill_alpha=0.55,
+            line_color=RUN_COLOR,
+            legend_label="now",
+        )
+        fig.y_range.start = 0
+        fig.yaxis.axis_label = "fraction of computed samples"
+        fig.xaxis.axis_label = "priority"
+        fig.legend.location = "top_right"
+        fig.legend.click_policy = "hide"
+        fig.add_tools(
+            HoverTool(
+                tooltips=[
+                    ("bin", "@left{0.000g} to @right{0.000g}"),
+                    ("now", "@current{0.000}"),
+                    ("start", "@start{0.000}"),
+                ]
+            )
+        )
+        self.root = fig
+        self.scale = "linear"
+
+    @without_property_validation
+    def update(self, snapshot: dict[str, Any]) -> None:
+        h = snapshot["histogram"]
+        self.source.data = {
+            "left": np.asarray(h["left"]),
+            "right": np.asarray(h["right"]),
+            "current": np.asarray(h["current"]),
+            "start": np.asarray(h["start"]),
+        }
+        if h["scale"] != self.scale:
+            self.scale = h["scale"]
+            self.root.xaxis.axis_label = "log10(priority)" if self.scale == "log" else "priority"
+        start = f", start: step {h['start_step']}" if h["start_step"] >= 0 else ""
+        self.root.title.text = (
+            f"Priority distribution: {h['n_seen']:,} of {snapshot['n_samples']:,} "
+            f"samples computed (step {snapshot['table_step']}{start})"
+        )
+
+
+class PartitionHeatmap(DashboardComponent):
+    """Summed priority by partition and step, in a rolling window of steps.
+
+    One column per snapshot whose table moved on; a column spans the steps
+    since the previous one. Partitions whose priorities were computed in the
+    newest step of a column (the ones chosen) carry a dot.
+    """
+
+    def __init__(self, window: int = 150, **kwargs: Any) -> None:
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window should be a positive integer, but got window={window!r}")
+        self.window = window
+        self.source = ColumnDataSource(
+            {"step": [], "x": [], "width": [], "partition": [], "value": [], "chosen": []},
+            name="daskpri-heatmap",
+        )
+        self.mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=1.0)
+        fig = new_figure("Summed priority by partition", **kwargs)
+        fig.rect(
+            source=self.source,
+            x="x",
+            y="partition",
+            width="width",
+            height=1,
+            fill_color={"field": "value", "transform": self.mapper},
+            line_color=None,
+        )
+        fig.scatter(
+            source=self.source,
+            x="x",
+            y="partition",
+            view=CDSView(filter=GroupFilter(column_name="chosen", group="yes")),
+            marker="circle",
+            size=4,
+            color="#d62728",
+        )
+        fig.add_layout(ColorBar(color_mapper=self.mapper, width=8), "right")
+        fig.xaxis.axis_label = "step"
+        fig.yaxis.axis_label = "partition"
+        fig.yaxis.ticker = BasicTicker(min_interval=1, num_minor_ticks=0)
+        fig.add_tools(
+            HoverTool(
+                tooltips=[
+                    ("step", "@step"),
+                    ("partition", "@partition"),
+                    ("sum", "@value{0.000g}"),
+                    ("chosen", "@chosen"),
+                ]
+            )
+        )
+        self.root = fig
+        self.run: str | None = None
+        self.last_step = -1
+        self.n_partitions = 0
+
+    @without_property_validation
+    def update(self, snapshot: dict[str, Any]) -> None:
+        step = int(snapshot["table_step"])
+        sums = np.asarray(snapshot["partitions"]["sum"], dtype=np.float64)
+        if snapshot["run"] != self.run or sums.size != self.n_partitions:
+            self.source.data = empty(self.source)
+            self.run, self.last_step, self.n_partitions = snapshot["run"], -1, sums.size
+        if step <= self.last_step:
+            return
+        width = step - self.last_step if self.last_step >= 0 else 1
+        chosen = np.zeros(sums.size, dtype=bool)
+        chosen[np.asarray(snapshot["chosen"], dtype=np.int64)] = True
+        n = sums.size
+        self.source.stream(
+            {
+                "step": np.full(n, step),
+                "x": np.full(n, step - (width - 1) / 2),
+                "width": np.full(n, width),
+                "partition": np.arange(n),
+                "value": sums,
+                "chosen": np.where(chosen, "yes", "no"),
+            },
+            rollover=self.window * n,
+        )
+        self.last_step = step
+        values = np.asarray(self.source.data["value"], dtype=np.float64)
+        lo, hi = float(values.min()), float(values.max())
+        self.mapper.update(low=lo, high=hi if hi > lo else lo + 1.0)
+        self.root.title.text = (
+            f"Summed priority by partition (step {step}, {int(chosen.sum())} chosen)"
+        )
+
+
+class RunStatus(DashboardComponent):
+    """The run at a glance: step, time, strategy, table staleness."""
+
+    FIELDS = (
+        "run",
+        "strategy",
+        "parameters",
+        "step",
+        "training time",
+        "workers",
+        "samples computed",
+        "staleness (mean steps)",
+        "stalest partition (steps)",
+        "table updates",
+        "selection time",
+        "baseline",
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.source = ColumnDataSource(
+            {
+                "field": list(self.FIELDS),
+                "value": ["no daskpri run yet"] + [""] * (len(self.FIELDS) - 1),
+            },
+            name="daskpri-status",
+        )
+        # A Div, not a DataTable: Bokeh 3.9.1-3.9.2's DataTable does not redraw
+        # when its source changes (bokeh/bokeh#15328).
+        opts: dict[str, Any] = {"width": 560, "height": 320, "name": "daskpri-status-table"}
+        opts.update(kwargs)
+        self.root = Div(text=self._html(), **opts)
+
+    def _html(self) -> str:
+        rows = "".join(
+            f"<tr><th style='{_TH}'>{html.escape(str(k))}</th>"
+            f"<td style='{_TD}'>{html.escape(str(v))}</td></tr>"
+            for k, v in zip(self.source.data["field"], self.source.data["value"], strict=True)
+        )
+        return f"<table style='border-collapse: collapse; width: 100%'>{rows}</table>"
+
+    @without_property_validation
+    def update(self, snapshot: dict[str, Any]) -> None:
+        base = snapshot.get("baseline")
+        values = (
+            snapshot["run"],
+            snapshot["strategy"],
+            snapshot["params"],
+            f"{snapshot['step']:,}",
+            _seconds(snapshot["elapsed"]),
+            str(snapshot["n_workers"]),
+            f"{snapshot['seen_fraction']:.1%} of {snapshot['n_samples']:,}",
+            _number(snapshot["staleness_mean"]),
+            _number(snapshot["staleness_max"]),
+            f"{snapshot['n_updates']:,}",
+            f"{snapshot['selection_seconds'] * 1e3:.1f} ms",
+            "none (no uniform run)" if base is None else base["run"],
+        )
+        old = self.source.data["value"]
+        changed = [(i, v) for i, v in enumerate(values) if old[i] != v]
+        if changed:
+            self.source.patch({"value": changed})
+            self.root.text = self._html()
+
+
+_TH = "text-align: left; font-weight: normal; color: #555; padding: 3px 8px; width: 170px"
+_TD = "padding: 3px 8px; border-bottom: 1px solid #eee; word-break: break-all"
+
+
+def _seconds(t: float) -> str:
+    if not math.isfinite(t):
+        return "-"
+    minutes, seconds = divmod(t, 60.0)
+    return f"{int(minutes)} min {seconds:.1f} s" if minutes else f"{seconds:.1f} s"
+
+
+def _number(x: float) -> str:
+    return f"{x:.1f}" if math.isfinite(x) else "-"

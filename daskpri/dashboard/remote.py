@@ -1,0 +1,131 @@
+"""The dashboard outside the scheduler: a Bokeh server that asks it through RPC.
+
+Where the scheduler's own dashboard is out of reach or off, the same page is
+served by a separate Bokeh server (``dashboards/daskpri_app.py``), which
+connects a Client to the scheduler and reads snapshots through the
+``daskpri_*`` handlers of :class:`daskpri.table.plugin.TablePlugin`.
+
+Examples
+--------
+>>> serve("tcp://127.0.0.1:8786", port=5006)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from bokeh.document import Document
+from distributed import Client
+
+from daskpri import _config
+from daskpri.dashboard.page import INTERVAL, PAGE, ROUTE, DaskpriDashboard
+from daskpri.dashboard.snapshot import run_strategies, snapshot_from_rpc
+
+logger = logging.getLogger(__name__)
+
+
+def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) -> None:
+    """Build the page in ``doc``, fed by the scheduler at ``scheduler_address``.
+
+    The session connects its own asynchronous Client on its first refresh
+    and closes it with the session.
+    """
+    dash = DaskpriDashboard()
+    state: dict[str, Any] = {"client": None, "busy": False, "strategies": {}}
+
+    async def refresh() -> None:
+        if state["busy"]:  # the previous refresh is still waiting for the scheduler
+            return
+        state["busy"] = True
+        try:
+            if state["client"] is None:
+                state["client"] = await Client(
+                    scheduler_address, asynchronous=True, set_as_default=False
+                )
+            rpc = state["client"].scheduler
+            state["strategies"] = await run_strategies(rpc, state["strategies"])
+            name = dash.set_runs(state["strategies"])
+            if name is None or name not in state["strategies"]:
+                return
+            args = dash.request()
+            snap = await snapshot_from_rpc(
+                rpc,
+                name,
+                args["start_histogram"],
+                cursor=args["cursor"],
+                baseline=args["baseline_name"],
+                baseline_cursor=args["baseline_cursor"],
+            )
+            dash.show(snap)
+        except (KeyError, OSError) as e:  # a run closed meanwhile, or no scheduler
+            logger.debug("daskpri dashboard: refresh failed: %s", e)
+        finally:
+            state["busy"] = False
+
+    def close_client(session_context: Any) -> None:
+        if state["client"] is not None:
+            asyncio.ensure_future(state["client"].close())
+
+    # Bokeh runs coroutine callbacks on its loop; its annotation says plain functions.
+    doc.add_next_tick_callback(refresh)  # type: ignore[arg-type]
+    doc.add_periodic_callback(refresh, interval)  # type: ignore[arg-type]
+    doc.on_session_destroyed(close_client)
+    doc.title = f"daskpri: {scheduler_address}"
+    doc.add_root(dash.root)
+
+
+def make_server(
+    scheduler_address: str, *, address: str | None = None, port: int = 5006, **kwargs: Any
+) -> Any:
+    """A Bokeh server of the page at ``/daskpri``, not started.
+
+    Parameters
+    ----------
+    scheduler_address : str
+        The Dask scheduler, e.g. ``tcp://127.0.0.1:8786``.
+    address : str, optional
+        The interface to listen on; by default ``daskpri.dashboard.address``
+        in the config (``127.0.0.1``).
+    port : int
+        The port (0: a free one).
+    **kwargs
+        More options of :class:`bokeh.server.server.Server`.
+    """
+    from bokeh.application import Application
+    from bokeh.application.handlers.function import FunctionHandler
+    from bokeh.server.server import Server
+    from distributed.utils import open_port
+
+    address = _config.get("dashboard.address", address)
+    if port == 0:  # the websocket origins below need the port before Bokeh binds it
+        port = open_port(address)
+    kwargs.setdefault("allow_websocket_origin", [f"{address}:{port}", f"localhost:{port}"])
+    app = Application(FunctionHandler(partial(remote_doc, scheduler_address)))
+    return Server({ROUTE: app}, address=address, port=port, **kwargs)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve the page until interrupted: ``python dashboards/daskpri_app.py --scheduler ADDR``."""
+    args = parse_args(argv)
+    server = make_server(args.scheduler, address=args.address, port=args.port)
+    server.start()
+    print(f"daskpri dashboard: http://{server.address}:{server.port}{ROUTE}", flush=True)
+    server.io_loop.start()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The standalone app's arguments (``--scheduler``, ``--address``, ``--port``)."""
+    parser = argparse.ArgumentParser(
+        prog=PAGE, description="Serve the daskpri dashboard of a Dask scheduler."
+    )
+    parser.add_argument("--scheduler", required=True, help="scheduler address, tcp://host:8786")
+    parser.add_argument(
+        "--address", default=None, help="interface to listen on (default: 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=int, default=5006, help="port to listen on")
+    return parser.parse_args(argv)

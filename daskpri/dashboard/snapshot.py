@@ -1,0 +1,368 @@
+"""Snapshots: what the dashboard draws of one run, as a plain dict.
+
+A snapshot is built from a run's table and metrics, either in the
+scheduler's process (:func:`snapshot_from_run`, for the ``/daskpri`` page) or
+through the scheduler's ``daskpri_*`` RPC handlers (:func:`snapshot_from_rpc`,
+for the standalone app). Both return the same shape, so the components never
+know where the data came from. Everything here is numpy and plain Python:
+it is tested without a cluster and without Bokeh.
+
+Metrics are incremental: a snapshot carries only the steps after its
+``cursor`` argument, and its ``"cursor"`` entry is the one to pass next time.
+The priority histogram of the run's start is kept the same way: pass a
+snapshot's ``"start_histogram"`` back as ``start_histogram``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Reversible
+from typing import Any
+
+import numpy as np
+
+from daskpri._wire import unpack_tree
+from daskpri.dashboard.measures import N_BINS, priority_histogram
+from daskpri.table.plugin import TableRun
+
+#: Per-step scalar metrics a snapshot carries (NaN where a step lacks one).
+METRIC_COLUMNS: tuple[str, ...] = (
+    "step",
+    "time",
+    "loss",
+    "accuracy",
+    "eval_loss",
+    "samples",
+    "samples_per_second",
+    "step_time",
+    "compute_time",
+    "communication_time",
+    "selection_time",
+    "optimizer_time",
+    "n_workers",
+    "priority_mean",
+    "priority_max",
+)
+#: Per-step, per-worker-slot metrics (lists of lists).
+WORKER_COLUMNS: tuple[str, ...] = ("worker_samples", "worker_compute_time")
+#: The strategy whose runs serve as baselines.
+BASELINE_STRATEGY = "uniform"
+
+
+def new_cursor() -> dict[str, Any]:
+    """A cursor before the first step: the same as passing None.
+
+    A cursor holds the last step whose metrics were sent (``step``), how
+    many rows the run's metrics held then (``index``) and that step's
+    training time (``time``).
+    """
+    return {"step": -1, "index": 0, "time": float("nan")}
+
+
+def snapshot_from_run(
+    run: TableRun,
+    start_histogram: dict[str, Any] | None = None,
+    *,
+    name: str = "",
+    cursor: Mapping[str, Any] | None = None,
+    baseline: TableRun | None = None,
+    baseline_name: str | None = None,
+    baseline_cursor: Mapping[str, Any] | None = None,
+    n_bins: int = N_BINS,
+) -> dict[str, Any]:
+    """What the dashboard draws of ``run``, read from its table in-process.
+
+    Parameters
+    ----------
+    run : TableRun
+        The run, as held by :class:`daskpri.table.plugin.TablePlugin`.
+    start_histogram : dict, optional
+        The ``"start_histogram"`` of an earlier snapshot of this run; when
+        None, the current priorities become the start (if any is computed).
+    name : str
+        The run's name (its key in the plugin's ``runs``).
+    cursor, baseline_cursor : dict, optional
+        The ``"cursor"`` of the previous snapshot (of ``run``, of
+        ``baseline``): only later steps' metrics are included. None: all.
+    baseline, baseline_name : TableRun and str, optional
+        A run to compare with (see :func:`choose_baseline`).
+    n_bins : int
+        Bins of the priority histogram.
+
+    Returns
+    -------
+    dict
+        ``run``, ``strategy``, ``params``, ``n_workers``, ``n_samples``,
+        ``step`` (last selected), ``table_step`` (last step whose priorities
+        reached the table, -1 before any), ``n_updates``, ``elapsed``,
+        ``partitions`` (per-partition ``sum``, ``max``, ``count``, ``seen``,
+        ``staleness``, ``owner``), ``chosen`` (partitions updated at
+        ``table_step``), ``seen_fraction``, ``staleness_mean``,
+        ``staleness_max``, ``selection_seconds``, ``histogram``,
+        ``start_histogram``, ``metrics`` (new steps, by column), ``cursor``
+        and ``baseline`` (None, or ``run``, ``strategy``, ``metrics`` and
+        ``cursor`` of the baseline).
+
+    Examples
+    --------
+    >>> import collections, numpy as np
+    >>> from daskpri.table.table import PriorityTable
+    >>> from daskpri.strategies import get_strategy
+    >>> table = PriorityTable([2, 2])
+    >>> table.update(np.array([0, 3]), np.array([1.0, 3.0]), step=0)
+    >>> run = TableRun(table=table, strategy=get_strategy("uniform"),
+    ...                rng=np.random.default_rng(0), owner=np.array([0, 1]),
+    ...                batch_size=2, info={"strategy": "uniform"}, last_step=1)
+    >>> run.metrics.append({"step": 0, "time": 0.1, "loss": 2.3})
+    >>> snap = snapshot_from_run(run, name="a")
+    >>> snap["partitions"]["sum"].tolist(), snap["chosen"].tolist()
+    ([1.0, 3.0], [0, 1])
+    >>> snap["metrics"]["loss"].tolist(), snap["cursor"]
+    ([2.3], {'step': 0, 'index': 1, 'time': 0.1})
+    """
+    table = run.table
+    summary = dict(table.summaries(max(run.last_step, 0)), owner=run.owner)
+    snap = _assemble(
+        name=name,
+        info=run.info,
+        last_step=run.last_step,
+        n_updates=table.n_updates,
+        selection_seconds=run.selection_seconds,
+        summary=summary,
+        priority=table.priority,
+        version=table.version,
+        rows=_rows_since(run.metrics, cursor),
+        cursor=cursor,
+        n_metrics=len(run.metrics),
+        start_histogram=start_histogram,
+        n_bins=n_bins,
+    )
+    if baseline is not None:
+        snap["baseline"] = _baseline(
+            baseline_name or "",
+            baseline.info,
+            _rows_since(baseline.metrics, baseline_cursor),
+            baseline_cursor,
+            len(baseline.metrics),
+        )
+    return snap
+
+
+async def snapshot_from_rpc(
+    scheduler: Any,
+    run: str,
+    start_histogram: dict[str, Any] | None = None,
+    *,
+    cursor: Mapping[str, Any] | None = None,
+    baseline: str | None = None,
+    baseline_cursor: Mapping[str, Any] | None = None,
+    n_bins: int = N_BINS,
+) -> dict[str, Any]:
+    """:func:`snapshot_from_run` through the scheduler's ``daskpri_*`` handlers.
+
+    Costs one RPC for the summary, one for the per-sample priorities (16
+    bytes a sample) and one for the new metrics (two more with a baseline).
+    Metrics are fetched from the cursor's ``index`` on; should the run's
+    metrics deque overflow (100,000 steps), some steps are skipped.
+
+    Parameters
+    ----------
+    scheduler : rpc
+        The scheduler's RPC handle, ``client.scheduler``.
+    run, baseline : str
+        Names of the run and of its baseline (optional).
+    start_histogram, cursor, baseline_cursor, n_bins
+        As in :func:`snapshot_from_run`.
+
+    Examples
+    --------
+    >>> run = "uniform-1a2b3c4d"
+    >>> snap = client.sync(snapshot_from_rpc, client.scheduler, run)  # doctest: +SKIP
+    """
+    summary = unpack_tree(await scheduler.daskpri_summary(run=run))
+    arrays = unpack_tree(await scheduler.daskpri_priorities(run=run))
+    rows, n_metrics = await _remote_rows(scheduler, run, cursor)
+    snap = _assemble(
+        name=run,
+        info=summary["info"],
+        last_step=int(summary["last_step"]),
+        n_updates=int(summary["n_updates"]),
+        selection_seconds=float(summary["selection_seconds"]),
+        summary=summary,
+        priority=arrays["priority"],
+        version=arrays["version"],
+        rows=rows,
+        cursor=cursor,
+        n_metrics=n_metrics,
+        start_histogram=start_histogram,
+        n_bins=n_bins,
+    )
+    if baseline is not None:
+        info = unpack_tree(await scheduler.daskpri_summary(run=baseline))["info"]
+        b_rows, b_n = await _remote_rows(scheduler, baseline, baseline_cursor)
+        snap["baseline"] = _baseline(baseline, info, b_rows, baseline_cursor, b_n)
+    return snap
+
+
+async def run_strategies(scheduler: Any, known: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The strategy of each run on the scheduler, through RPC, oldest first.
+
+    ``daskpri_runs`` lists runs by name, not by age, so the order is that
+    of ``known`` (name to strategy, from the previous call), then the runs
+    that appeared since; ``known`` runs are not asked for again.
+    """
+    known = dict(known or {})
+    names = await scheduler.daskpri_runs()
+    out = {name: known[name] for name in known if name in names}
+    for name in names:
+        if name not in out:
+            summary = unpack_tree(await scheduler.daskpri_summary(run=name))
+            out[name] = str(summary["info"].get("strategy", ""))
+    return out
+
+
+def choose_baseline(strategies: Mapping[str, str], run: str | None) -> str | None:
+    """The newest run other than ``run`` whose strategy is ``"uniform"``, or None.
+
+    Examples
+    --------
+    >>> choose_baseline({"u1": "uniform", "p": "projection", "u2": "uniform"}, "p")
+    'u2'
+    >>> choose_baseline({"p": "projection"}, "p") is None
+    True
+    """
+    for name in reversed(list(strategies)):
+        if name != run and strategies[name] == BASELINE_STRATEGY:
+            return name
+    return None
+
+
+# -- internals -----------------------------------------------------------------------
+
+
+def _assemble(
+    *,
+    name: str,
+    info: Mapping[str, Any],
+    last_step: int,
+    n_updates: int,
+    selection_seconds: float,
+    summary: Mapping[str, Any],
+    priority: np.ndarray,
+    version: np.ndarray,
+    rows: list[dict[str, Any]],
+    cursor: Mapping[str, Any] | None,
+    n_metrics: int,
+    start_histogram: dict[str, Any] | None,
+    n_bins: int,
+) -> dict[str, Any]:
+    """The snapshot, from a run's summary, per-sample arrays and new metrics."""
+    count = np.asarray(summary["count"], dtype=np.int64)
+    seen = np.asarray(summary["seen"], dtype=np.int64)
+    staleness = np.asarray(summary["staleness"], dtype=np.float64)
+    version = np.asarray(version)
+    table_step = int(version.max()) if version.size else -1
+    if table_step >= 0:
+        offsets = np.concatenate([[0], np.cumsum(count)])
+        fresh = np.flatnonzero(version == table_step)
+        chosen = np.unique(np.searchsorted(offsets, fresh, side="right") - 1)
+    else:
+        chosen = np.empty(0, dtype=np.int64)
+    n_seen = int(seen.sum())
+    weighted = np.where(seen > 0, np.nan_to_num(staleness) * seen, 0.0)
+    hist, start = priority_histogram(priority, start_histogram, step=table_step, n_bins=n_bins)
+    metrics = _columns(rows)
+    next_cursor = _advance(cursor, rows, n_metrics)
+    return {
+        "run": name,
+        "strategy": str(info.get("strategy", "")),
+        "params": str(info.get("params", "")),
+        "n_workers": int(info.get("n_workers", 0)),
+        "n_samples": int(info.get("n_samples", int(count.sum()))),
+        "step": int(last_step),
+        "table_step": table_step,
+        "n_updates": int(n_updates),
+        "elapsed": next_cursor["time"],
+        "partitions": {
+            "sum": np.asarray(summary["sum"], dtype=np.float64),
+            "max": np.asarray(summary["max"], dtype=np.float64),
+            "count": count,
+            "seen": seen,
+            "staleness": staleness,
+            "owner": np.asarray(summary["owner"], dtype=np.int64),
+        },
+        "chosen": chosen.astype(np.int64),
+        "seen_fraction": n_seen / max(int(count.sum()), 1),
+        "staleness_mean": float(weighted.sum() / n_seen) if n_seen else float("nan"),
+        "staleness_max": float(np.nanmax(staleness)) if n_seen else float("nan"),
+        "selection_seconds": float(selection_seconds),
+        "histogram": hist,
+        "start_histogram": start,
+        "metrics": metrics,
+        "cursor": next_cursor,
+        "baseline": None,
+    }
+
+
+def _baseline(
+    name: str,
+    info: Mapping[str, Any],
+    rows: list[dict[str, Any]],
+    cursor: Mapping[str, Any] | None,
+    n_metrics: int,
+) -> dict[str, Any]:
+    return {
+        "run": name,
+        "strategy": str(info.get("strategy", "")),
+        "metrics": _columns(rows),
+        "cursor": _advance(cursor, rows, n_metrics),
+    }
+
+
+def _rows_since(
+    metrics: Reversible[dict[str, Any]], cursor: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Rows after the cursor's step, read from the newest end (the deque may be long)."""
+    after = -1 if cursor is None else int(cursor["step"])
+    rows = []
+    for row in reversed(metrics):
+        if int(row.get("step", -1)) <= after:
+            break
+        rows.append(row)
+    rows.reverse()
+    return rows
+
+
+async def _remote_rows(
+    scheduler: Any, run: str, cursor: Mapping[str, Any] | None
+) -> tuple[list[dict[str, Any]], int]:
+    start = 0 if cursor is None else int(cursor["index"])
+    after = -1 if cursor is None else int(cursor["step"])
+    fetched = await scheduler.daskpri_metrics(run=run, start=start)
+    rows = [r for r in fetched if int(r.get("step", -1)) > after]
+    return rows, start + len(fetched)
+
+
+def _advance(
+    cursor: Mapping[str, Any] | None, rows: list[dict[str, Any]], n_metrics: int
+) -> dict[str, Any]:
+    out = dict(new_cursor() if cursor is None else cursor, index=int(n_metrics))
+    if rows:
+        out.update(step=int(rows[-1]["step"]), time=_float(rows[-1].get("time")))
+    return out
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows of metrics as columns: float arrays, NaN where a row lacks a value."""
+    out: dict[str, Any] = {
+        k: np.array([_float(r.get(k)) for r in rows], dtype=np.float64) for k in METRIC_COLUMNS
+    }
+    for k in WORKER_COLUMNS:
+        out[k] = [[float(v) for v in (r.get(k) or ())] for r in rows]
+    return out
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")

@@ -1,0 +1,87 @@
+"""Worker loss under load: random SIGKILLs and segfaults during a run.
+
+Modeled on how Dask tests its own resilience (``distributed.chaos.KillWorker``):
+4 worker processes under nannies, killed during a fit. The run must finish,
+keep a finite priority for every sample, and end within 0.5 accuracy points
+of the fault-free run with the same seed. The long version is marked slow
+(``make test-slow``); a short one runs in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from distributed.chaos import KillWorker
+
+import daskpri
+from daskpri.data.datasets import load
+from daskpri.models import build_model
+
+
+@pytest.fixture(scope="module")
+def chaos_data():
+    return load("synthetic", n_samples=6000, seed=1)
+
+
+def _run(data, steps, kill_every=None, segfault_for=None, seed=0):
+    train, test = data
+    with LocalCluster(n_workers=4, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        trainer = daskpri.Trainer(build_model("mlp", train, seed=seed), strategy="uniform",
+                                  client=client, seed=seed, batch_size=32, eval_every=50)
+        kills = []
+        stop = threading.Event()
+
+        def killer():
+            rng = np.random.default_rng(seed)
+            next_kill = kill_every
+            while not stop.is_set():
+                if kill_every and trainer.step_ >= next_kill:
+                    pids = client.run(os.getpid)
+                    victim = sorted(pids)[int(rng.integers(len(pids)))]
+                    os.kill(pids[victim], signal.SIGKILL)
+                    kills.append(trainer.step_)
+                    next_kill += kill_every
+                time.sleep(0.02)
+
+        thread = threading.Thread(target=killer, daemon=True)
+        if kill_every:
+            thread.start()
+        if segfault_for:
+            client.register_plugin(KillWorker(delay="2 s", mode="segfault"), name="chaos")
+            threading.Timer(segfault_for, lambda: client.unregister_worker_plugin("chaos")).start()
+        try:
+            history = trainer.fit(train, eval_data=test, max_steps=steps, progress=False)
+            table = trainer.table_
+        finally:
+            stop.set()
+            trainer.close()
+    return history, table, kills
+
+
+@pytest.mark.parametrize(
+    "steps, kill_every",
+    [(300, 60), pytest.param(1500, 50, marks=pytest.mark.slow)],
+)
+def test_random_sigkills_leave_the_run_on_course(chaos_data, steps, kill_every):
+    ref, _, _ = _run(chaos_data, steps)
+    h, table, kills = _run(chaos_data, steps, kill_every=kill_every)
+    assert len(kills) >= steps // kill_every - 1
+    assert h.sizes["step"] == steps
+    assert np.isfinite(table.values).all(), "every sample keeps a finite priority"
+    final_ref, final = float(ref["accuracy"][-1]), float(h["accuracy"][-1])
+    assert abs(final - final_ref) <= 0.005, (final, final_ref, kills)
+
+
+@pytest.mark.slow
+def test_segfaulting_workers_leave_the_run_on_course(chaos_data):
+    ref, _, _ = _run(chaos_data, 600)
+    h, table, _ = _run(chaos_data, 600, segfault_for=8.0)
+    assert np.isfinite(table.values).all()
+    assert abs(float(h["accuracy"][-1]) - float(ref["accuracy"][-1])) <= 0.005

@@ -1,0 +1,545 @@
+"""The dashboard: snapshots and components from hand-made runs, the page on real clusters."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from bokeh.client import pull_session
+from bokeh.server.server import BokehTornado
+from distributed import Client, LocalCluster, Scheduler
+
+import daskpri
+from daskpri.dashboard.components import (
+    PartitionHeatmap,
+    PriorityHistogram,
+    RunStatus,
+    Speedup,
+    TrainingCurves,
+    Workers,
+)
+from daskpri.dashboard.measures import priority_histogram, speedup_curve
+from daskpri.dashboard.page import DaskpriDashboard, install, refresh_from_runs
+from daskpri.dashboard.remote import make_server
+from daskpri.dashboard.snapshot import choose_baseline, snapshot_from_rpc, snapshot_from_run
+from daskpri.models import build_model
+from daskpri.strategies import get_strategy
+from daskpri.table.plugin import TablePlugin, TableRun
+from daskpri.table.table import PriorityTable
+
+# -- hand-made runs -------------------------------------------------------------------
+
+
+def make_run(strategy: str = "projection", sizes=(4, 4, 4), n_workers: int = 2) -> TableRun:
+    table = PriorityTable(list(sizes), n_bins=8)
+    return TableRun(
+        table=table,
+        strategy=get_strategy("uniform"),
+        rng=np.random.default_rng(0),
+        owner=np.arange(len(sizes)) % n_workers,
+        batch_size=2,
+        info={
+            "strategy": strategy,
+            "params": f"{strategy}()",
+            "n_workers": n_workers,
+            "n_samples": int(sum(sizes)),
+        },
+    )
+
+
+def add_step(
+    run: TableRun,
+    step: int,
+    indices,
+    priorities,
+    *,
+    loss=1.0,
+    accuracy=None,
+    time_=None,
+    workers=(2, 2),
+) -> None:
+    """Record step ``step`` as the trainer and plugin would."""
+    run.table.update(np.asarray(indices), np.asarray(priorities, dtype=float), step)
+    run.last_step = step + 1
+    row = {
+        "step": step,
+        "time": float(step + 1) if time_ is None else time_,
+        "loss": loss,
+        "samples": 4 * (step + 1),
+        "samples_per_second": 4.0,
+        "step_time": 1.0,
+        "compute_time": 0.5,
+        "communication_time": 0.3,
+        "selection_time": 0.1,
+        "optimizer_time": 0.1,
+        "n_workers": len(workers),
+        "worker_samples": list(workers),
+        "worker_compute_time": [0.5] * len(workers),
+    }
+    if accuracy is not None:
+        row["accuracy"] = accuracy
+    run.metrics.append(row)
+
+
+def test_snapshot_summarizes_the_table_and_marks_chosen_partitions():
+    run = make_run()
+    add_step(run, 0, [0, 1, 4], [1.0, 2.0, 3.0])
+    add_step(run, 1, [8, 9], [4.0, 5.0])
+    snap = snapshot_from_run(run, name="r")
+    assert snap["run"] == "r" and snap["strategy"] == "projection" and snap["step"] == 2
+    assert snap["table_step"] == 1 and snap["n_updates"] == 5
+    assert snap["partitions"]["sum"].tolist() == [3.0, 3.0, 9.0]
+    assert snap["partitions"]["seen"].tolist() == [2, 1, 2]
+    assert snap["chosen"].tolist() == [2]  # only partition 2 was computed at step 1
+    assert snap["seen_fraction"] == pytest.approx(5 / 12)
+    # steps since computed, at step 2: 2, 2, 2, 1, 1
+    assert snap["staleness_mean"] == pytest.approx(8 / 5)
+    assert snap["staleness_max"] == pytest.approx(2.0)
+    h = snap["histogram"]
+    assert h["scale"] == "linear" and h["n_seen"] == 5 and len(h["left"]) == 40
+    assert h["current"].sum() == pytest.approx(1.0)
+    assert h["left"][0] == 1.0 and h["right"][-1] == 5.0
+
+
+def test_snapshot_metrics_are_incremental_through_the_cursor():
+    run = make_run()
+    add_step(run, 0, [0], [1.0], loss=2.0)
+    add_step(run, 1, [1], [1.0], loss=1.5, accuracy=0.4)
+    first = snapshot_from_run(run, name="r")
+    assert first["metrics"]["loss"].tolist() == [2.0, 1.5]
+    assert np.isnan(first["metrics"]["accuracy"][0]) and first["metrics"]["accuracy"][1] == 0.4
+    assert first["cursor"]["step"] == 1 and first["elapsed"] == 2.0
+    again = snapshot_from_run(run, name="r", cursor=first["cursor"])
+    assert again["metrics"]["step"].size == 0 and again["elapsed"] == 2.0
+    add_step(run, 2, [2], [1.0], loss=1.0)
+    later = snapshot_from_run(run, name="r", cursor=again["cursor"])
+    assert later["metrics"]["step"].tolist() == [2.0] and later["metrics"]["worker_samples"] == [
+        [2.0, 2.0]
+    ]
+
+
+def test_start_histogram_is_the_first_with_data_and_rebinned_beside_the_current():
+    run = make_run()
+    empty = snapshot_from_run(run, name="r")
+    assert empty["start_histogram"] is None and empty["histogram"]["n_seen"] == 0
+    add_step(run, 0, [0, 1, 2, 3], [1.0, 1.0, 2.0, 2.0])
+    first = snapshot_from_run(run, empty["start_histogram"], name="r")
+    start = first["start_histogram"]
+    assert start["step"] == 0 and start["n"] == 4
+    add_step(run, 1, [4, 5, 6, 7], [3.0, 3.0, 3.0, 3.0])
+    second = snapshot_from_run(run, start, name="r")
+    assert second["start_histogram"] is start
+    h = second["histogram"]
+    assert h["start_step"] == 0
+    # Now 1..3 in 40 bins: the start's mass sits at 1 and 2, all of it on the plot.
+    assert h["start"].sum() == pytest.approx(1.0)
+    assert h["start"][h["left"] >= 2.9].sum() == 0
+    assert h["current"][h["left"] >= 2.9].sum() == pytest.approx(0.5)
+
+
+def test_histogram_goes_to_log10_bins_when_priorities_spread_widely():
+    hist, start = priority_histogram(np.array([1e-3, 1e-2, 1.0, 10.0, np.nan]), n_bins=4)
+    assert hist["scale"] == "log"
+    assert hist["left"][0] == pytest.approx(-3.0) and hist["right"][-1] == pytest.approx(1.0)
+    assert hist["current"].tolist() == [0.25, 0.25, 0.0, 0.5]
+    # a negative priority (projection) keeps a linear axis
+    hist, _ = priority_histogram(np.array([-1.0, 1e-3, 100.0]), n_bins=4)
+    assert hist["scale"] == "linear"
+
+
+def test_baseline_is_the_newest_other_uniform_run():
+    strategies = {"u1": "uniform", "p1": "projection", "u2": "uniform", "p2": "loss"}
+    assert choose_baseline(strategies, "p2") == "u2"
+    assert choose_baseline(strategies, "u2") == "u1"
+    assert choose_baseline({"p": "projection"}, "p") is None
+
+
+def test_speedup_curve_compares_time_to_each_level():
+    s = speedup_curve([1.0, 2.0, 3.0], [0.3, np.nan, 0.6], [2.0, 4.0, 9.0], [0.3, 0.5, 0.6])
+    # 0.01 to 0.3: both at their first evaluation, kept once
+    assert s["level"][0] == 0.3 and s["level"][-1] == 0.6 and s["level"].size == 31
+    at = dict(zip(np.round(s["level"], 2).tolist(), s["speedup"].tolist(), strict=True))
+    assert at[0.3] == 2.0 and at[0.5] == pytest.approx(4 / 3) and at[0.6] == 3.0
+
+
+# -- components -----------------------------------------------------------------------
+
+
+def test_priority_histogram_component_draws_and_changes():
+    run = make_run()
+    comp = PriorityHistogram()
+    add_step(run, 0, [0, 1, 2, 3], [1.0, 1.0, 2.0, 2.0])
+    snap = snapshot_from_run(run, name="r")
+    comp.update(snap)
+    before = {k: np.asarray(v).copy() for k, v in comp.source.data.items()}
+    np.testing.assert_array_equal(before["current"], snap["histogram"]["current"])
+    np.testing.assert_array_equal(before["start"], before["current"])  # the start is now
+    add_step(run, 1, [0, 1, 2, 3, 4], [1e-3, 1e-2, 0.1, 1.0, 10.0])
+    snap = snapshot_from_run(run, snap["start_histogram"], name="r")
+    comp.update(snap)
+    after = comp.source.data
+    assert not np.array_equal(after["current"], before["current"])
+    assert not np.array_equal(after["start"], after["current"])
+    assert comp.root.xaxis[0].axis_label == "log10(priority)"
+    assert "5 of 12 samples" in comp.root.title.text
+
+
+def test_heatmap_streams_a_column_per_step_in_a_bounded_window():
+    run = make_run()
+    comp = PartitionHeatmap(window=2)
+    for step, idx in enumerate(([0, 1], [4, 5], [8, 9])):
+        add_step(run, step, idx, [1.0 + step, 1.0])
+        comp.update(snapshot_from_run(run, name="r"))
+    comp.update(snapshot_from_run(run, name="r"))  # nothing new: nothing streamed
+    data = comp.source.data
+    assert list(data["step"]) == [1, 1, 1, 2, 2, 2]  # step 0 rolled out of the window
+    assert list(data["partition"]) == [0, 1, 2] * 2
+    assert list(data["value"]) == [2.0, 3.0, 0.0, 2.0, 3.0, 4.0]
+    assert list(data["chosen"]) == ["no", "yes", "no", "no", "no", "yes"]
+    assert (comp.mapper.low, comp.mapper.high) == (0.0, 4.0)
+    with pytest.raises(ValueError, match="window should be a positive integer, but got window=0"):
+        PartitionHeatmap(window=0)
+
+
+def test_training_curves_stream_run_and_baseline():
+    run, base = make_run("projection"), make_run("uniform")
+    for step in range(3):
+        add_step(run, step, [step], [1.0], loss=2.0 - step / 2, accuracy=0.2 * (step + 1))
+        add_step(base, step, [step], [1.0], loss=2.0 - step / 4, time_=2.0 * (step + 1))
+    comp = TrainingCurves()
+    snap = snapshot_from_run(run, name="p", baseline=base, baseline_name="u")
+    comp.update(snap)
+    assert list(comp.source.data["loss"]) == [2.0, 1.5, 1.0]
+    assert list(comp.accuracy.data["accuracy"]) == pytest.approx([0.2, 0.4, 0.6])
+    assert list(comp.baseline.data["time"]) == [2.0, 4.0, 6.0]
+    assert len(comp.baseline_accuracy.data["time"]) == 0  # the baseline never evaluated
+    add_step(run, 3, [3], [1.0], loss=0.5)
+    snap = snapshot_from_run(
+        run,
+        name="p",
+        cursor=snap["cursor"],
+        baseline=base,
+        baseline_name="u",
+        baseline_cursor=snap["baseline"]["cursor"],
+    )
+    comp.update(snap)
+    assert list(comp.source.data["loss"]) == [2.0, 1.5, 1.0, 0.5]
+    assert len(comp.baseline.data["time"]) == 3
+    assert "vs uniform u" in comp.loss_figure.title.text
+    comp.update(snapshot_from_run(make_run(), name="other"))  # another run: start afresh
+    assert len(comp.source.data["loss"]) == 0 and len(comp.baseline.data["loss"]) == 0
+
+
+def test_speedup_component_accumulates_evaluations():
+    run, base = make_run("projection"), make_run("uniform")
+    comp = Speedup()
+    comp.update(snapshot_from_run(run, name="p"))
+    assert "no uniform run" in comp.root.title.text
+    add_step(run, 0, [0], [1.0], accuracy=0.5, time_=1.0)
+    add_step(base, 0, [0], [1.0], accuracy=0.5, time_=2.0)
+    snap = snapshot_from_run(run, name="p", baseline=base, baseline_name="u")
+    comp.update(snap)
+    assert comp.source.data["speedup"][-1] == 2.0 and comp.source.data["level"][-1] == 0.5
+    add_step(run, 1, [1], [1.0], accuracy=0.7, time_=2.0)
+    add_step(base, 1, [1], [1.0], accuracy=0.7, time_=5.0)
+    comp.update(
+        snapshot_from_run(
+            run,
+            name="p",
+            cursor=snap["cursor"],
+            baseline=base,
+            baseline_name="u",
+            baseline_cursor=snap["baseline"]["cursor"],
+        )
+    )
+    assert comp.source.data["level"][-1] == 0.7 and comp.source.data["speedup"][-1] == 2.5
+    assert "2.50x to accuracy 0.70" in comp.root.title.text
+
+
+def test_workers_component_shows_throughput_per_slot_and_time_split():
+    run = make_run()
+    comp = Workers(window=2)
+    for step in range(3):
+        add_step(run, step, [step], [1.0], workers=(3, 1))
+    comp.update(snapshot_from_run(run, name="r"))
+    assert list(comp.source.data["slot"]) == [0, 1]
+    assert list(comp.source.data["samples_per_second"]) == [3.0, 1.0]  # 1 s per step
+    assert list(comp.times.data["step"]) == [1.0, 2.0]
+    assert list(comp.times.data["compute_time"]) == [0.5, 0.5]
+    assert list(comp.times.data["communication_time"]) == [0.3, 0.3]
+
+
+def test_run_status_lists_the_run():
+    run, base = make_run("projection"), make_run("uniform")
+    add_step(run, 0, [0, 1], [1.0, 2.0], time_=75.5)
+    comp = RunStatus()
+    comp.update(snapshot_from_run(run, name="p", baseline=base, baseline_name="u"))
+    status = dict(zip(comp.source.data["field"], comp.source.data["value"], strict=True))
+    assert status["run"] == "p" and status["strategy"] == "projection"
+    assert status["step"] == "1" and status["training time"] == "1 min 15.5 s"
+    assert status["samples computed"] == "16.7% of 12" and status["baseline"] == "u"
+    assert status["staleness (mean steps)"] == "1.0"
+    assert "<td style=" in comp.root.text and ">projection<" in comp.root.text
+
+
+def test_dashboard_follows_the_newest_run_until_one_is_picked():
+    runs = {"u": make_run("uniform"), "p": make_run("projection")}
+    for r in runs.values():
+        add_step(r, 0, [0], [1.0], accuracy=0.5)
+    dash = DaskpriDashboard()
+    assert refresh_from_runs(dash, runs) and dash.run == "p" and dash.baseline == "u"
+    assert not refresh_from_runs(dash, runs)  # nothing moved
+    assert list(dash.select.options) == ["u", "p"] and dash.select.value == "p"
+    assert len(dash.curves.baseline.data["loss"]) == 1
+    runs["p2"] = make_run("loss")
+    refresh_from_runs(dash, runs)
+    assert dash.run == "p2"
+    dash.select.value = "p"  # the user picks an older run: stay on it
+    runs["p3"] = make_run("loss")
+    assert refresh_from_runs(dash, runs) and dash.run == "p"
+    del runs["p"]  # closed: still shown, still listed
+    refresh_from_runs(dash, runs)
+    assert dash.run == "p" and list(dash.select.options) == ["u", "p2", "p3", "p"]
+    assert dash.status.source.data["value"][0] == "p"
+
+
+def test_install_skips_a_scheduler_without_dashboard(caplog):
+    async def main():
+        async with Scheduler(
+            dashboard=False, dashboard_address="127.0.0.1:0", host="127.0.0.1", port=0
+        ) as s:
+            with caplog.at_level(logging.DEBUG, logger="daskpri"):
+                await s.register_scheduler_plugin(TablePlugin(), idempotent=False)
+            assert "daskpri_summary" in s.handlers
+            assert install(s) is False
+            assert not any(isinstance(a, BokehTornado) for a in s.http_application.applications)
+
+    asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "dashboard is off" in caplog.text
+
+
+# -- on real clusters ---------------------------------------------------------------------
+
+
+def status_of(doc) -> dict[str, str]:
+    """The RunStatus table of a page's document, field by field."""
+    text = doc.get_model_by_name("daskpri-status-table").text
+    cells = re.findall(r"<th[^>]*>(.*?)</th><td[^>]*>(.*?)</td>", text)
+    return {html.unescape(k): html.unescape(v) for k, v in cells}
+
+
+def get(url: str) -> tuple[int, str, str]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+
+
+@pytest.fixture(scope="module")
+def trained(small_data):
+    """A loopback LocalCluster after a uniform run and a projection run (both kept)."""
+    train, test = small_data
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        trainers = {}
+        for strategy, steps in (("uniform", 20), ("projection", 30)):
+            tr = daskpri.Trainer(
+                build_model("mlp", train, seed=0),
+                strategy=strategy,
+                client=client,
+                seed=0,
+                batch_size=32,
+                eval_every=5,
+            )
+            tr.fit(train, eval_data=test, max_steps=steps, progress=False)
+            trainers[strategy] = tr
+        url = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
+        yield cluster, client, url, {k: t.run_id for k, t in trainers.items()}
+        for tr in trainers.values():
+            tr.close()
+
+
+def test_page_is_served_on_the_scheduler_dashboard(trained):
+    _, _, url, _ = trained
+    status, ctype, body = get(f"{url}/daskpri")
+    assert status == 200 and ctype.startswith("text/html")
+    assert "Bokeh.embed.embed_items" in body and "data-root-id" in body  # a Bokeh document
+    assert "Bokeh" in body and "static/js/bokeh" in body  # a Bokeh document, its JS served
+    assert 'href="daskpri"' in body  # and it has the dashboard's navigation bar
+
+
+def test_navigation_bar_of_the_dashboard_links_the_page(trained):
+    _, _, url, _ = trained
+    for page in ("status", "workers"):
+        status, _, body = get(f"{url}/{page}")
+        assert status == 200 and '<a href="daskpri">Daskpri</a>' in body
+
+
+def test_dashboard_listens_on_loopback_only(trained):
+    cluster, *_ = trained
+    sockets = cluster.scheduler.http_server._sockets.values()
+    assert sockets and {s.getsockname()[0] for s in sockets} == {"127.0.0.1"}
+
+
+def test_page_session_holds_the_newest_run_and_its_baseline(trained):
+    _, _, url, runs = trained
+    with pull_session(url=f"{url}/daskpri") as session:
+        doc = session.document
+        fields = status_of(doc)
+        assert fields["run"] == runs["projection"] and fields["baseline"] == runs["uniform"]
+        assert fields["step"] == "29"  # the last step selected: 0 to 29
+        hist = doc.get_model_by_name("daskpri-histogram").data
+        assert len(hist["current"]) == 40 and sum(hist["current"]) == pytest.approx(1.0)
+        assert len(doc.get_model_by_name("daskpri-loss").data["loss"]) == 30
+        assert len(doc.get_model_by_name("daskpri-baseline-loss").data["loss"]) == 20
+        assert len(doc.get_model_by_name("daskpri-accuracy").data["accuracy"]) == 6
+        assert len(doc.get_model_by_name("daskpri-heatmap").data["value"]) > 0
+        assert list(doc.get_model_by_name("daskpri-throughput").data["slot"]) == [0, 1]
+
+
+def test_install_is_idempotent(trained):
+    _, client, _, _ = trained
+
+    def twice(dask_scheduler):
+        from distributed.dashboard.scheduler import template_variables
+
+        assert install(dask_scheduler) and install(dask_scheduler)
+        apps = dask_scheduler.http_application.applications
+        served = [a for a in apps if isinstance(a, BokehTornado) and "/daskpri" in a.app_paths]
+        return len(served), template_variables(dask_scheduler)["pages"].count("daskpri")
+
+    assert client.run_on_scheduler(twice) == (1, 1)
+
+
+def test_rpc_snapshot_matches_the_in_process_one(trained):
+    _, client, _, runs = trained
+    name, base = runs["projection"], runs["uniform"]
+
+    def local(dask_scheduler):
+        plugin_runs = dask_scheduler.plugins["daskpri"].runs
+        return snapshot_from_run(
+            plugin_runs[name], name=name, baseline=plugin_runs[base], baseline_name=base
+        )
+
+    here = client.run_on_scheduler(local)
+    there = client.sync(snapshot_from_rpc, client.scheduler, name, baseline=base)
+    assert there.keys() == here.keys()
+    for key in ("run", "strategy", "step", "table_step", "n_updates", "elapsed", "cursor"):
+        assert there[key] == here[key], key
+    for key in ("sum", "seen", "owner"):
+        np.testing.assert_array_equal(there["partitions"][key], here["partitions"][key])
+    np.testing.assert_array_equal(there["chosen"], here["chosen"])
+    np.testing.assert_array_equal(there["histogram"]["current"], here["histogram"]["current"])
+    np.testing.assert_array_equal(there["metrics"]["loss"], here["metrics"]["loss"])
+    assert there["baseline"]["run"] == base and there["baseline"]["cursor"]["step"] == 19
+    later = client.sync(snapshot_from_rpc, client.scheduler, name, cursor=there["cursor"])
+    assert later["metrics"]["step"].size == 0
+
+
+def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
+    cluster, _, _, runs = trained
+    box: dict = {}
+    ready = threading.Event()
+
+    def serve():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        server = make_server(cluster.scheduler_address, port=0)
+        server.start()
+        box["server"] = server
+        ready.set()
+        server.io_loop.start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    server = box["server"]
+    try:
+        assert server.address == "127.0.0.1"
+        assert {s.getsockname()[0] for s in server._http._sockets.values()} == {"127.0.0.1"}
+        status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # opens a session
+        assert status == 200
+        [session] = server.get_sessions("/daskpri")
+        doc = session.document  # read on the server: its refreshes ask the scheduler by RPC
+        # Over RPC, runs come by name: the app cannot tell the newest at first.
+        first = max(runs.values())
+        n_steps = 20 if first == runs["uniform"] else 30
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            shown = status_of(doc)["run"]
+            loss = list(doc.get_model_by_name("daskpri-loss").data["loss"])
+            if shown == first and len(loss) == n_steps:
+                break
+            time.sleep(0.1)
+        assert shown == first and len(loss) == n_steps
+        assert sorted(doc.get_model_by_name("daskpri-run").options) == sorted(runs.values())
+        assert len(doc.get_model_by_name("daskpri-histogram").data["current"]) == 40
+    finally:
+
+        def stop() -> None:
+            server.stop()
+            server.io_loop.stop()
+
+        server.io_loop.add_callback(stop)
+        thread.join(10)
+
+
+def test_preloaded_scheduler_serves_the_page(tmp_path):
+    scheduler_file = tmp_path / "scheduler.json"
+    log = tmp_path / "scheduler.log"
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "dask"),
+        "scheduler",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--dashboard-address",
+        "127.0.0.1:0",
+        "--preload",
+        "daskpri.table.plugin",
+        "--scheduler-file",
+        str(scheduler_file),
+    ]
+    with open(log, "wb") as err, subprocess.Popen(command, stdout=err, stderr=err) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            identity = None
+            while identity is None:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                try:
+                    identity = json.loads(scheduler_file.read_text())
+                except (FileNotFoundError, json.JSONDecodeError):  # not (fully) written yet
+                    time.sleep(0.1)
+            url = f"http://127.0.0.1:{identity['services']['dashboard']}"
+            deadline = time.monotonic() + 30
+            while True:  # the file is written just before the preload (and plugin) start
+                try:
+                    status, _, body = get(f"{url}/daskpri")
+                    break
+                except urllib.error.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            assert status == 200 and "Bokeh.embed.embed_items" in body
+            assert '<a href="daskpri">Daskpri</a>' in get(f"{url}/status")[2]
+            with pull_session(url=f"{url}/daskpri") as session:
+                assert status_of(session.document)["run"] == "no daskpri run yet"
+            assert "no /daskpri dashboard page" not in log.read_text()  # no warning logged
+        finally:
+            proc.terminate()
+            proc.wait(30)

@@ -1,0 +1,165 @@
+"""The /daskpri page in a real headless Chromium, during a training run.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``,
+``/usr/bin/chromedriver``) and the ``selenium`` package; skips without them.
+Saves a screenshot of the page to ``docs/dashboard.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from distributed import Client, LocalCluster
+
+import daskpri
+from daskpri.models import build_model
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
+
+pytestmark = pytest.mark.skipif(
+    not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
+    reason="needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
+)
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="needs selenium (pip install selenium)"
+)
+
+# What the page's Bokeh document holds, read in the browser by model name.
+READ = """
+const doc = window.Bokeh && Bokeh.documents.length ? Bokeh.documents[0] : null;
+if (doc === null) return null;
+const data = (name, col) => {
+    const m = doc.get_model_by_name(name);
+    return m === null ? null : Array.from(m.data.get ? m.data.get(col) : m.data[col]);
+};
+const views = Object.keys(Bokeh.index).length;
+// Bokeh draws in shadow DOMs: look into them.
+const deep = (root, selector) => {
+    let found = Array.from(root.querySelectorAll(selector));
+    for (const el of root.querySelectorAll("*")) {
+        if (el.shadowRoot) found = found.concat(deep(el.shadowRoot, selector));
+    }
+    return found;
+};
+return JSON.stringify({
+    views: views,
+    loss: data("daskpri-loss", "loss"),
+    histogram: data("daskpri-histogram", "current"),
+    heatmap: data("daskpri-heatmap", "value"),
+    status: deep(document, "td").map((e) => e.textContent),  // the status table's values
+    roots: document.querySelectorAll("div[data-root-id]").length,
+    canvases: deep(document, "canvas").length,
+});
+"""
+
+
+def read(driver) -> dict | None:
+    out = driver.execute_script(READ)
+    return None if out is None else json.loads(out)
+
+
+def wait_until(driver, predicate, timeout: float = 60.0) -> dict:
+    """Poll the page's document until ``predicate(state)`` holds."""
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = read(driver)
+        if state is not None and all(state[k] is not None for k in ("loss", "histogram")):
+            if predicate(state):
+                return state
+        time.sleep(0.25)
+    raise AssertionError(f"the page did not reach the expected state; last: {state}")
+
+
+@pytest.fixture
+def chromium():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--window-size=1200,1500",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_page_shows_a_live_run_in_chromium(small_data, chromium):
+    train, test = small_data
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+
+        def trainer(strategy: str) -> daskpri.Trainer:
+            return daskpri.Trainer(
+                build_model("mlp", train, seed=0),
+                strategy=strategy,
+                client=client,
+                seed=0,
+                batch_size=32,
+                eval_every=5,
+            )
+
+        baseline = trainer("uniform")
+        baseline.fit(train, eval_data=test, max_steps=40, progress=False)
+        run = trainer("projection")
+        errors: list[BaseException] = []
+
+        def fit() -> None:
+            try:
+                run.fit(train, eval_data=test, max_steps=2000, max_time=15, progress=False)
+            except BaseException as e:  # re-raised in the test's thread
+                errors.append(e)
+
+        thread = threading.Thread(target=fit)
+        thread.start()
+        try:
+            chromium.get(f"http://127.0.0.1:{cluster.scheduler.http_server.port}/daskpri")
+            first = wait_until(
+                chromium,
+                lambda s: (
+                    s["status"][0] == run.run_id and len(s["loss"]) >= 5 and len(s["histogram"]) > 0
+                ),
+            )
+            assert first["views"] and first["roots"] and first["canvases"] >= 6  # BokehJS drew
+            assert first["status"][-1] == baseline.run_id  # the uniform run is the baseline
+            later = wait_until(
+                chromium,
+                lambda s: (
+                    len(s["loss"]) >= len(first["loss"]) + 10
+                    and s["histogram"] != first["histogram"]
+                ),
+            )
+            assert later["loss"][: len(first["loss"])] == first["loss"]  # streamed, not redrawn
+            assert later["status"][0] == run.run_id and later["status"][-1] == baseline.run_id
+            assert len(later["heatmap"]) > len(first["heatmap"]) or len(later["heatmap"]) >= 150
+            time.sleep(1.0)  # let the canvases paint before the picture
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            assert chromium.save_screenshot(str(SCREENSHOT))
+        finally:
+            thread.join(60)
+            baseline.close()
+            run.close()
+        if errors:
+            raise errors[0]
