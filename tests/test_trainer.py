@@ -299,3 +299,18 @@ def test_a_loss_that_overflows_stops_with_the_step_named(gpu_client, small_data)
         assert all(bool((a == b).all()) for a, b in zip(after, before, strict=True))
     finally:
         trainer.close()
+
+
+def test_fit_in_background_returns_a_future_of_the_history(gpu_client, small_data):
+    train, test = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        future = trainer.fit_in_background(train, eval_data=test, max_steps=150)
+        with pytest.raises(RuntimeError, match="already running in the background"):
+            trainer.fit_in_background(train, max_steps=30)
+        history = future.result(timeout=120)
+        assert history.sizes["step"] == 150 and trainer.step_ == 150
+        again = trainer.fit_in_background(train, max_steps=152).result(timeout=120)
+        assert again.sizes["step"] == 152
+    finally:
+        trainer.close()

@@ -9,6 +9,7 @@ driver combines the gradients and steps its optimizer.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import time
@@ -217,6 +218,7 @@ class Trainer:
         self._parts: dict[int, StoreRef | Future] = {}
         self._table: RemoteTable | None = None
         self._resume_state: dict[str, Any] | None = None
+        self._background: concurrent.futures.Future[xr.Dataset] | None = None
 
     # -- cluster -------------------------------------------------------------
 
@@ -369,6 +371,39 @@ class Trainer:
         finally:
             bar.close()
         return self.history_
+
+    def fit_in_background(
+        self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None = None, **kwargs: Any
+    ) -> concurrent.futures.Future[xr.Dataset]:
+        """Run :meth:`fit` in a thread; the future's result is the history.
+
+        The notebook (or script) stays usable while the run goes on; watch it
+        with :meth:`dashboard`. One fit at a time: a second call while one
+        runs raises ``RuntimeError``.
+
+        Examples
+        --------
+        >>> future = trainer.fit_in_background(train, eval_data=test, max_time=60)  # doctest: +SKIP
+        >>> trainer.dashboard()  # doctest: +SKIP
+        >>> history = future.result()  # doctest: +SKIP
+        """
+        if self._background is not None and not self._background.done():
+            raise RuntimeError("a fit is already running in the background; wait for its future")
+        kwargs.setdefault("progress", False)
+        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="daskpri-fit")
+        self._background = executor.submit(self.fit, data, eval_data, **kwargs)
+        executor.shutdown(wait=False)
+        return self._background
+
+    def dashboard(self, height: int = 900) -> Any:
+        """The live ``/daskpri`` page of this trainer's cluster.
+
+        In Jupyter, an inline frame of the page (served by the scheduler, so
+        the browser never talks to the driver); elsewhere, its address.
+        """
+        from daskpri.dashboard.notebook import show
+
+        return show(self.client, height=height)
 
     # -- preparation ---------------------------------------------------------------
 
