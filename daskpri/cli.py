@@ -30,6 +30,7 @@ import xarray as xr
 from distributed import Client, LocalCluster
 
 import daskpri
+from daskpri.bench import command as bench_command
 from daskpri.data.datasets import DATASETS
 from daskpri.data.io import to_store
 from daskpri.models import MODELS
@@ -143,6 +144,12 @@ def _parser() -> argparse.ArgumentParser:
 
     strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
     strategies.set_defaults(run=_strategies)
+
+    bench = sub.add_parser(
+        "bench", help="the strategies against uniform, scaling and overhead, side by side"
+    )
+    bench_command.add_arguments(bench)
+    bench.set_defaults(run=_bench)
     return parser
 
 
@@ -261,6 +268,10 @@ def _demo(args: argparse.Namespace) -> int:
         cluster.close()
     print(_comparison(histories[_DEMO_STRATEGY], histories["uniform"]), flush=True)
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    return bench_command.run(args)
 
 
 def _strategies(args: argparse.Namespace) -> int:

@@ -1,0 +1,49 @@
+"""``daskpri bench``: the paper's claims measured side by side.
+
+Every strategy and the uniform baseline train for the same wall-clock budget
+on the same cluster, interleaved, over several seeds and learning rates; the
+report gives the time to fixed accuracy targets (97% and 99% of the tuned
+uniform baseline's median best accuracy), the accuracy at equal budgets, the
+scaling over worker counts and the overhead against plain PyTorch and DDP.
+
+The package is split by role:
+
+- :mod:`~daskpri.bench.config` — :class:`BenchConfig`, what is measured;
+- :mod:`~daskpri.bench.records` — run specs and records, JSON round trip;
+- :mod:`~daskpri.bench.protocol` — which runs, in which order, which learning
+  rate, which targets: pure functions of the records;
+- :mod:`~daskpri.bench.analysis` — times to target, speedups, efficiencies and
+  the tables: pure functions of the records;
+- :mod:`~daskpri.bench.runner` — drives the clusters and runs;
+- :mod:`~daskpri.bench.baselines` — the plain PyTorch loop and PyTorch DDP;
+- :mod:`~daskpri.bench.report`, :mod:`~daskpri.bench.png`,
+  :mod:`~daskpri.bench.bokeh_page` — results.json / .md, PNGs, HTML.
+
+Examples
+--------
+>>> from daskpri.bench import BenchConfig, count_runs
+>>> cfg = BenchConfig.from_options(quick=True)
+>>> count_runs(cfg, {"mnist1d": 16000})  # 3 sweep + 3 scaling + plain loop + DDP
+8
+"""
+
+from __future__ import annotations
+
+from daskpri.bench.config import BenchConfig
+from daskpri.bench.protocol import count_runs, next_runs, pick_learning_rates, targets
+from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
+from daskpri.bench.runner import run_bench
+
+__all__ = [
+    "Arm",
+    "BenchConfig",
+    "Curve",
+    "RunRecord",
+    "RunSpec",
+    "count_runs",
+    "next_runs",
+    "pick_learning_rates",
+    "run_bench",
+    "targets",
+]
+

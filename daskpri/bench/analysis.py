@@ -1,0 +1,316 @@
+"""Measures of a run and the benchmark's tables, as pure functions of records.
+
+A target never reached counts as ``inf`` seconds (or steps), so the median
+over seeds is ``inf`` when half or more of them missed it: a speedup is then
+not claimed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from daskpri.bench.config import BenchConfig
+from daskpri.bench.protocol import equal_gradient_label, make_arms, pick_learning_rates, targets
+from daskpri.bench.records import Curve, RunRecord
+
+__all__ = [
+    "Ratio",
+    "Spread",
+    "accuracy_at",
+    "efficiency",
+    "speedup",
+    "spread",
+    "steps_to_target",
+    "summarize",
+    "time_to_target",
+]
+
+
+# -- one run -----------------------------------------------------------------------
+
+
+def time_to_target(curve: Curve, target: float) -> float:
+    """Training seconds at the first evaluation whose accuracy reached ``target`` (else inf).
+
+    Examples
+    --------
+    >>> c = Curve([1.0, 2.0, 3.0], [1, 2, 3], [0.5, float("nan"), 0.9], [1.0, 1.0, 1.0])
+    >>> time_to_target(c, 0.8), time_to_target(c, 0.95)
+    (3.0, inf)
+    """
+    t, _, acc = curve.evaluated()
+    hit = np.flatnonzero(acc >= target)
+    return float(t[hit[0]]) if hit.size and math.isfinite(target) else math.inf
+
+
+def steps_to_target(curve: Curve, target: float) -> float:
+    """Steps done at the first evaluation that reached ``target`` (else inf).
+
+    Examples
+    --------
+    >>> c = Curve([1.0, 2.0], [10, 20], [0.5, 0.9], [1.0, 1.0])
+    >>> steps_to_target(c, 0.8)
+    20.0
+    """
+    _, steps, acc = curve.evaluated()
+    hit = np.flatnonzero(acc >= target)
+    return float(steps[hit[0]]) if hit.size and math.isfinite(target) else math.inf
+
+
+def accuracy_at(curve: Curve, seconds: float) -> float:
+    """Accuracy of a run stopped at ``seconds`` of training: the last evaluation up
+    to the step that crossed ``seconds`` (where a run with that budget stops).
+
+    Examples
+    --------
+    >>> c = Curve([1.0, 2.0, 3.0, 4.0], [1, 2, 3, 4], [0.5, 0.6, 0.7, 0.8], [1.0] * 4)
+    >>> accuracy_at(c, 2.5), accuracy_at(c, 10.0), accuracy_at(c, 0.5)
+    (0.7, 0.8, 0.5)
+    """
+    crossed = np.flatnonzero(curve.time >= seconds)
+    end = int(crossed[0]) + 1 if crossed.size else curve.time.size
+    acc = curve.accuracy[:end]
+    acc = acc[~np.isnan(acc)]
+    return float(acc[-1]) if acc.size else math.nan
+
+
+def final_accuracy(curve: Curve) -> float:
+    """The last measured accuracy (NaN if none)."""
+    acc = curve.evaluated()[2]
+    return float(acc[-1]) if acc.size else math.nan
+
+
+def best_accuracy(curve: Curve) -> float:
+    """The best measured accuracy (NaN if none)."""
+    acc = curve.evaluated()[2]
+    return float(acc.max()) if acc.size else math.nan
+
+
+def samples_per_second(record: RunRecord) -> float:
+    """Samples processed per second of training."""
+    t = record.train_seconds
+    return record.samples / t if t > 0 else math.nan
+
+
+# -- over seeds ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median, min and max of a measure over seeds; ``reached`` counts finite values."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+    reached: int
+
+
+def spread(values: Iterable[float]) -> Spread:
+    """Median and range of ``values``, NaNs left out, ``inf`` kept (a target missed).
+
+    Examples
+    --------
+    >>> spread([3.0, 1.0, math.inf])
+    Spread(median=3.0, low=1.0, high=inf, n=3, reached=2)
+    >>> spread([]).n
+    0
+    """
+    arr = np.asarray(list(values), dtype=np.float64)
+    arr = arr[~np.isnan(arr)]
+    if not arr.size:
+        return Spread(math.nan, math.nan, math.nan, 0, 0)
+    return Spread(float(np.median(arr)), float(arr.min()), float(arr.max()), int(arr.size),
+                  int(np.isfinite(arr).sum()))
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A speedup: ``kind`` is ``"exact"``, ``"at least"`` (the baseline missed the
+    target within its budget), ``"not reached"`` (the arm missed it) or ``"n/a"``."""
+
+    value: float
+    kind: str
+
+
+def speedup(baseline: float, arm: float, budget: float) -> Ratio:
+    """``baseline / arm`` of two median times to target.
+
+    Examples
+    --------
+    >>> speedup(30.0, 20.0, 60.0)
+    Ratio(value=1.5, kind='exact')
+    >>> speedup(math.inf, 20.0, 60.0)
+    Ratio(value=3.0, kind='at least')
+    >>> speedup(30.0, math.inf, 60.0).kind
+    'not reached'
+    """
+    if math.isnan(baseline) or math.isnan(arm):
+        return Ratio(math.nan, "n/a")
+    if math.isinf(arm):
+        return Ratio(math.nan, "not reached" if math.isfinite(baseline) else "n/a")
+    if math.isinf(baseline):
+        return Ratio(budget / arm, "at least")
+    return Ratio(baseline / arm, "exact")
+
+
+def efficiency(t_base: float, t_n: float, n_base: int, n: int) -> float:
+    """Parallel efficiency of ``n`` workers against ``n_base``: ``T_base / ((n/n_base) T_n)``.
+
+    With ``n_base=1`` this is ``T1 / (n Tn)``; for throughputs pass ``1/S``.
+
+    Examples
+    --------
+    >>> efficiency(40.0, 25.0, 1, 2)
+    0.8
+    """
+    if not (math.isfinite(t_base) and math.isfinite(t_n)) or t_n <= 0:
+        return math.nan
+    return t_base / ((n / n_base) * t_n)
+
+
+# -- tables ---------------------------------------------------------------------------
+
+
+def _select(records: Sequence[RunRecord], **want: Any) -> list[RunRecord]:
+    def get(r: RunRecord, key: str) -> Any:
+        if key == "label":
+            return r.spec.arm.label
+        return getattr(r.spec, key)
+
+    return [r for r in records if all(get(r, k) == v for k, v in want.items())]
+
+
+def summarize(config: BenchConfig, records: Sequence[RunRecord],
+              sizes: dict[str, int]) -> dict[str, Any]:
+    """Every table of the report, as lists of row dicts.
+
+    Returns
+    -------
+    dict
+        ``targets``, ``lr_sweep``, ``time_to_target``, ``budgets``,
+        ``scaling`` and ``overhead``: lists of rows (dicts of plain values,
+        :class:`Spread` and :class:`Ratio`).
+    """
+    picks = pick_learning_rates(records)
+    out: dict[str, list[dict[str, Any]]] = {
+        k: [] for k in ("targets", "lr_sweep", "time_to_target", "budgets", "scaling",
+                        "overhead")
+    }
+    main = config.main_workers
+    for dataset in config.datasets:
+        arms = make_arms(config, sizes[dataset])
+        for model in config.models:
+            dm = {"dataset": dataset, "model": model}
+            goal = targets(records, dataset, model, picks, config.target_fractions)
+            best = next(iter(goal.values())) / config.target_fractions[0]
+            for f, t in goal.items():
+                out["targets"].append({**dm, "fraction": f, "target": t, "uniform_best": best})
+            tuned: dict[str, list[RunRecord]] = {}
+            for arm in arms:
+                lr = picks.get((dataset, model, arm.label), math.nan)
+                for rate in config.learning_rates:
+                    runs = _select(records, phase="sweep", dataset=dataset, model=model,
+                                   label=arm.label, learning_rate=rate)
+                    out["lr_sweep"].append({
+                        **dm, "arm": arm.label, "learning_rate": rate, "picked": rate == lr,
+                        "final": spread(final_accuracy(r.curve) for r in runs),
+                    })
+                tuned[arm.label] = _select(records, phase="sweep", dataset=dataset, model=model,
+                                           label=arm.label, learning_rate=lr, n_workers=main)
+            _comparison(config, arms, tuned, goal, dm, out)
+            _scaling(config, arms, records, picks, goal, dm, out)
+            _overhead(config, records, picks, goal, dm, out)
+    return out
+
+
+def _comparison(config: BenchConfig, arms: Sequence[Any], tuned: dict[str, list[RunRecord]],
+                goal: dict[float, float], dm: dict[str, str],
+                out: dict[str, list[dict[str, Any]]]) -> None:
+    budget = config.budget
+    for arm in arms:
+        runs = tuned[arm.label]
+        equal = equal_gradient_label(arm)
+        for f, t in goal.items():
+            times = spread(time_to_target(r.curve, t) for r in runs)
+            base = spread(time_to_target(r.curve, t) for r in tuned.get("uniform", []))
+            same = spread(time_to_target(r.curve, t) for r in tuned.get(equal, []))
+            out["time_to_target"].append({
+                **dm, "arm": arm.label, "fraction": f, "target": t,
+                "learning_rate": runs[0].spec.learning_rate if runs else math.nan,
+                "seconds": times,
+                "steps": spread(steps_to_target(r.curve, t) for r in runs),
+                "vs_uniform": speedup(base.median, times.median, budget),
+                "equal_gradients": equal,
+                "vs_equal_gradients": speedup(same.median, times.median, budget),
+            })
+        grads = [r.grad_samples / max(r.steps, 1) / r.spec.n_workers for r in runs]
+        out["budgets"].append({
+            **dm, "arm": arm.label,
+            "at": {f: spread(accuracy_at(r.curve, f * budget) for r in runs)
+                   for f in config.budget_fractions},
+            "final": spread(final_accuracy(r.curve) for r in runs),
+            "best": spread(best_accuracy(r.curve) for r in runs),
+            "steps": spread(r.steps for r in runs),
+            "samples_per_second": spread(samples_per_second(r) for r in runs),
+            "grads_per_step": float(np.median(grads)) if grads else math.nan,
+        })
+
+
+def _scaling(config: BenchConfig, arms: Sequence[Any], records: Sequence[RunRecord],
+             picks: dict[tuple[str, str, str], float], goal: dict[float, float],
+             dm: dict[str, str], out: dict[str, list[dict[str, Any]]]) -> None:
+    if len(config.workers) < 2:
+        return
+    target = next(iter(goal.values()))
+    n0 = config.workers[0]
+    for arm in arms:
+        if "@" in arm.label:
+            continue
+        lr = picks.get((dm["dataset"], dm["model"], arm.label), math.nan)
+        base: dict[str, float] = {}
+        for n in config.workers:
+            runs = _select(records, kind="daskpri", dataset=dm["dataset"], model=dm["model"],
+                           label=arm.label, learning_rate=lr, n_workers=n)
+            sps = spread(samples_per_second(r) for r in runs)
+            tta = spread(time_to_target(r.curve, target) for r in runs)
+            if n == n0:
+                base = {"sps": sps.median, "tta": tta.median}
+            out["scaling"].append({
+                **dm, "arm": arm.label, "n_workers": n, "target": target,
+                "samples_per_second": sps, "seconds": tta,
+                "throughput_efficiency": efficiency(1 / base["sps"], 1 / sps.median, n0, n)
+                if base and sps.median > 0 else math.nan,
+                "time_efficiency": efficiency(base.get("tta", math.nan), tta.median, n0, n),
+            })
+
+
+def _overhead(config: BenchConfig, records: Sequence[RunRecord],
+              picks: dict[tuple[str, str, str], float], goal: dict[float, float],
+              dm: dict[str, str], out: dict[str, list[dict[str, Any]]]) -> None:
+    lr = picks.get((dm["dataset"], dm["model"], "uniform"), math.nan)
+    target = next(iter(goal.values()))
+    pairs = [("torch", 1, "plain PyTorch loop, 1 process")]
+    if config.ddp:
+        pairs.append(("ddp", 2, "PyTorch DDP (gloo), 2 processes"))
+    for kind, n, name in pairs:
+        theirs = _select(records, kind=kind, dataset=dm["dataset"], model=dm["model"],
+                         learning_rate=lr, n_workers=n)
+        ours = _select(records, kind="daskpri", dataset=dm["dataset"], model=dm["model"],
+                       label="uniform", learning_rate=lr, n_workers=n)
+        a = spread(samples_per_second(r) for r in theirs)
+        b = spread(samples_per_second(r) for r in ours)
+        out["overhead"].append({
+            **dm, "baseline": name, "n_workers": n, "target": target,
+            "baseline_samples_per_second": a, "daskpri_samples_per_second": b,
+            "daskpri_over_baseline": b.median / a.median if a.median > 0 else math.nan,
+            "baseline_seconds": spread(time_to_target(r.curve, target) for r in theirs),
+            "daskpri_seconds": spread(time_to_target(r.curve, target) for r in ours),
+            "baseline_budget": theirs[0].spec.budget if theirs else math.nan,
+            "errors": [r.info["error"] for r in theirs if "error" in r.info],
+        })

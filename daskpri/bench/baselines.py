@@ -1,0 +1,276 @@
+"""What daskpri is measured against: a plain PyTorch loop and PyTorch DDP.
+
+Both train the model :func:`daskpri.models.build_model` gives, with the
+trainer's optimizer (SGD with the same learning rate and momentum) and the same
+batch per process, in shuffled epochs, and time themselves as the trainer's
+history does: evaluation excluded, everything else included. Each process uses
+one torch thread, as a daskpri worker does (the Dask nanny sets
+``OMP_NUM_THREADS=1``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue as queue_module
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from daskpri.bench.records import Curve
+
+__all__ = ["BaselineResult", "train_ddp", "train_plain"]
+
+
+@dataclass
+class BaselineResult:
+    """The curve of a baseline run and the samples it processed (all processes)."""
+
+    curve: Curve
+    samples: int
+
+
+@dataclass
+class _Job:
+    """What one process trains: its share of the data and the settings."""
+
+    model: nn.Module
+    x: np.ndarray
+    y: np.ndarray
+    test_x: np.ndarray | None
+    test_y: np.ndarray | None
+    batch_size: int
+    learning_rate: float
+    momentum: float
+    budget: float
+    eval_seconds: float
+    seed: int
+
+
+def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], 2048):
+            correct += int((model(x[i : i + 2048]).argmax(1) == y[i : i + 2048]).sum())
+    model.train()
+    return correct / max(x.shape[0], 1)
+
+
+def _loop(job: _Job, *, rank: int = 0, world: int = 1) -> BaselineResult:
+    """Shuffled-epoch SGD for ``job.budget`` seconds; with ``world > 1`` under DDP."""
+    model = job.model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(job.model)
+    opt = torch.optim.SGD(model.parameters(), lr=job.learning_rate, momentum=job.momentum)
+    x = torch.as_tensor(np.asarray(job.x, dtype=np.float32))
+    y = torch.as_tensor(np.asarray(job.y, dtype=np.int64))
+    tx = ty = None
+    if job.test_x is not None and job.test_y is not None:
+        tx = torch.as_tensor(np.asarray(job.test_x, dtype=np.float32))
+        ty = torch.as_tensor(np.asarray(job.test_y, dtype=np.int64))
+    rng = np.random.default_rng((job.seed, rank))
+    perm, pos = rng.permutation(x.shape[0]), 0
+    times: list[float] = []
+    accs: list[float] = []
+    losses: list[float] = []
+    elapsed, step, next_eval = 0.0, 0, job.eval_seconds
+    shared = torch.zeros(2)  # [stop flag, loss sum]: one all-reduce per step
+    while True:
+        t0 = time.perf_counter()
+        if pos + job.batch_size > perm.size:
+            perm, pos = rng.permutation(x.shape[0]), 0
+        idx = torch.as_tensor(perm[pos : pos + job.batch_size])
+        pos += job.batch_size
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if world > 1:
+            import torch.distributed as dist
+
+            # rank 0's clock decides when all stop
+            stop = rank == 0 and elapsed + time.perf_counter() - t0 >= job.budget
+            shared[0], shared[1] = float(stop), float(loss.detach())
+            dist.all_reduce(shared)
+            stop, loss_value = bool(shared[0] > 0), float(shared[1]) / world
+        else:
+            loss_value = float(loss.detach())
+            stop = elapsed + time.perf_counter() - t0 >= job.budget
+        elapsed += time.perf_counter() - t0
+        times.append(elapsed)
+        losses.append(loss_value)
+        acc = math.nan
+        if tx is not None and ty is not None and (stop or elapsed >= next_eval):
+            acc = _evaluate(job.model, tx, ty)
+            next_eval = elapsed + job.eval_seconds
+        accs.append(acc)
+        if stop:
+            break
+    curve = Curve(times, np.arange(1, step + 1), accs, losses)
+    return BaselineResult(curve, step * job.batch_size * world)
+
+
+def train_plain(
+    model: nn.Module,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    *,
+    batch_size: int,
+    learning_rate: float,
+    momentum: float,
+    budget: float,
+    eval_seconds: float,
+    seed: int,
+) -> BaselineResult:
+    """Train ``model`` (in place) in this process for ``budget`` seconds, one torch thread.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    train, test : (x, y) pairs of numpy arrays
+    batch_size, learning_rate, momentum
+        As the trainer's.
+    budget : float
+        Seconds of training, evaluation excluded.
+    eval_seconds : float
+        Training seconds between evaluations on ``test`` (a time, not a
+        step count: these loops take far shorter steps than the trainer).
+    seed : int
+        Seeds the shuffles.
+
+    Examples
+    --------
+    >>> from daskpri.models import build_model
+    >>> x, y = np.random.default_rng(0).normal(size=(256, 8)), np.arange(256) % 2
+    >>> model = build_model("mlp", {"x_shape": (8,), "n_classes": 2})
+    >>> r = train_plain(model, (x, y), (x, y), batch_size=32, learning_rate=0.05,
+    ...                 momentum=0.9, budget=0.2, eval_seconds=0.05, seed=0)
+    >>> r.samples == 32 * int(r.curve.step[-1])
+    True
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        job = _Job(model, train[0], train[1], test[0], test[1], batch_size, learning_rate,
+                   momentum, budget, eval_seconds, seed)
+        return _loop(job)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ddp_process(rank: int, world: int, port: int, job: _Job, queue: Any) -> None:
+    """One DDP process: join the gloo group on 127.0.0.1, train, send rank 0's curve."""
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
+        try:
+            result = _loop(job, rank=rank, world=world)
+        finally:
+            dist.destroy_process_group()
+        if rank == 0:
+            queue.put(("ok", result.curve.to_dict(), result.samples))
+    except BaseException:
+        queue.put(("error", f"rank {rank}: {traceback.format_exc()}", 0))
+
+
+def train_ddp(
+    model: nn.Module,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    *,
+    processes: int = 2,
+    batch_size: int,
+    learning_rate: float,
+    momentum: float,
+    budget: float,
+    eval_seconds: float,
+    seed: int,
+    timeout: float | None = None,
+) -> BaselineResult:
+    """Train ``model`` with PyTorch DDP on ``processes`` local processes (gloo).
+
+    Each process holds a contiguous share of ``train`` (as daskpri places
+    partitions) and a batch of ``batch_size`` per step; rank 0 evaluates on
+    ``test`` (its clock, evaluation excluded, decides when all stop).
+
+    Parameters
+    ----------
+    processes : int
+        Processes (started by spawn, each with one torch thread).
+    timeout : float, optional
+        Seconds to wait for the processes (default ``3 * budget + 120``).
+
+    Raises
+    ------
+    RuntimeError
+        If a process fails or the run takes longer than ``timeout``.
+    """
+    import torch.multiprocessing as mp
+
+    if processes < 2:
+        raise ValueError(f"processes should be at least 2, but got processes={processes}")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    x, y = train
+    bounds = np.linspace(0, len(y), processes + 1).astype(int)
+    procs = []
+    env = os.environ.get("GLOO_SOCKET_IFNAME")
+    # loopback only: the processes inherit it at spawn
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    try:
+        for rank in range(processes):
+            a, b = bounds[rank], bounds[rank + 1]
+            job = _Job(model, x[a:b], y[a:b], test[0] if rank == 0 else None,
+                       test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
+                       budget, eval_seconds, seed)
+            p = ctx.Process(target=_ddp_process, args=(rank, processes, port, job, queue))
+            p.start()
+            procs.append(p)
+    finally:
+        if env is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    limit = 3 * budget + 120 if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    try:
+        while True:
+            try:
+                status, payload, samples = queue.get(timeout=1.0)
+                break
+            except queue_module.Empty:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the DDP run did not finish within {limit:g} s") from None
+                codes = [p.exitcode for p in procs]
+                if any(c not in (None, 0) for c in codes):
+                    raise RuntimeError(f"a DDP process died (exit codes {codes})") from None
+        if status != "ok":
+            raise RuntimeError(f"the DDP run failed in {payload}")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return BaselineResult(Curve.from_dict(payload), int(samples))

@@ -1,0 +1,142 @@
+"""``daskpri bench``: its arguments and what it runs.
+
+Examples
+--------
+The quick version (under 5 minutes on 2 cores)::
+
+    daskpri bench --quick --out bench-quick
+
+The full comparison on the paper's models, 3 seeds, 1 and 2 workers::
+
+    daskpri bench --datasets mnist1d,mnist5k --models mlp,cnn --seeds 3 \\
+        --workers 1,2 --budget 120 --out bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from daskpri.bench.config import FULL_DEFAULTS, QUICK_DEFAULTS, BenchConfig
+
+__all__ = ["add_arguments", "run"]
+
+
+def _listof(kind: Callable[[str], Any], what: str) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            values = tuple(kind(v.strip()) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"should be a comma-separated list of {what}, e.g. "
+                f"{'1,2' if kind is int else '0.025,0.05' if kind is float else 'a,b'}, "
+                f"but got {text!r}"
+            ) from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"should name at least one of {what}")
+        return values
+
+    return parse
+
+
+def _defaults(key: str) -> str:
+    def show(v: Any) -> str:
+        return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+    return f"default {show(FULL_DEFAULTS[key])}; --quick: {show(QUICK_DEFAULTS[key])}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` options to ``parser``; ``None`` defaults mean "per --quick"."""
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="directory for results.json, results.md, PNGs and results.html")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: mnist1d, mlp, 3 arms, 1 seed, 15 s budgets")
+    what = parser.add_argument_group("what is compared")
+    what.add_argument("--datasets", type=_listof(str, "datasets"), metavar="D[,D...]",
+                      help=_defaults("datasets"))
+    what.add_argument("--models", type=_listof(str, "models"), metavar="M[,M...]",
+                      help=_defaults("models"))
+    what.add_argument("--strategies", type=_listof(str, "strategies"), metavar="S[,S...]",
+                      help=_defaults("strategies") + " (uniform is always run)")
+    what.add_argument("--n-samples", type=int, metavar="N",
+                      help="samples of each dataset, train and test together")
+    how = parser.add_argument_group("protocol")
+    how.add_argument("--seeds", type=int, metavar="N", help=_defaults("seeds"))
+    how.add_argument("--budget", type=float, metavar="S",
+                     help="seconds of training per run, " + _defaults("budget"))
+    how.add_argument("--learning-rates", type=_listof(float, "numbers"), metavar="LR[,LR...]",
+                     help="the sweep, " + _defaults("learning_rates"))
+    how.add_argument("--batch-size", type=int, metavar="N",
+                     help="samples per worker per step (default: the trainer's, 64)")
+    how.add_argument("--eval-every", type=int, metavar="N",
+                     help="steps between evaluations (default 20)")
+    how.add_argument("--baseline-budget", type=float, metavar="S",
+                     help="seconds of the plain PyTorch and DDP runs (default --budget; "
+                          "--quick: 5)")
+    how.add_argument("--no-ddp", action="store_true", help="do not measure PyTorch DDP")
+    where = parser.add_argument_group("cluster")
+    where.add_argument("--workers", type=_listof(int, "integers"), metavar="N[,N...]",
+                       help="worker counts; the comparison runs on the largest, "
+                            + _defaults("workers"))
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="a running scheduler (default: a LocalCluster per worker count)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The :class:`BenchConfig` the arguments ask for (trainer defaults from dask.config)."""
+    from daskpri import _config
+
+    return BenchConfig.from_options(
+        quick=args.quick,
+        datasets=args.datasets,
+        models=args.models,
+        strategies=args.strategies,
+        seeds=args.seeds,
+        workers=args.workers,
+        learning_rates=args.learning_rates,
+        budget=args.budget,
+        baseline_budget=args.baseline_budget,
+        batch_size=_config.get("trainer.batch-size", args.batch_size),
+        eval_every=args.eval_every,
+        n_samples=args.n_samples,
+        partition_size=_config.get("trainer.partition-size"),
+        momentum=float(_config.get("trainer.momentum")),
+        ddp=not args.no_ddp,
+        scheduler=args.scheduler,
+    )
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command, rebuilt from the options given (for the report)."""
+    parts = ["daskpri", "bench"]
+    for key, value in vars(args).items():
+        if key in ("run", "command") or value in (None, False):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, tuple):
+            parts += [flag, ",".join(f"{v:g}" if isinstance(v, float) else str(v)
+                                     for v in value)]
+        else:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``daskpri bench`` as parsed into ``args``; return the exit status."""
+    from daskpri.bench.runner import run_bench
+
+    config = config_from_args(args)
+    try:
+        run_bench(config, args.out, progress=not args.no_progress,
+                  command=_command_line(args))
+    except ConnectionError as e:
+        print(f"daskpri: error: {e}", file=sys.stderr)
+        return 1
+    return 0

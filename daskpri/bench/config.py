@@ -1,0 +1,205 @@
+"""What a benchmark measures: :class:`BenchConfig`, validated, with ``--quick`` defaults."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig"]
+
+#: Defaults of the full benchmark (``daskpri bench --out DIR``).
+FULL_DEFAULTS: dict[str, Any] = {
+    "datasets": ("mnist1d",),
+    "models": ("mlp", "cnn"),
+    "strategies": ("uniform", "projection", "length", "loss", "selective-backprop"),
+    "seeds": 3,
+    "workers": (1, 2),
+    "learning_rates": (0.025, 0.05, 0.1),
+    "budget": 60.0,
+    "baseline_budget": None,
+}
+
+#: Defaults of ``--quick``: under 5 minutes on 2 cores (one seed, one learning rate).
+QUICK_DEFAULTS: dict[str, Any] = {
+    "datasets": ("mnist1d",),
+    "models": ("mlp",),
+    "strategies": ("uniform", "selective-backprop", "loss"),
+    "seeds": 1,
+    "workers": (1, 2),
+    "learning_rates": (0.05,),
+    "budget": 15.0,
+    "baseline_budget": 5.0,
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The protocol's parameters; every field is checked on construction.
+
+    Parameters
+    ----------
+    datasets, models, strategies : tuple of str
+        What is compared; ``"uniform"`` is always run (added first if absent).
+    seeds : int
+        Seeds ``0 .. seeds - 1``; each seeds the model's weights and the
+        trainer's selections (the data split is the same for all).
+    workers : tuple of int
+        Worker counts. The comparison runs on the largest; the others rerun
+        every arm at its chosen learning rate for the scaling table.
+    learning_rates : tuple of float
+        The sweep, for uniform and each strategy; each arm keeps the one of
+        best median final accuracy over the seeds.
+    budget : float
+        Seconds of training (the history's ``time``) of every run.
+    baseline_budget : float, optional
+        Seconds of the plain PyTorch loop and DDP runs (default ``budget``).
+    batch_size : int
+        Samples per worker per step of uniform (and the strategies' default).
+    momentum : float
+        SGD momentum of every run (the trainer's default).
+    eval_every : int
+        Steps between evaluations on the test set (daskpri runs).
+    baseline_eval_seconds : float
+        Training seconds between evaluations of the plain PyTorch and DDP
+        runs, whose steps are far shorter than the trainer's.
+    target_fractions : tuple of float
+        Targets, as fractions of the tuned uniform baseline's median best accuracy.
+    budget_fractions : tuple of float
+        Fractions of ``budget`` at which the accuracy is compared.
+    n_samples : int, optional
+        Samples of each dataset, train and test together (default: its own).
+    partition_size : int
+        Samples per partition (as the trainer cuts in-memory data).
+    ddp : bool
+        Whether to measure PyTorch DDP (2 processes, gloo, 127.0.0.1).
+    quick : bool
+        Whether the ``--quick`` defaults were used (said in the report).
+    scheduler : str, optional
+        A running scheduler to use instead of a LocalCluster per worker count.
+
+    Examples
+    --------
+    >>> BenchConfig.from_options(quick=True).strategies
+    ('uniform', 'selective-backprop', 'loss')
+    >>> BenchConfig(seeds=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: seeds should be a positive integer, but got seeds=0
+    """
+
+    datasets: tuple[str, ...] = FULL_DEFAULTS["datasets"]
+    models: tuple[str, ...] = FULL_DEFAULTS["models"]
+    strategies: tuple[str, ...] = FULL_DEFAULTS["strategies"]
+    seeds: int = 3
+    workers: tuple[int, ...] = (1, 2)
+    learning_rates: tuple[float, ...] = FULL_DEFAULTS["learning_rates"]
+    budget: float = 60.0
+    baseline_budget: float | None = None
+    batch_size: int = 64
+    momentum: float = 0.9
+    eval_every: int = 20
+    baseline_eval_seconds: float = 0.25
+    target_fractions: tuple[float, ...] = (0.97, 0.99)
+    budget_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
+    n_samples: int | None = None
+    partition_size: int = 1000
+    ddp: bool = True
+    quick: bool = False
+    scheduler: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        from daskpri.data.datasets import DATASETS
+        from daskpri.models import MODELS
+        from daskpri.strategies import STRATEGIES
+
+        _names("datasets", self.datasets, DATASETS)
+        _names("models", self.models, MODELS)
+        strategies = _names("strategies", self.strategies, tuple(STRATEGIES))
+        if "uniform" not in strategies:
+            strategies = ("uniform", *strategies)
+        object.__setattr__(self, "strategies", strategies)
+        _positive_int("seeds", self.seeds)
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("eval_every", self.eval_every)
+        _positive_int("partition_size", self.partition_size)
+        if self.n_samples is not None:
+            _positive_int("n_samples", self.n_samples)
+        workers = tuple(sorted(set(self.workers)))
+        if not workers:
+            raise ValueError("workers should name at least one worker count, but got none")
+        for n in workers:
+            _positive_int("workers", n)
+        object.__setattr__(self, "workers", workers)
+        if not self.learning_rates:
+            raise ValueError("learning_rates should hold at least one value, but got none")
+        for lr in self.learning_rates:
+            _positive_float("learning_rates", lr)
+        object.__setattr__(self, "learning_rates", tuple(sorted(set(self.learning_rates))))
+        _positive_float("budget", self.budget)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum should be in [0, 1), but got momentum={self.momentum!r}")
+        _positive_float("baseline_eval_seconds", self.baseline_eval_seconds)
+        if self.baseline_budget is not None:
+            _positive_float("baseline_budget", self.baseline_budget)
+        for name in ("target_fractions", "budget_fractions"):
+            values = getattr(self, name)
+            if not values or any(not (0.0 < float(v) <= 1.0) for v in values):
+                raise ValueError(f"{name} should be numbers in (0, 1], but got {name}={values!r}")
+
+    @classmethod
+    def from_options(cls, quick: bool = False, **options: Any) -> BenchConfig:
+        """A config from the options given; ``None`` means the (quick) default.
+
+        Examples
+        --------
+        >>> BenchConfig.from_options(quick=True, budget=None, seeds=2).seeds
+        2
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"BenchConfig takes {sorted(known)}, but got {unknown}")
+        values = dict(QUICK_DEFAULTS if quick else FULL_DEFAULTS)
+        values.update({k: v for k, v in options.items() if v is not None})
+        return cls(quick=quick, **values)
+
+    @property
+    def main_workers(self) -> int:
+        """The worker count of the comparison (the largest of ``workers``)."""
+        return self.workers[-1]
+
+    @property
+    def baseline_seconds(self) -> float:
+        """Seconds of the plain PyTorch and DDP runs."""
+        return self.budget if self.baseline_budget is None else self.baseline_budget
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, as JSON takes them."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def _names(name: str, values: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(values, str) or not values:
+        raise ValueError(f"{name} should be a non-empty sequence of names, but got {values!r}")
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(
+            f"{name} should be among {', '.join(map(repr, allowed))}, but got {bad[0]!r}"
+        )
+    return tuple(dict.fromkeys(values))
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} should be a positive integer, but got {name}={value!r}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise ValueError(f"{name} should be positive finite numbers, but got {name}={value!r}")

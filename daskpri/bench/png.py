@@ -1,0 +1,109 @@
+"""The report's PNG plots, with matplotlib's Agg backend (no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from daskpri.bench.config import BenchConfig
+from daskpri.bench.figures import accuracy_lines, palette, scaling_points, speedup_bars
+from daskpri.bench.records import RunRecord
+
+__all__ = ["write_pngs"]
+
+
+def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
+               summary: Mapping[str, Any]) -> list[str]:
+    """Write the PNGs into ``out``; return their file names.
+
+    ``accuracy_<dataset>_<model>.png`` (accuracy against training seconds,
+    every seed of every arm, with the targets), ``speedup.png`` (speedup vs
+    uniform per target) and, with several worker counts, ``scaling.png``.
+    """
+    from matplotlib.figure import Figure  # a Figure needs no pyplot, hence no GUI backend
+
+    names = []
+    targets = summary["targets"]
+    for dataset in config.datasets:
+        for model in config.models:
+            lines = accuracy_lines(config, records, dataset, model)
+            colors = palette(list(dict.fromkeys(line.arm for line in lines)))
+            fig = Figure(figsize=(7, 4.5))
+            ax = fig.add_subplot()
+            for line in lines:
+                ax.plot(line.time, line.accuracy, color=colors[line.arm], lw=1.2,
+                        alpha=1.0 if line.seed == 0 else 0.45,
+                        label=line.arm if line.seed == 0 else None)
+            for t in (t for t in targets if (t["dataset"], t["model"]) == (dataset, model)):
+                ax.axhline(t["target"], color="grey", ls="--", lw=0.8)
+                ax.text(0.01, t["target"], f"{100 * t['fraction']:g}% target", fontsize=7,
+                        color="grey", va="bottom", transform=ax.get_yaxis_transform())
+            ax.set(xlabel="training time (s)", ylabel="test accuracy",
+                   title=f"{dataset} / {model}, {_workers(config.main_workers)}")
+            ax.legend(fontsize=8, loc="lower right")
+            ax.grid(alpha=0.3)
+            name = f"accuracy_{dataset}_{model}.png"
+            fig.savefig(out / name, dpi=100, bbox_inches="tight")
+            names.append(name)
+    names.append(_speedups(out, summary))
+    if len(config.workers) > 1:
+        names.append(_scaling(out, summary))
+    return names
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" + ("" if n == 1 else "s")
+
+
+def _speedups(out: Path, summary: Mapping[str, Any]) -> str:
+    from matplotlib.figure import Figure
+
+    bars = speedup_bars(summary)
+    fig = Figure(figsize=(7, 3.2 * max(len(bars), 1)))
+    for i, ((dataset, model), rows) in enumerate(bars.items()):
+        ax = fig.add_subplot(len(bars), 1, i + 1)
+        arms = list(dict.fromkeys(r["arm"] for r in rows))
+        targets = list(dict.fromkeys(r["target"] for r in rows))
+        width = 0.8 / max(len(targets), 1)
+        for j, target in enumerate(targets):
+            xs, hs, notes = [], [], []
+            for k, arm in enumerate(arms):
+                row = next(r for r in rows if r["arm"] == arm and r["target"] == target)
+                xs.append(k + j * width)
+                hs.append(row["value"])
+                notes.append({"not reached": "n.r.", "at least": "≥", "n/a": "—"}.get(
+                    row["kind"], ""))
+            ax.bar(xs, hs, width, label=f"to {target}")
+            for x, h, note in zip(xs, hs, notes, strict=True):
+                if note:
+                    ax.annotate(note, (x, h), ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks([k + width * (len(targets) - 1) / 2 for k in range(len(arms))], arms,
+                      fontsize=8)
+        ax.set(ylabel="speedup vs uniform", title=f"{dataset} / {model}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=100)
+    return "speedup.png"
+
+
+def _scaling(out: Path, summary: Mapping[str, Any]) -> str:
+    from matplotlib.figure import Figure
+
+    points = scaling_points(summary)
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    labels = list(dict.fromkeys(a for arms in points.values() for a in arms))
+    colors = palette(labels)
+    for (dataset, model), arms in points.items():
+        for arm, (workers, sps) in arms.items():
+            ax.plot(workers, sps, "o-", color=colors[arm], label=f"{dataset}/{model} {arm}")
+            ideal = [sps[0] * n / workers[0] for n in workers]
+            ax.plot(workers, ideal, ":", color=colors[arm], lw=0.8)
+    ax.set(xlabel="workers", ylabel="samples/s (median)", title="scaling (dotted: linear)")
+    ax.set_xticks(sorted({n for arms in points.values() for w, _ in arms.values() for n in w}))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.savefig(out / "scaling.png", dpi=100, bbox_inches="tight")
+    return "scaling.png"

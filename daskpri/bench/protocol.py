@@ -1,0 +1,314 @@
+"""The protocol's decisions, as pure functions of the config and the records so far.
+
+Like dask-ml's ``additional_calls``, :func:`next_runs` looks at what has been
+measured and says what to run next; the runner only executes. Nothing here
+touches a cluster, so every decision is tested on hand-made records.
+
+The protocol, in order:
+
+1. **sweep** — on the largest worker count, for each dataset, model and seed,
+   every arm (uniform, the uniform baselines of equal gradient budget, the
+   strategies) at each learning rate, interleaved (A B A B ...), each for the
+   same training-time budget.
+2. **scaling** — on the other worker counts, each arm except the
+   equal-gradient baselines at its chosen learning rate.
+3. **overhead** — a plain single-process PyTorch loop (and PyTorch DDP on 2
+   processes) with uniform's learning rate, plus the daskpri uniform runs
+   they are compared with when the worker counts lack them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from daskpri.bench.config import BenchConfig
+from daskpri.bench.records import Arm, RunRecord, RunSpec
+
+__all__ = [
+    "best_median_accuracy",
+    "count_runs",
+    "equal_gradient_label",
+    "gradients_per_step",
+    "group_sizes",
+    "make_arms",
+    "next_runs",
+    "pick_learning_rates",
+    "targets",
+]
+
+#: (dataset, model, arm label) -> learning rate
+Picks = dict[tuple[str, str, str], float]
+
+DDP_PROCESSES = 2
+
+
+def group_sizes(n_samples: int, n_workers: int, partition_size: int) -> np.ndarray:
+    """Samples each worker holds, as the trainer cuts and places in-memory data.
+
+    Examples
+    --------
+    >>> group_sizes(16000, 2, 1000).tolist()
+    [8000, 8000]
+    >>> group_sizes(2500, 2, 1000).tolist()
+    [2000, 500]
+    """
+    size = min(partition_size, math.ceil(n_samples / n_workers))
+    bounds = np.unique(np.append(np.arange(0, n_samples, size), n_samples))
+    sizes = np.diff(bounds)
+    owner = np.arange(sizes.size) * n_workers // sizes.size
+    return np.bincount(owner, weights=sizes, minlength=n_workers).astype(np.int64)
+
+
+def gradients_per_step(
+    strategy: str, batch_size: int, samples_per_worker: Sequence[int], **options: object
+) -> int:
+    """Gradients one worker computes per step under a strategy's options (rounded mean).
+
+    ``projection`` and ``length`` backpropagate their top-``k`` plus the
+    round-robin renew of ``ceil(renew * samples)`` (when ``train_on_renew``);
+    ``loss`` and ``selective-backprop`` backpropagate ``batch_size`` (their
+    extra forward passes are paid in time, not in gradients).
+
+    Examples
+    --------
+    >>> gradients_per_step("projection", 64, [8000, 8000])
+    144
+    >>> gradients_per_step("selective-backprop", 64, [8000, 8000])
+    64
+    """
+    from daskpri.strategies import get_strategy
+
+    s = get_strategy(strategy, **options)
+    own = getattr(s, "batch_size", None) or batch_size
+    if strategy in ("projection", "length"):
+        k = getattr(s, "k", None) or batch_size
+        if not getattr(s, "train_on_renew", True):
+            return int(k)
+        renew = float(getattr(s, "renew", 0.0))
+        return round(float(np.mean([k + math.ceil(renew * g) for g in samples_per_worker])))
+    return int(own)
+
+
+def make_arms(config: BenchConfig, n_train: int) -> list[Arm]:
+    """Uniform, the uniform baselines of equal gradient budget, then the strategies.
+
+    Examples
+    --------
+    >>> cfg = BenchConfig(strategies=("uniform", "projection", "loss"), workers=(2,))
+    >>> [a.label for a in make_arms(cfg, 16000)]
+    ['uniform', 'uniform@144', 'projection', 'loss']
+    """
+    sizes = group_sizes(n_train, config.main_workers, config.partition_size).tolist()
+    b = config.batch_size
+    strategies = [
+        Arm(name, name, b, gradients_per_step(name, b, sizes))
+        for name in config.strategies
+        if name != "uniform"
+    ]
+    equal = sorted({a.grads_per_step for a in strategies} - {b})
+    return [
+        Arm("uniform", "uniform", b, b),
+        *(Arm(f"uniform@{g}", "uniform", g, g) for g in equal),
+        *strategies,
+    ]
+
+
+def equal_gradient_label(arm: Arm) -> str:
+    """The uniform arm that computes as many gradients per step as ``arm``.
+
+    Examples
+    --------
+    >>> equal_gradient_label(Arm("projection", "projection", 64, 144))
+    'uniform@144'
+    >>> equal_gradient_label(Arm("loss", "loss", 64, 64))
+    'uniform'
+    """
+    if arm.is_uniform:
+        return arm.label
+    return "uniform" if arm.grads_per_step == arm.batch_size else f"uniform@{arm.grads_per_step}"
+
+
+def _sweep(config: BenchConfig, sizes: Mapping[str, int]) -> list[RunSpec]:
+    out = []
+    for dataset in config.datasets:
+        arms = make_arms(config, sizes[dataset])
+        for model in config.models:
+            for seed in range(config.seeds):
+                for lr in config.learning_rates:
+                    for arm in arms:  # interleaved: drift hits every arm alike
+                        out.append(
+                            RunSpec("sweep", "daskpri", dataset, model, arm, lr, seed,
+                                    config.main_workers, config.budget)
+                        )
+    return out
+
+
+def _scaling(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> list[RunSpec]:
+    out = []
+    for dataset in config.datasets:
+        arms = [a for a in make_arms(config, sizes[dataset]) if "@" not in a.label]
+        for model in config.models:
+            for n in config.workers[:-1]:
+                for seed in range(config.seeds):
+                    for arm in arms:
+                        lr = picks[(dataset, model, arm.label)]
+                        out.append(
+                            RunSpec("scaling", "daskpri", dataset, model, arm, lr, seed, n,
+                                    config.budget)
+                        )
+    return out
+
+
+def _overhead(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> list[RunSpec]:
+    out = []
+    seconds = config.baseline_seconds
+    for dataset in config.datasets:
+        uniform = make_arms(config, sizes[dataset])[0]
+        for model in config.models:
+            lr = picks[(dataset, model, "uniform")]
+            for seed in range(config.seeds):
+                runs = [("torch", 1)] + ([("ddp", DDP_PROCESSES)] if config.ddp else [])
+                for kind, n in runs:
+                    if n not in config.workers:  # the daskpri run it is compared with
+                        out.append(RunSpec("overhead", "daskpri", dataset, model, uniform, lr,
+                                           seed, n, seconds))
+                    out.append(RunSpec("overhead", kind, dataset, model, uniform, lr, seed, n,
+                                       seconds))
+    return out
+
+
+def next_runs(
+    config: BenchConfig, sizes: Mapping[str, int], records: Sequence[RunRecord]
+) -> list[RunSpec]:
+    """The runs to make next, in order; empty when the benchmark is complete.
+
+    Parameters
+    ----------
+    config : BenchConfig
+    sizes : mapping
+        Training samples of each dataset.
+    records : sequence of RunRecord
+        The runs made so far.
+
+    Examples
+    --------
+    >>> cfg = BenchConfig(strategies=("uniform", "loss"), models=("mlp",), seeds=1,
+    ...                   workers=(1, 2), learning_rates=(0.05,), ddp=False)
+    >>> [(s.phase, s.arm.label, s.n_workers) for s in next_runs(cfg, {"mnist1d": 16000}, [])]
+    [('sweep', 'uniform', 2), ('sweep', 'loss', 2)]
+    """
+    done = {r.spec for r in records}
+    todo = [s for s in _sweep(config, sizes) if s not in done]
+    if todo:
+        return todo
+    picks = pick_learning_rates(records)
+    for phase in (_scaling, _overhead):
+        todo = [s for s in phase(config, sizes, picks) if s not in done]
+        if todo:
+            return todo
+    return []
+
+
+def count_runs(config: BenchConfig, sizes: Mapping[str, int]) -> int:
+    """How many runs the whole benchmark makes (for a progress bar).
+
+    Examples
+    --------
+    >>> cfg = BenchConfig(strategies=("uniform", "loss"), models=("mlp",), seeds=1,
+    ...                   workers=(1, 2), learning_rates=(0.05,), ddp=True)
+    >>> count_runs(cfg, {"mnist1d": 16000})  # 2 sweep + 2 scaling + torch + ddp
+    6
+    """
+    picks: Picks = defaultdict(lambda: config.learning_rates[0])
+    return sum(
+        len(specs)
+        for specs in (
+            _sweep(config, sizes),
+            _scaling(config, sizes, picks),
+            _overhead(config, sizes, picks),
+        )
+    )
+
+
+def _final_accuracy(record: RunRecord) -> float:
+    acc = record.curve.accuracy[~np.isnan(record.curve.accuracy)]
+    return float(acc[-1]) if acc.size else math.nan
+
+
+def _median(values: Sequence[float]) -> float:
+    """Median of the non-NaN ``values``; ``-inf`` when there is none."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[~np.isnan(arr)]
+    return float(np.median(arr)) if arr.size else -math.inf
+
+
+def pick_learning_rates(records: Iterable[RunRecord]) -> Picks:
+    """For each (dataset, model, arm): the sweep's learning rate of best median final accuracy.
+
+    Ties go to the smaller learning rate; a learning rate whose runs have no
+    accuracy at all is never picked unless every one is so.
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
+    >>> arm = Arm("uniform", "uniform", 64, 64)
+    >>> def rec(lr, acc):
+    ...     spec = RunSpec("sweep", "daskpri", "d", "m", arm, lr, 0, 2, 10.0)
+    ...     return RunRecord(spec, Curve([1.0], [1], [acc], [0.5]), 64, 64, 1.0)
+    >>> pick_learning_rates([rec(0.05, 0.8), rec(0.1, 0.9)])
+    {('d', 'm', 'uniform'): 0.1}
+    """
+    finals: dict[tuple[str, str, str], dict[float, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for r in records:
+        if r.spec.phase == "sweep":
+            s = r.spec
+            finals[(s.dataset, s.model, s.arm.label)][s.learning_rate].append(_final_accuracy(r))
+    return {key: max(by_lr, key=lambda lr: (_median(by_lr[lr]), -lr))
+            for key, by_lr in finals.items()}
+
+
+def best_median_accuracy(records: Iterable[RunRecord], dataset: str, model: str,
+                         picks: Mapping[tuple[str, str, str], float]) -> float:
+    """Median over seeds of the best accuracy of tuned uniform (sweep, chosen learning rate).
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
+    >>> arm = Arm("uniform", "uniform", 64, 64)
+    >>> def rec(seed, accs):
+    ...     spec = RunSpec("sweep", "daskpri", "d", "m", arm, 0.05, seed, 2, 10.0)
+    ...     n = len(accs)
+    ...     return RunRecord(spec, Curve(range(n), range(n), accs, [0.0] * n), 64, 64, 1.0)
+    >>> rs = [rec(0, [0.5, 0.8, 0.7]), rec(1, [0.9, 0.6]), rec(2, [0.6, 0.7])]
+    >>> best_median_accuracy(rs, "d", "m", {("d", "m", "uniform"): 0.05})
+    0.8
+    """
+    lr = picks.get((dataset, model, "uniform"))
+    best = [
+        float(np.nanmax(r.curve.accuracy))
+        for r in records
+        if r.spec.phase == "sweep"
+        and (r.spec.dataset, r.spec.model, r.spec.arm.label) == (dataset, model, "uniform")
+        and r.spec.learning_rate == lr
+        and not np.isnan(r.curve.accuracy).all()
+    ]
+    return float(np.median(best)) if best else math.nan
+
+
+def targets(records: Sequence[RunRecord], dataset: str, model: str, picks: Picks,
+            fractions: Sequence[float]) -> dict[float, float]:
+    """The target accuracies: ``fraction`` times uniform's median best accuracy.
+
+    Examples
+    --------
+    >>> targets([], "d", "m", {}, [0.97])
+    {0.97: nan}
+    """
+    best = best_median_accuracy(records, dataset, model, picks)
+    return {float(f): float(f) * best for f in fractions}

@@ -1,0 +1,266 @@
+"""The benchmark's report: ``results.json``, ``results.md``, PNG plots and ``results.html``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from daskpri.bench.analysis import Ratio, Spread, summarize
+from daskpri.bench.config import BenchConfig
+from daskpri.bench.records import RunRecord
+
+__all__ = ["fmt_ratio", "fmt_spread", "render_markdown", "write_json", "write_report"]
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON values: dataclasses as dicts, non-finite floats as ``null``."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "item"):  # numpy scalars
+        return _jsonable(obj.item())
+    return obj
+
+
+def write_json(
+    path: Path,
+    config: BenchConfig,
+    machine: Mapping[str, Any],
+    sizes: Mapping[str, int],
+    records: Sequence[RunRecord],
+    summary: Mapping[str, Any] | None = None,
+) -> None:
+    """Write every run's curve, the config, the machine and (at the end) the tables."""
+    doc = {
+        "config": config.to_dict(),
+        "machine": dict(machine),
+        "train_samples": dict(sizes),
+        "summary": summary,
+        "runs": [r.to_dict() for r in records],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_jsonable(doc), allow_nan=False))
+    tmp.replace(path)
+
+
+def fmt_spread(s: Spread, digits: int = 1) -> str:
+    """``median [min–max]`` over seeds; ``n.r.`` for a target not reached.
+
+    Examples
+    --------
+    >>> fmt_spread(Spread(12.0, 10.0, math.inf, 3, 2))
+    '12.0 [10.0–n.r.] (2/3 reached)'
+    >>> fmt_spread(Spread(0.5, 0.5, 0.5, 1, 1), 3)
+    '0.500'
+    """
+    def one(v: float) -> str:
+        if math.isnan(v):
+            return "—"
+        return "n.r." if math.isinf(v) else f"{v:,.{digits}f}"
+
+    if s.n == 0:
+        return "—"
+    text = one(s.median) if s.n == 1 else f"{one(s.median)} [{one(s.low)}–{one(s.high)}]"
+    if s.reached < s.n and s.reached > 0 and s.n > 1:
+        text += f" ({s.reached}/{s.n} reached)"
+    return text
+
+
+def fmt_ratio(r: Ratio) -> str:
+    """A speedup: ``1.23x``, ``≥1.50x`` (baseline missed the target), ``n.r.`` or ``—``.
+
+    Examples
+    --------
+    >>> fmt_ratio(Ratio(1.234, "exact")), fmt_ratio(Ratio(2.0, "at least"))
+    ('1.23x', '≥2.00x')
+    """
+    if r.kind == "exact":
+        return f"{r.value:.2f}x"
+    if r.kind == "at least":
+        return f"≥{r.value:.2f}x"
+    return "n.r." if r.kind == "not reached" else "—"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _pct(f: float) -> str:
+    return f"{100 * f:g}%"
+
+
+def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
+                    summary: Mapping[str, Any], pngs: Sequence[str]) -> str:
+    """The report's tables and protocol, as markdown."""
+    lines = ["# daskpri bench", ""]
+    if machine.get("command"):
+        lines += [f"Command: `{machine['command']}`", ""]
+    load = machine.get("load_average_start"), machine.get("load_average_end")
+    lines += [
+        f"Machine: {machine['cores']} cores ({machine['processor']}, {machine['platform']}), "
+        f"CUDA {'yes' if machine.get('cuda') else 'no'}; Python {machine['python']}, "
+        f"torch {machine['torch']}, dask {machine['dask']}, distributed "
+        f"{machine['distributed']}. Load average (1/5/15 min) at start {load[0]}, at end "
+        f"{load[1]}. Benchmark time: {machine.get('bench_seconds', '?')} s.",
+        "",
+        f"Protocol: every run trains for the same budget of {config.budget:g} s of training "
+        "time (the history's `time`: it charges every cost of a strategy — scoring passes, "
+        "per-sample gradients, table updates, selection, communication — and excludes only "
+        f"the evaluations), evaluating on the test set every {config.eval_every} steps. "
+        f"Comparison on {config.main_workers} worker(s), batch {config.batch_size} per worker, "
+        f"partitions of {config.partition_size} samples, "
+        f"SGD with momentum {config.momentum:g}. Seeds: {config.seeds} "
+        "(each seeds the weights and the selections; the data split is fixed); "
+        "values are medians over seeds with [min–max]. Arms run interleaved "
+        "(for each dataset, model, seed and learning rate, every arm in turn). "
+        "Targets: " + ", ".join(_pct(f) for f in config.target_fractions)
+        + " of the median (over seeds) best accuracy of the tuned uniform baseline. "
+        "`n.r.`: not reached within the budget (a median of `n.r.` means half the seeds or "
+        "more missed it); `≥`: uniform missed the target, so the speedup is at least the "
+        "budget over the arm's time. `uniform@G`: uniform with batch G, as many gradients "
+        "per step as the strategies that compute G. samples/s counts every sample "
+        "processed (forward passes for scoring included); grads/step/worker, measured, the "
+        "samples backpropagated.",
+        "",
+    ]
+    if len(config.learning_rates) == 1:
+        lines += [f"**Single learning rate {config.learning_rates[0]:g}: no sweep"
+                  + (" (--quick)" if config.quick else "") + ".**", ""]
+    else:
+        lines += ["Learning rates " + ", ".join(f"{lr:g}" for lr in config.learning_rates)
+                  + " swept for every arm; each keeps the one of best median final accuracy.",
+                  ""]
+    if config.quick:
+        lines += ["**--quick: small budgets and seeds; a smoke test of the protocol, "
+                  "not a measurement to quote.**", ""]
+    for dm in _pairs(summary):
+        lines += _section(config, summary, dm)
+    lines += _scaling_section(summary) + _overhead_section(config, summary)
+    if pngs:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs]
+        lines += ["", "Interactive: [results.html](results.html).", ""]
+    return "\n".join(lines)
+
+
+def _pairs(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((r["dataset"], r["model"]) for r in summary["targets"]))
+
+
+def _rows(summary: Mapping[str, Any], table: str, dm: tuple[str, str]) -> list[dict[str, Any]]:
+    return [r for r in summary[table] if (r["dataset"], r["model"]) == dm]
+
+
+def _section(config: BenchConfig, summary: Mapping[str, Any],
+             dm: tuple[str, str]) -> list[str]:
+    targets = _rows(summary, "targets", dm)
+    lines = [f"## {dm[0]} / {dm[1]}", ""]
+    if targets:
+        best = targets[0]["uniform_best"]
+        lines += ["Targets: " + ", ".join(
+            f"{_pct(t['fraction'])} → {t['target']:.4f}" for t in targets
+        ) + f" (tuned uniform's median best accuracy {best:.4f}).", ""]
+    n = config.main_workers
+    lines += [f"### Time to target ({n} worker{'' if n == 1 else 's'})", ""]
+    rows = [
+        [r["arm"], f"{r['learning_rate']:g}", f"{_pct(r['fraction'])} ({r['target']:.4f})",
+         fmt_spread(r["seconds"]), fmt_spread(r["steps"], 0),
+         "—" if r["arm"] == "uniform" else fmt_ratio(r["vs_uniform"]),
+         "—" if r["arm"] == r["equal_gradients"]
+         else f"{fmt_ratio(r['vs_equal_gradients'])} (vs {r['equal_gradients']})"]
+        for r in _rows(summary, "time_to_target", dm)
+    ]
+    lines += _table(["arm", "lr", "target", "seconds", "steps", "speedup vs uniform",
+                     "speedup vs uniform of equal gradients"], rows)
+    fractions = list(config.budget_fractions)
+    lines += ["### Accuracy at equal wall-clock budgets", ""]
+    rows = [
+        [r["arm"], *(fmt_spread(r["at"][f], 4) for f in fractions), fmt_spread(r["best"], 4),
+         fmt_spread(r["steps"], 0), fmt_spread(r["samples_per_second"], 0),
+         f"{r['grads_per_step']:.0f}"]
+        for r in _rows(summary, "budgets", dm)
+    ]
+    header = [f"{_pct(f)} ({f * config.budget:g} s)" for f in fractions]
+    header[-1] += " = final"
+    lines += _table(["arm", *header, "best", "steps", "samples/s", "grads/step/worker"], rows)
+    sweep = _rows(summary, "lr_sweep", dm)
+    if len(config.learning_rates) > 1:
+        lines += ["### Learning-rate sweep (final accuracy; **picked**)", ""]
+        arms = list(dict.fromkeys(r["arm"] for r in sweep))
+        rows = []
+        for arm in arms:
+            cells = []
+            for r in (r for r in sweep if r["arm"] == arm):
+                cell = fmt_spread(r["final"], 4)
+                cells.append(f"**{cell}**" if r["picked"] else cell)
+            rows.append([arm, *cells])
+        lines += _table(["arm", *(f"lr {lr:g}" for lr in config.learning_rates)], rows)
+    return lines
+
+
+def _scaling_section(summary: Mapping[str, Any]) -> list[str]:
+    rows = summary["scaling"]
+    if not rows:
+        return []
+    target = rows[0]["target"]
+    lines = ["## Scaling", "",
+             "Efficiency against the smallest worker count n0: samples/s "
+             "S_n / ((n/n0) S_n0), and time to the first target T_n0 / ((n/n0) T_n).", ""]
+    body = [
+        [f"{r['dataset']}/{r['model']}", r["arm"], str(r["n_workers"]),
+         fmt_spread(r["samples_per_second"], 0), _num(r["throughput_efficiency"]),
+         fmt_spread(r["seconds"]), _num(r["time_efficiency"])]
+        for r in rows
+    ]
+    return lines + _table(["dataset/model", "arm", "workers", "samples/s", "efficiency",
+                           f"seconds to {target:.4f}", "efficiency"], body)
+
+
+def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[str]:
+    rows = summary["overhead"]
+    lines = ["## Overhead: daskpri against plain PyTorch", "",
+             "Same model, SGD learning rate and momentum, batch per process; one torch thread "
+             "per process. Baselines are evaluated every "
+             f"{config.baseline_eval_seconds:g} s of training time.", ""]
+    if not config.ddp:
+        lines += ["PyTorch DDP: not run (--no-ddp).", ""]
+    body = [
+        [f"{r['dataset']}/{r['model']}", r["baseline"], f"{r['baseline_budget']:g} s",
+         fmt_spread(r["baseline_samples_per_second"], 0),
+         fmt_spread(r["daskpri_samples_per_second"], 0), _num(r["daskpri_over_baseline"]),
+         f"{r['target']:.4f}", fmt_spread(r["baseline_seconds"]),
+         fmt_spread(r["daskpri_seconds"])]
+        + ([f"failed: {r['errors'][0]}"] if r.get("errors") else [""])
+        for r in rows
+    ]
+    return lines + _table(
+        ["dataset/model", "baseline", "its budget", "baseline samples/s",
+         "daskpri uniform samples/s (same processes)", "daskpri / baseline", "target",
+         "baseline seconds", "daskpri seconds", "note"], body)
+
+
+def _num(v: float) -> str:
+    return "—" if v is None or not math.isfinite(v) else f"{v:.2f}"
+
+
+def write_report(out: Path, config: BenchConfig, machine: dict[str, Any],
+                 sizes: Mapping[str, int], records: Sequence[RunRecord]) -> dict[str, Any]:
+    """Write results.json (with the tables), the PNGs, results.html and results.md."""
+    from daskpri.bench import bokeh_page, png
+
+    summary = summarize(config, records, dict(sizes))
+    write_json(out / "results.json", config, machine, sizes, records, summary)
+    pngs = png.write_pngs(out, config, records, summary)
+    bokeh_page.write_html(out / "results.html", config, records, summary)
+    (out / "results.md").write_text(render_markdown(config, machine, summary, pngs))
+    return summary

@@ -1,0 +1,264 @@
+"""The runner: executes the protocol's runs on clusters, one at a time.
+
+It only executes: which runs, in which order, with which learning rate, comes
+from :func:`daskpri.bench.protocol.next_runs`. Runs never overlap (two
+training jobs on two cores slow each other by 1.2-2.7x), and the LocalCluster
+is closed before the plain PyTorch and DDP baselines, which then have the
+machine to themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from distributed import Client, LocalCluster
+
+from daskpri.bench.analysis import best_accuracy, final_accuracy, samples_per_second
+from daskpri.bench.baselines import train_ddp, train_plain
+from daskpri.bench.config import BenchConfig
+from daskpri.bench.protocol import count_runs, next_runs
+from daskpri.bench.records import RunRecord, RunSpec, record_from_history
+from daskpri.bench.report import write_json, write_report
+
+__all__ = ["describe", "machine_info", "run_bench"]
+
+_CONNECT_TIMEOUT = 10.0  # seconds
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, platform and the versions that matter, with the current load average."""
+    import dask
+    import distributed
+    import torch
+
+    import daskpri
+
+    return {
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "numpy": np.__version__,
+        "daskpri": daskpri.__version__,
+        "cuda": torch.cuda.is_available(),
+        "load_average_start": _load(),
+    }
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:  # not on every platform
+        return None
+
+
+class _Clusters:
+    """One cluster at a time: a LocalCluster per worker count, or the given scheduler."""
+
+    def __init__(self, scheduler: str | None) -> None:
+        self.scheduler = scheduler
+        self._cluster: LocalCluster | None = None
+        self._client: Client | None = None
+        self._n = 0
+
+    def client(self, n_workers: int) -> Client:
+        if self.scheduler is not None:
+            if self._client is None:
+                try:
+                    self._client = Client(self.scheduler, timeout=_CONNECT_TIMEOUT)
+                except (OSError, TimeoutError) as e:
+                    raise ConnectionError(
+                        f"could not connect to the scheduler at {self.scheduler}: {e}"
+                    ) from e
+            have = len(self._client.scheduler_info(n_workers=-1)["workers"])
+            if have < n_workers:
+                raise ValueError(
+                    f"the benchmark needs {n_workers} workers, but the scheduler at "
+                    f"{self.scheduler} has {have}; start more or pass --workers up to {have}"
+                )
+            return self._client
+        if self._client is None or self._n != n_workers:
+            self.close()
+            self._cluster = LocalCluster(
+                n_workers=n_workers,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",
+            )
+            self._client = Client(self._cluster)
+            self._n = n_workers
+        return self._client
+
+    def close(self) -> None:
+        """Close a LocalCluster we started (a given scheduler's client stays)."""
+        if self._cluster is not None:
+            if self._client is not None:
+                self._client.close()
+            self._cluster.close()
+            self._cluster = self._client = None
+
+    def __enter__(self) -> _Clusters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _arrays(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    return np.asarray(ds["x"].values, dtype=np.float32), np.asarray(ds["y"].values)
+
+
+def _execute(
+    spec: RunSpec,
+    config: BenchConfig,
+    data: Mapping[str, tuple[xr.Dataset, xr.Dataset]],
+    clusters: _Clusters,
+) -> RunRecord:
+    """Make one run."""
+    from daskpri.models import build_model
+    from daskpri.training.trainer import Trainer
+
+    train, test = data[spec.dataset]
+    # The same seed gives every arm the same initial weights: only the sampling differs.
+    model = build_model(spec.model, train, seed=spec.seed)
+    t0 = time.perf_counter()
+    if spec.kind == "daskpri":
+        client = clusters.client(spec.n_workers)
+        with Trainer(
+            model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
+            n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
+            learning_rate=spec.learning_rate, momentum=config.momentum,
+            eval_every=config.eval_every,
+            partition_size=config.partition_size, **dict(spec.arm.options),
+        ) as trainer:
+            history = trainer.fit(train, eval_data=test, max_time=spec.budget, progress=False)
+        return record_from_history(spec, history, time.perf_counter() - t0)
+    clusters.close()  # the baselines have the machine to themselves
+    options: dict[str, Any] = {
+        "batch_size": spec.arm.batch_size,
+        "learning_rate": spec.learning_rate,
+        "momentum": config.momentum,
+        "budget": spec.budget,
+        "eval_seconds": config.baseline_eval_seconds,
+        "seed": spec.seed,
+    }
+    if spec.kind == "torch":
+        result = train_plain(model, _arrays(train), _arrays(test), **options)
+    else:
+        try:
+            result = train_ddp(model, _arrays(train), _arrays(test),
+                               processes=spec.n_workers, **options)
+        except RuntimeError as e:  # reported, not fatal: the rest of the benchmark stands
+            return _failed(spec, str(e), time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return RunRecord(spec, result.curve, result.samples, result.samples, wall)
+
+
+def _failed(spec: RunSpec, error: str, wall: float) -> RunRecord:
+    from daskpri.bench.records import Curve
+
+    return RunRecord(spec, Curve([], [], [], []), 0, 0, wall, info={"error": error})
+
+
+def describe(record: RunRecord) -> str:
+    """One line about a finished run.
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, Curve, RunSpec
+    >>> spec = RunSpec("sweep", "daskpri", "d", "mlp", Arm("uniform", "uniform", 64, 64),
+    ...                0.05, 0, 2, 10.0)
+    >>> describe(RunRecord(spec, Curve([5.0, 10.0], [100, 200], [0.5, 0.6], [1.0, 0.9]),
+    ...                    25600, 25600, 12.0))  # doctest: +NORMALIZE_WHITESPACE
+    'd/mlp sweep: uniform lr=0.05 seed=0 workers=2: 200 steps in 10.0 s, final accuracy
+    0.6000 (best 0.6000), 2,560 samples/s, 64 grads/step/worker [wall 12.0 s]'
+    """
+    if "error" in record.info:
+        return f"{record.spec.name}: FAILED: {record.info['error'].strip().splitlines()[-1]}"
+    grads = record.grad_samples / max(record.steps, 1) / record.spec.n_workers
+    final, best = final_accuracy(record.curve), best_accuracy(record.curve)
+    sps = samples_per_second(record)
+    return (
+        f"{record.spec.name}: {record.steps} steps in {record.train_seconds:.1f} s, "
+        f"final accuracy {final:.4f} (best {best:.4f}), "
+        f"{sps:,.0f} samples/s, {grads:.0f} grads/step/worker "
+        f"[wall {record.wall_seconds:.1f} s]"
+    )
+
+
+def run_bench(
+    config: BenchConfig,
+    out: str | os.PathLike[str],
+    *,
+    progress: bool = True,
+    command: str | None = None,
+) -> list[RunRecord]:
+    """Run the whole benchmark and write its report into ``out``.
+
+    Parameters
+    ----------
+    config : BenchConfig
+    out : path
+        Directory for ``results.json``, ``results.md``, the PNG plots and
+        ``results.html`` (created if missing). ``results.json`` is rewritten
+        after every run, so an interrupted benchmark keeps what it measured.
+    progress : bool
+        Show a progress bar over the runs (a line per run is printed anyway).
+    command : str, optional
+        The command line, recorded in the report.
+
+    Returns
+    -------
+    list of RunRecord
+    """
+    from tqdm.auto import tqdm
+
+    from daskpri.data.datasets import load
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    machine = machine_info()
+    machine["command"] = command
+    data = {name: load(name, n_samples=config.n_samples, seed=0) for name in config.datasets}
+    sizes = {name: int(train.sizes["sample"]) for name, (train, _) in data.items()}
+    records: list[RunRecord] = []
+    attempted: set[RunSpec] = set()
+    total = count_runs(config, sizes)
+    bar = tqdm(total=total, unit="run", desc="daskpri bench", disable=not progress)
+    try:
+        with _Clusters(config.scheduler) as clusters:
+            while specs := next_runs(config, sizes, records):
+                for spec in specs:
+                    if spec in attempted:  # a protocol bug; never loop forever on it
+                        raise RuntimeError(f"the protocol asked twice for the run {spec.name}")
+                    attempted.add(spec)
+                    bar.set_postfix_str(spec.name, refresh=True)
+                    record = _execute(spec, config, data, clusters)
+                    records.append(record)
+                    bar.update(1)
+                    bar.write(f"[{len(records)}/{total}] {describe(record)}")
+                    write_json(out / "results.json", config, machine, sizes, records)
+    finally:
+        bar.close()
+    machine["load_average_end"] = _load()
+    machine["bench_seconds"] = round(time.perf_counter() - started, 1)
+    write_report(out, config, machine, sizes, records)
+    print(f"daskpri bench: {len(records)} runs in {machine['bench_seconds']:.0f} s; "
+          f"report in {out / 'results.md'}", flush=True)
+    return records

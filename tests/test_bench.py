@@ -1,0 +1,345 @@
+"""``daskpri bench``: the protocol's decisions on hand-made records, and one real run.
+
+The decisions (which runs, learning-rate pick, targets, times to target,
+speedups, efficiencies, tables) are pure functions of records, tested without
+a cluster. No test asserts that any strategy is faster than another.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daskpri.bench import BenchConfig, count_runs, next_runs, pick_learning_rates, targets
+from daskpri.bench.analysis import (
+    Ratio,
+    Spread,
+    accuracy_at,
+    efficiency,
+    speedup,
+    spread,
+    steps_to_target,
+    summarize,
+    time_to_target,
+)
+from daskpri.bench.baselines import train_ddp, train_plain
+from daskpri.bench.protocol import gradients_per_step, make_arms
+from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
+from daskpri.bench.report import fmt_ratio, fmt_spread, render_markdown, write_report
+from daskpri.cli import main
+
+UNIFORM = Arm("uniform", "uniform", 64, 64)
+LOSS = Arm("loss", "loss", 64, 64)
+SIZES = {"mnist1d": 16000}
+
+
+def _record(
+    arm: Arm = UNIFORM,
+    accuracy: Sequence[float] = (0.5, 0.7, 0.8),
+    *,
+    times: Sequence[float] | None = None,
+    lr: float = 0.05,
+    seed: int = 0,
+    phase: str = "sweep",
+    kind: str = "daskpri",
+    n_workers: int = 2,
+    samples_per_step: int = 128,
+    spec: RunSpec | None = None,
+) -> RunRecord:
+    n = len(accuracy)
+    times = list(times) if times is not None else [float(i + 1) for i in range(n)]
+    steps = [10 * (i + 1) for i in range(n)]
+    spec = spec or RunSpec(phase, kind, "mnist1d", "mlp", arm, lr, seed, n_workers, 10.0)
+    return RunRecord(spec, Curve(times, steps, list(accuracy), [1.0] * n),
+                     samples=samples_per_step * steps[-1],
+                     grad_samples=arm.grads_per_step * n_workers * steps[-1],
+                     wall_seconds=times[-1] + 1.0)
+
+
+def _config(**kw: object) -> BenchConfig:
+    base: dict[str, object] = {"models": ("mlp",), "seeds": 3, "ddp": False,
+                               "strategies": ("uniform", "loss"), "learning_rates": (0.05,)}
+    return BenchConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+# -- one run -----------------------------------------------------------------------
+
+
+def test_time_and_steps_to_target_take_the_first_evaluation_that_reached_it():
+    c = Curve([1.0, 2.0, 3.0, 4.0], [10, 20, 30, 40], [0.5, np.nan, 0.8, 0.9], [1.0] * 4)
+    assert time_to_target(c, 0.8) == 3.0
+    assert steps_to_target(c, 0.8) == 30.0
+
+
+def test_time_to_target_is_inf_when_the_target_is_missed():
+    c = Curve([1.0, 2.0], [1, 2], [0.5, 0.6], [1.0, 1.0])
+    assert math.isinf(time_to_target(c, 0.7))
+    assert math.isinf(steps_to_target(c, 0.7))
+
+
+def test_accuracy_at_a_budget_is_the_last_evaluation_up_to_the_step_that_crossed_it():
+    c = Curve([1.0, 2.0, 3.0, 4.0], [1, 2, 3, 4], [0.5, np.nan, 0.7, 0.8], [1.0] * 4)
+    assert accuracy_at(c, 2.0) == 0.5  # the step at 2.0 s was not evaluated
+    assert accuracy_at(c, 2.5) == 0.7  # a 2.5 s run stops after the step ending at 3.0 s
+    assert accuracy_at(c, 100.0) == 0.8
+
+
+# -- over seeds ---------------------------------------------------------------------
+
+
+def test_spread_keeps_missed_targets_as_inf_and_drops_nan():
+    assert spread([2.0, math.inf, 1.0, math.nan]) == Spread(2.0, 1.0, math.inf, 3, 2)
+    assert math.isinf(spread([1.0, math.inf, math.inf]).median)
+
+
+@pytest.mark.parametrize(
+    ("baseline", "arm", "expected"),
+    [
+        (30.0, 20.0, Ratio(1.5, "exact")),
+        (20.0, 40.0, Ratio(0.5, "exact")),
+        (math.inf, 20.0, Ratio(3.0, "at least")),  # budget 60 / 20
+    ],
+)
+def test_speedup_is_the_baselines_time_over_the_arms(baseline, arm, expected):
+    assert speedup(baseline, arm, 60.0) == expected
+
+
+def test_speedup_is_not_claimed_when_the_arm_missed_the_target():
+    assert speedup(30.0, math.inf, 60.0).kind == "not reached"
+    assert speedup(math.inf, math.inf, 60.0).kind == "n/a"
+    assert fmt_ratio(speedup(30.0, math.inf, 60.0)) == "n.r."
+
+
+def test_efficiency_is_t1_over_n_tn():
+    assert efficiency(40.0, 20.0, 1, 2) == 1.0
+    assert efficiency(40.0, 25.0, 1, 2) == pytest.approx(0.8)
+    assert math.isnan(efficiency(40.0, math.inf, 1, 2))
+
+
+# -- decisions ----------------------------------------------------------------------
+
+
+def test_targets_are_fractions_of_tuned_uniforms_median_best_accuracy():
+    records = [
+        _record(accuracy=[0.5, 0.80, 0.70], seed=0),
+        _record(accuracy=[0.6, 0.90], seed=1),
+        _record(accuracy=[0.85, 0.6], seed=2),
+        _record(accuracy=[0.99], lr=0.1),  # an untuned learning rate: worse final, ignored
+        _record(accuracy=[0.1], lr=0.1, seed=1),
+        _record(accuracy=[0.1], lr=0.1, seed=2),
+        _record(LOSS, accuracy=[0.99]),  # another arm: ignored
+    ]
+    picks = pick_learning_rates(records)
+    assert picks[("mnist1d", "mlp", "uniform")] == 0.05
+    got = targets(records, "mnist1d", "mlp", picks, [0.97, 0.99])
+    assert got == pytest.approx({0.97: 0.97 * 0.85, 0.99: 0.99 * 0.85})
+
+
+def test_learning_rate_pick_is_the_best_median_final_accuracy_over_seeds():
+    records = [
+        _record(accuracy=[0.9, 0.5], lr=0.025, seed=0),  # best single run, poor final
+        _record(accuracy=[0.6], lr=0.025, seed=1),
+        _record(accuracy=[0.7], lr=0.05, seed=0),
+        _record(accuracy=[0.7], lr=0.05, seed=1),
+        _record(accuracy=[0.9], lr=0.1, seed=0),
+        _record(accuracy=[0.1], lr=0.1, seed=1),
+    ]
+    assert pick_learning_rates(records) == {("mnist1d", "mlp", "uniform"): 0.05}
+
+
+def test_learning_rate_pick_breaks_ties_toward_the_smaller_rate_and_avoids_nan():
+    records = [_record(accuracy=[0.7], lr=0.1), _record(accuracy=[0.7], lr=0.05),
+               _record(accuracy=[np.nan], lr=0.025)]
+    assert pick_learning_rates(records)[("mnist1d", "mlp", "uniform")] == 0.05
+
+
+def test_projection_gets_a_uniform_baseline_of_equal_gradient_budget():
+    assert gradients_per_step("projection", 64, [8000, 8000]) == 64 + 80
+    assert gradients_per_step("projection", 64, [8000], k=32, renew=0.0) == 32
+    cfg = _config(strategies=("projection", "length", "selective-backprop"), workers=(1, 2))
+    arms = make_arms(cfg, 16000)
+    assert [a.label for a in arms] == [
+        "uniform", "uniform@144", "projection", "length", "selective-backprop"
+    ]
+    assert arms[1] == Arm("uniform@144", "uniform", 144, 144)
+
+
+def _simulate(cfg: BenchConfig) -> list[RunRecord]:
+    """Run the protocol to the end with made-up results (lr 0.1 always best)."""
+    records: list[RunRecord] = []
+    for _ in range(10):  # phases; a loop that never ends would be a bug
+        specs = next_runs(cfg, SIZES, records)
+        if not specs:
+            return records
+        for s in specs:
+            final = 0.8 if s.learning_rate == 0.1 else 0.6
+            records.append(_record(s.arm, [0.5, final], spec=s))
+    raise AssertionError("next_runs never finished")
+
+
+def test_sweep_interleaves_the_arms_for_each_seed_and_learning_rate():
+    cfg = _config(seeds=2, learning_rates=(0.05, 0.1), strategies=("uniform", "projection"))
+    specs = next_runs(cfg, SIZES, [])
+    assert [(s.seed, s.learning_rate, s.arm.label) for s in specs[:6]] == [
+        (0, 0.05, "uniform"), (0, 0.05, "uniform@144"), (0, 0.05, "projection"),
+        (0, 0.1, "uniform"), (0, 0.1, "uniform@144"), (0, 0.1, "projection"),
+    ]
+    assert {(s.phase, s.n_workers, s.budget) for s in specs} == {("sweep", 2, cfg.budget)}
+
+
+def test_scaling_and_overhead_runs_use_the_picked_learning_rate():
+    cfg = _config(seeds=2, learning_rates=(0.05, 0.1), workers=(1, 2), ddp=True)
+    records = _simulate(cfg)
+    assert len(records) == count_runs(cfg, SIZES)
+    later = [r.spec for r in records if r.spec.phase != "sweep"]
+    assert {s.learning_rate for s in later} == {0.1}
+    assert sorted({(s.phase, s.kind, s.n_workers) for s in later}) == [
+        ("overhead", "ddp", 2), ("overhead", "torch", 1), ("scaling", "daskpri", 1)
+    ]
+    assert next_runs(cfg, SIZES, records) == []
+
+
+def test_overhead_adds_the_daskpri_runs_it_compares_with_when_missing():
+    cfg = _config(seeds=1, workers=(4,), ddp=True)
+    records = _simulate(cfg)
+    extra = {(s.kind, s.n_workers) for s in (r.spec for r in records) if s.phase == "overhead"}
+    assert extra == {("daskpri", 1), ("torch", 1), ("daskpri", 2), ("ddp", 2)}
+
+
+def test_summary_compares_each_arm_with_uniform_and_with_uniform_of_equal_gradients():
+    cfg = _config(seeds=1, workers=(2,), strategies=("uniform", "projection"), budget=20.0)
+    proj = Arm("projection", "projection", 64, 144)
+    u144 = Arm("uniform@144", "uniform", 144, 144)
+    records = [
+        _record(accuracy=[0.5, 0.9, 1.0], times=[10.0, 20.0, 30.0]),
+        _record(u144, accuracy=[0.98, 1.0, 1.0], times=[10.0, 20.0, 30.0]),
+        _record(proj, accuracy=[0.99, 1.0], times=[5.0, 10.0]),
+    ]
+    summary = summarize(cfg, records, SIZES)
+    rows = {(r["arm"], r["fraction"]): r for r in summary["time_to_target"]}
+    row = rows[("projection", 0.97)]  # target 0.97: uniform 30 s, uniform@144 10 s, projection 5 s
+    assert row["seconds"].median == 5.0
+    assert row["vs_uniform"] == Ratio(6.0, "exact")
+    assert row["equal_gradients"] == "uniform@144"
+    assert row["vs_equal_gradients"] == Ratio(2.0, "exact")
+    budgets = {r["arm"]: r for r in summary["budgets"]}
+    assert budgets["projection"]["grads_per_step"] == 144
+    assert budgets["uniform"]["at"][0.5].median == 0.5  # at 10 s of 20
+
+
+def test_scaling_rows_give_throughput_and_time_efficiency():
+    cfg = _config(seeds=1, workers=(1, 2))
+    records = [
+        _record(accuracy=[0.5, 1.0], times=[10.0, 40.0], n_workers=1, phase="scaling",
+                samples_per_step=64),
+        _record(accuracy=[0.5, 1.0], times=[10.0, 25.0], samples_per_step=128),
+    ]
+    summary = summarize(cfg, records, SIZES)
+    two = next(r for r in summary["scaling"] if r["arm"] == "uniform" and r["n_workers"] == 2)
+    assert two["time_efficiency"] == pytest.approx(40.0 / (2 * 25.0))
+    # samples/s: 64*20/40 = 32 on 1 worker, 128*20/25 = 102.4 on 2
+    assert two["throughput_efficiency"] == pytest.approx(102.4 / (2 * 32))
+
+
+# -- records and report -----------------------------------------------------------------
+
+
+def test_a_record_round_trips_through_json():
+    rec = _record(Arm("projection", "projection", 64, 144, (("k", 32),)), [np.nan, 0.5])
+    back = RunRecord.from_dict(json.loads(json.dumps(rec.to_dict(), allow_nan=False)))
+    assert back.spec == rec.spec
+    np.testing.assert_array_equal(back.curve.accuracy, rec.curve.accuracy)
+
+
+def test_spreads_print_median_range_and_misses():
+    assert fmt_spread(Spread(12.0, 10.0, math.inf, 3, 2)) == "12.0 [10.0–n.r.] (2/3 reached)"
+    assert fmt_spread(Spread(math.inf, math.inf, math.inf, 1, 0)) == "n.r."
+
+
+def test_report_is_written_from_records_alone(tmp_path: Path):
+    cfg = _config(seeds=2, workers=(1, 2), learning_rates=(0.05, 0.1), ddp=True)
+    records = _simulate(cfg)
+    machine = {"cores": 2, "processor": "x", "platform": "p", "python": "3", "torch": "t",
+               "dask": "d", "distributed": "d", "command": "daskpri bench"}
+    summary = write_report(tmp_path, cfg, machine, SIZES, records)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert len(doc["runs"]) == len(records)
+    assert doc["summary"]["time_to_target"]
+    md = (tmp_path / "results.md").read_text()
+    assert md == render_markdown(cfg, machine, summary, ["accuracy_mnist1d_mlp.png",
+                                                         "speedup.png", "scaling.png"])
+    assert "## Scaling" in md and "Learning-rate sweep" in md and "PyTorch DDP" in md
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+def test_config_names_the_bad_value():
+    with pytest.raises(ValueError, match="strategies should be among .* but got 'nope'"):
+        BenchConfig(strategies=("nope",))
+    with pytest.raises(ValueError, match="budget should be positive finite numbers"):
+        BenchConfig(budget=-1.0)
+
+
+def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsys):
+    assert main(["bench", "--out", str(tmp_path), "--models", "resnet"]) == 2
+    assert "models should be among 'mlp', 'cnn', but got 'resnet'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--out", str(tmp_path), "--workers", "one"])
+
+
+# -- baselines ------------------------------------------------------------------------
+
+
+def _tiny() -> tuple[tuple[np.ndarray, np.ndarray], object]:
+    from daskpri.models import build_model
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    return (x, y), build_model("mlp", {"x_shape": (8,), "n_classes": 2})
+
+
+def test_plain_loop_trains_for_its_budget_and_evaluates():
+    data, model = _tiny()
+    r = train_plain(model, data, data, batch_size=32, learning_rate=0.05, momentum=0.9,
+                    budget=0.3, eval_seconds=0.1, seed=0)
+    assert r.curve.time[-1] >= 0.3
+    assert r.samples == 32 * r.curve.step[-1]
+    assert not np.isnan(r.curve.accuracy[-1])
+
+
+def test_ddp_trains_on_two_processes():
+    data, model = _tiny()
+    r = train_ddp(model, data, data, processes=2, batch_size=32, learning_rate=0.05,
+                  momentum=0.9, budget=0.5, eval_seconds=0.1, seed=0, timeout=120)
+    assert r.curve.time[-1] >= 0.5
+    assert r.samples == 2 * 32 * r.curve.step[-1]
+    assert 0.0 <= r.curve.accuracy[-1] <= 1.0
+
+
+# -- end to end -------------------------------------------------------------------------
+
+
+def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
+    out = tmp_path / "bench"
+    status = main([
+        "bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
+        "--strategies", "uniform,selective-backprop", "--workers", "1", "--budget", "4",
+        "--baseline-budget", "1", "--no-ddp", "--no-progress", "--out", str(out),
+    ])
+    assert status == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert {r["spec"]["arm"]["label"] for r in doc["runs"]} == {"uniform", "selective-backprop"}
+    assert all(len(r["curve"]["time"]) == len(r["curve"]["accuracy"]) for r in doc["runs"])
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"]
+    assert "| selective-backprop |" in (out / "results.md").read_text()
+    for png in ("accuracy_synthetic_mlp.png", "speedup.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "results.html").read_text()
+    assert "Bokeh" in page and "cdn.bokeh.org" not in page
