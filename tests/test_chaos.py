@@ -67,7 +67,7 @@ def _run(data, steps, kill_every=None, segfault_for=None, seed=0):
 
 @pytest.mark.parametrize(
     "steps, kill_every",
-    [(300, 60), pytest.param(1500, 50, marks=pytest.mark.slow)],
+    [(240, 60), pytest.param(1500, 50, marks=pytest.mark.slow)],
 )
 def test_random_sigkills_leave_the_run_on_course(chaos_data, steps, kill_every):
     ref, _, _ = _run(chaos_data, steps)

@@ -474,9 +474,8 @@ def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
         assert status == 200
         [session] = server.get_sessions("/daskpri")
         doc = session.document  # read on the server: its refreshes ask the scheduler by RPC
-        # Over RPC, runs come by name: the app cannot tell the newest at first.
-        first = max(runs.values())
-        n_steps = 20 if first == runs["uniform"] else 30
+        # Over RPC, runs come oldest first: the app follows the newest.
+        first, n_steps = runs["projection"], 30
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             shown = status_of(doc)["run"]
