@@ -314,3 +314,17 @@ def test_fit_in_background_returns_a_future_of_the_history(gpu_client, small_dat
         assert again.sizes["step"] == 152
     finally:
         trainer.close()
+
+
+def test_both_transports_compute_the_same_run(gpu_client, small_data):
+    histories = {}
+    for transport in ("tasks", "direct"):
+        trainer, h = fit(gpu_client, small_data, "projection", steps=12, seed=2,
+                         transport=transport)
+        histories[transport] = h
+        trainer.close()
+    a, b = histories["tasks"], histories["direct"]
+    np.testing.assert_array_equal(a["selection_digest"], b["selection_digest"])
+    np.testing.assert_array_equal(a["loss"], b["loss"])
+    with pytest.raises(ValueError, match="transport should be one of 'tasks', 'direct'"):
+        daskpri.Trainer(build_model("mlp", small_data[0]), transport="udp")

@@ -9,8 +9,10 @@ device, so training steps ship partition ids and indices, not data.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 from distributed import WorkerPlugin, get_worker
 from distributed.protocol import pickle
+from distributed.protocol.serialize import to_serialize
 
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.replica import Replica, Weights
@@ -90,15 +93,26 @@ class ReplicaPlugin(WorkerPlugin):
         self.replica = Replica(module, worker_device(worker, self.device))
         self.partitions: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.address = worker.address
+        self.worker = worker
+        # The direct transport: steps arrive as RPCs from the driver, past the
+        # scheduler's task machinery (one handler serves every run).
+        worker.handlers["daskpri_train"] = _train_handler(worker)
 
     def teardown(self, worker: Any) -> None:
         self.partitions.clear()
 
-    def partition(self, pid: int, ref: PartitionRef) -> tuple[torch.Tensor, torch.Tensor]:
+    def partition(self, pid: int, ref: PartitionRef | str) -> tuple[torch.Tensor, torch.Tensor]:
         """Partition ``pid`` as tensors on this worker's device, loaded once."""
         cached = self.partitions.get(pid)
         if cached is not None:
             return cached
+        if isinstance(ref, str):  # the key of scattered data, sent by the direct transport
+            try:
+                ref = self.worker.data[ref]
+            except KeyError:
+                raise LookupError(
+                    f"partition {pid} is neither loaded nor held on worker {self.address}"
+                ) from None
         if isinstance(ref, StoreRef):
             # Read in this thread: a dask compute here would submit tasks to
             # the cluster from inside a task and wait on this worker's slot.
@@ -107,9 +121,11 @@ class ReplicaPlugin(WorkerPlugin):
                 x, y = np.asarray(ds["x"].values), np.asarray(ds["y"].values)
             where = f"partition {pid} (samples {ref.start}-{ref.stop - 1} of {ref.path})"
             start = ref.start
-        else:
+        elif isinstance(ref, ArrayPart):
             x, y, start = ref.x, ref.y, ref.start
             where = f"partition {pid} (samples {start}-{start + len(y) - 1})"
+        else:
+            raise TypeError(f"partition {pid}: unknown reference {type(ref).__name__}")
         check_values(x, y, n_classes=self.n_classes, where=where, offset=start)
         device = self.replica.device
         xt = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device)
@@ -204,7 +220,48 @@ def train_task(
     order of ``indices``: the first ``n_train`` are trained on, the rest only
     scored.
     """
-    plugin = _plugin(name)
+    return _train(
+        _plugin(name),
+        weights,
+        strategy,
+        pids,
+        local,
+        n_train,
+        sample_weights,
+        indices,
+        extra,
+        parts,
+        seed,
+    )
+
+
+def _train_handler(worker: Any) -> Any:
+    """The worker's ``daskpri_train`` RPC handler (direct transport)."""
+
+    async def daskpri_train(name: str, payload: tuple) -> Any:
+        plugin = worker.plugins.get(name)
+        if plugin is None:
+            raise RuntimeError(f"worker {worker.address} has no daskpri replica {name!r}")
+        # compute off the event loop, so the worker keeps answering heartbeats
+        result = await asyncio.to_thread(_train, plugin, *payload)
+        return to_serialize(result)
+
+    return daskpri_train
+
+
+def _train(
+    plugin: ReplicaPlugin,
+    weights: Weights,
+    strategy: Strategy,
+    pids: np.ndarray,
+    local: np.ndarray,
+    n_train: int,
+    sample_weights: np.ndarray | None,
+    indices: np.ndarray,
+    extra: dict[str, np.ndarray],
+    parts: Mapping[int, PartitionRef | str],
+    seed: tuple[int, int, int],
+) -> StepResult:
     t0 = time.perf_counter()
     replica = plugin.replica
     replica.load(weights)

@@ -9,6 +9,7 @@ driver combines the gradients and steps its optimizer.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import math
 import os
@@ -25,6 +26,7 @@ import xarray as xr
 from distributed import Client, Future, LocalCluster
 from distributed.comm import CommClosedError
 from distributed.protocol import pickle
+from distributed.protocol.serialize import Serialize, to_serialize
 from distributed.scheduler import KilledWorker
 from distributed.security import Security
 from torch import nn
@@ -99,6 +101,12 @@ class Trainer:
     checkpoint_path, checkpoint_every : optional
         Write a checkpoint to ``checkpoint_path`` every ``checkpoint_every``
         steps (atomically; see :meth:`save` and :meth:`resume`).
+    transport : {"tasks", "direct"}, optional
+        How steps reach the workers. ``"tasks"``: one Dask task per worker,
+        through the scheduler, with ``resources`` accounted by it.
+        ``"direct"``: one RPC per worker straight from the driver to the
+        worker's replica, an order of magnitude less latency per step; the
+        workers are still only those that have ``resources``.
     security : distributed.security.Security or bool, optional
         TLS for the LocalCluster the trainer starts (``True``: temporary
         self-signed credentials). A ``client`` brings its own security.
@@ -144,6 +152,7 @@ class Trainer:
         checkpoint_path: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
         security: Security | bool | None = None,
+        transport: str | None = None,
         **strategy_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -207,6 +216,11 @@ class Trainer:
                 f"{type(security).__name__}"
             )
         self.security = security
+        self.transport = _config.get("trainer.transport", transport)
+        if self.transport not in ("tasks", "direct"):
+            raise ValueError(
+                f"transport should be one of 'tasks', 'direct', but got {self.transport!r}"
+            )
         self.run_id = f"{self.strategy.name}-{uuid.uuid4().hex[:8]}"
         self.step_ = 0
         self._recorder = HistoryRecorder()
@@ -668,20 +682,16 @@ class Trainer:
         }
 
     def _run_tasks(self, step: int, selections: list[Selection]) -> list[StepResult]:
-        client = self.client
+        """Each worker's share of a step, as tasks or as direct RPCs."""
         weights = self._weights(version=step)
-        [wfut] = client.scatter([weights], hash=False)
-        futures = []
+        args = []
         for slot, sel in enumerate(selections):
             indices = np.concatenate([sel.train, sel.score]).astype(np.int64)
             pids = np.searchsorted(self._bounds, indices, side="right") - 1
             local = indices - self._bounds[pids]
             parts = {int(p): self._parts[int(p)] for p in np.unique(pids)}
-            futures.append(
-                client.submit(
-                    train_task,
-                    self._plugin.name,
-                    wfut,
+            args.append(
+                [
                     self.strategy,
                     pids,
                     local,
@@ -691,14 +701,51 @@ class Trainer:
                     sel.extra,
                     parts,
                     (self.seed, step, slot),
-                    key=f"daskpri-step-{self.run_id}-{step}-{slot}-{uuid.uuid4().hex[:6]}",
-                    workers=[self._slots[slot]],
-                    allow_other_workers=True,
-                    resources=self.resources,
-                    pure=False,
-                )
+                ]
             )
+        if self.transport == "direct":
+            return self._run_direct(weights, args)
+        client = self.client
+        [wfut] = client.scatter([weights], hash=False)
+        futures = [
+            client.submit(
+                train_task,
+                self._plugin.name,
+                wfut,
+                *a,
+                key=f"daskpri-step-{self.run_id}-{step}-{slot}-{uuid.uuid4().hex[:6]}",
+                workers=[self._slots[slot]],
+                allow_other_workers=True,
+                resources=self.resources,
+                pure=False,
+            )
+            for slot, a in enumerate(args)
+        ]
         return self._wait(futures)
+
+    def _run_direct(self, weights: Weights, args: list[list[Any]]) -> list[StepResult]:
+        """One RPC per worker, concurrently, past the scheduler's task machinery.
+
+        Partitions are named by their scattered key (or store reference): the
+        worker has them loaded already. A worker that dies mid-call closes its
+        connection, which the step's retry treats as a lost worker.
+        """
+        client = self.client
+        name = self._plugin.name
+        calls = []
+        for slot, a in enumerate(args):
+            a[7] = {p: (r.key if isinstance(r, Future) else r) for p, r in a[7].items()}
+            payload = to_serialize((weights, *a))
+            calls.append((self._slots[slot], payload))
+
+        async def dispatch() -> list[StepResult]:
+            out = await asyncio.gather(
+                *(client.rpc(addr).daskpri_train(name=name, payload=p) for addr, p in calls)
+            )
+            # in-process (inproc://) comms hand the wrapper over as it is
+            return [r.data if isinstance(r, Serialize) else r for r in out]
+
+        return client.sync(dispatch)
 
     def _wait(self, futures: list[Future]) -> list[StepResult]:
         """Results of ``futures``, through this trainer's client (not the default one).
@@ -832,6 +879,7 @@ class Trainer:
             "device": self.device,
             "checkpoint_path": self.checkpoint_path,
             "checkpoint_every": self.checkpoint_every,
+            "transport": self.transport,
         }
 
     def save(self, path: str | os.PathLike[str]) -> str:
