@@ -125,6 +125,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="LocalCluster workers (2), or the scheduler's workers to use (all)")
     cluster.add_argument("--resources", type=_resources, metavar="NAME=AMOUNT[,...]",
                          help="resources each training task needs, e.g. GPU=1")
+    cluster.add_argument("--transport", choices=("direct", "tasks"),
+                         help="steps as RPCs to the workers (direct, default) or as Dask tasks")
+    tls = train.add_argument_group("TLS (with --scheduler; the LocalCluster's is --tls)")
+    tls.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate of the cluster")
+    tls.add_argument("--tls-cert", metavar="PEM", help="this client's certificate")
+    tls.add_argument("--tls-key", metavar="PEM", help="this client's private key")
+    tls.add_argument("--tls", action="store_true",
+                     help="start the LocalCluster with TLS (temporary credentials)")
     out = train.add_argument_group("output")
     out.add_argument("--output", type=_output_path, metavar="PATH",
                      help="write the history to PATH (.nc for netCDF, .zarr for zarr)")
@@ -141,6 +149,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", choices=MODELS, default="mlp")
     demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
     demo.add_argument("--seed", type=int, default=0)
+
+    report = sub.add_parser("report", help="a static HTML report of a run's history")
+    report.set_defaults(run=_report)
+    report.add_argument("history", help="history from `daskpri train --output` (.nc or .zarr)")
+    report.add_argument("-o", "--output", required=True, metavar="HTML")
+    report.add_argument("--baseline", metavar="PATH", help="another run's history to compare with")
+    report.add_argument("--title")
 
     strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
     strategies.set_defaults(run=_strategies)
@@ -213,14 +228,29 @@ def _train(args: argparse.Namespace) -> int:
     max_steps = args.max_steps
     if max_steps is None and args.max_time is None:
         max_steps = _DEFAULT_MAX_STEPS
-    client = None if args.scheduler is None else _connect(args.scheduler)
+    tls_files = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if any(tls_files) and (args.scheduler is None or not all(tls_files)):
+        raise ValueError(
+            "--tls-ca-file, --tls-cert and --tls-key go together, with --scheduler; "
+            "for a LocalCluster with TLS, use --tls"
+        )
+    if args.tls and args.scheduler is not None:
+        raise ValueError("--tls starts a LocalCluster with TLS; with --scheduler, use --tls-*")
+    security = None
+    if all(tls_files):
+        from distributed.security import Security
+
+        security = Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
+                            tls_client_key=args.tls_key, require_encryption=True)
+    client = None if args.scheduler is None else _connect(args.scheduler, security)
     trainer = None
     try:
         trainer = daskpri.Trainer(
             model, strategy=args.strategy, client=client, seed=args.seed,
             n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
             learning_rate=args.learning_rate, optimizer=args.optimizer,
-            eval_every=args.eval_every, **options,
+            eval_every=args.eval_every, transport=args.transport,
+            security=True if args.tls else None, **options,
         )
         print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
         history = trainer.fit(
@@ -229,6 +259,7 @@ def _train(args: argparse.Namespace) -> int:
         )
         print(_summary(history), flush=True)
         if args.output is not None:
+            history.attrs.update(dataset=args.dataset, model=args.model)
             to_store(history, args.output)
             print(f"history written to {args.output}", flush=True)
     finally:
@@ -298,13 +329,19 @@ def _check_strategy_options(strategy: str, options: dict[str, Any]) -> None:
         )
 
 
-def _connect(address: str) -> Client:
+def _connect(address: str, security: Any = None) -> Client:
     try:
-        # Left as the default client: the Trainer waits on its futures with
-        # distributed.wait, which looks for the default client.
-        return Client(address, timeout=_CONNECT_TIMEOUT)
+        return Client(address, timeout=_CONNECT_TIMEOUT, security=security)
     except (OSError, TimeoutError, ValueError) as e:
         raise _ConnectError(f"could not connect to the scheduler at {address}: {e}") from e
+
+
+def _report(args: argparse.Namespace) -> int:
+    from daskpri.dashboard.report import write_report
+
+    path = write_report(args.history, args.output, baseline=args.baseline, title=args.title)
+    print(f"report written to {path}")
+    return 0
 
 
 def _dashboard(client: Client) -> str:

@@ -44,10 +44,11 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = (tmp_path_factory.mktemp("cluster") / "cluster.log").open("wb")
     commands = [
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard"],
+         "--port", str(port), "--no-dashboard", "--dashboard-address", "127.0.0.1:0"],
     ] + [
         [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-         "--resources", "GPU=1", "--host", "127.0.0.1", "--no-dashboard"],
+         "--resources", "GPU=1", "--host", "127.0.0.1", "--no-dashboard",
+         "--dashboard-address", "127.0.0.1:0"],
     ] * 2
     procs: list[subprocess.Popen[Any]] = []
     try:

@@ -111,6 +111,34 @@ def test_train_on_own_local_cluster_writes_history(
         assert ds.attrs["n_workers"] == 2
         assert ds.attrs["strategy_params"].startswith("Projection(k=32, renew=0.01, "
                                                       "train_on_renew=False")
+        assert ds.attrs["dataset"] == "synthetic" and ds.attrs["model"] == "mlp"
+    html = tmp_path / "report.html"
+    assert main(["report", str(path), "-o", str(html)]) == 0
+    assert "report written to" in capsys.readouterr().out
+    assert html.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_train_with_tls_on_its_own_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    argv = ["train", *SMALL, "--workers", "1", "--no-progress", "--tls", "--transport", "tasks"]
+    assert main(argv) == 0
+    assert "dashboard: http" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--tls-ca-file", "ca.pem"], "--tls-ca-file, --tls-cert and --tls-key go together"),
+        (["--tls", "--scheduler", "tcp://127.0.0.1:1"], "with --scheduler, use --tls-"),
+    ],
+)
+def test_tls_flags_are_checked(extra, match, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", *SMALL, *extra]) == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_report_of_a_missing_history_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    assert main(["report", str(tmp_path / "none.nc"), "-o", str(tmp_path / "r.html")]) == 2
+    assert "error:" in capsys.readouterr().err
 
 
 def test_demo_compares_prioritized_with_uniform(capsys: pytest.CaptureFixture[str]) -> None:
