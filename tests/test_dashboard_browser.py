@@ -2,7 +2,8 @@
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``,
 ``/usr/bin/chromedriver``) and the ``selenium`` package; skips without them.
-Saves a screenshot of the page to ``docs/dashboard.png``.
+Saves a screenshot of the page (to ``docs/dashboard.png`` when
+``DASKPRI_UPDATE_SCREENSHOT=1``, else to the test's temporary directory).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from daskpri.models import build_model
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
+DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
 
 pytestmark = pytest.mark.skipif(
     not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
@@ -102,7 +103,9 @@ def chromium():
         driver.quit()
 
 
-def test_page_shows_a_live_run_in_chromium(small_data, chromium):
+def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
+    update_docs = os.environ.get("DASKPRI_UPDATE_SCREENSHOT") == "1"
+    screenshot = DOCS_SCREENSHOT if update_docs else tmp_path / "dashboard.png"
     train, test = small_data
     with (
         LocalCluster(
@@ -155,8 +158,8 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium):
             assert later["status"][0] == run.run_id and later["status"][-1] == baseline.run_id
             assert len(later["heatmap"]) > len(first["heatmap"]) or len(later["heatmap"]) >= 150
             time.sleep(1.0)  # let the canvases paint before the picture
-            SCREENSHOT.parent.mkdir(exist_ok=True)
-            assert chromium.save_screenshot(str(SCREENSHOT))
+            screenshot.parent.mkdir(exist_ok=True)
+            assert chromium.save_screenshot(str(screenshot))
         finally:
             thread.join(60)
             baseline.close()
