@@ -150,6 +150,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
     demo.add_argument("--seed", type=int, default=0)
 
+    dash = sub.add_parser("dashboard", help="serve the live /daskpri page of a scheduler")
+    dash.set_defaults(run=_dashboard_command)
+    dash.add_argument("--scheduler", required=True, metavar="ADDRESS",
+                      help="the scheduler whose runs to show, e.g. tcp://127.0.0.1:8786")
+    dash.add_argument("--port", type=int, default=5006, help="port to listen on (0: any free)")
+    dash.add_argument("--address", metavar="HOST",
+                      help="interface to listen on (default 127.0.0.1; 0.0.0.0 opens it to "
+                           "the network)")
+
     report = sub.add_parser("report", help="a static HTML report of a run's history")
     report.set_defaults(run=_report)
     report.add_argument("history", help="history from `daskpri train --output` (.nc or .zarr)")
@@ -334,6 +343,21 @@ def _connect(address: str, security: Any = None) -> Client:
         return Client(address, timeout=_CONNECT_TIMEOUT, security=security)
     except (OSError, TimeoutError, ValueError) as e:
         raise _ConnectError(f"could not connect to the scheduler at {address}: {e}") from e
+
+
+def _dashboard_command(args: argparse.Namespace) -> int:
+    from daskpri.dashboard.remote import ROUTE, make_server
+
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"port should be in [0, 65536), but got port={args.port}")
+    server = make_server(args.scheduler, address=args.address, port=args.port)
+    server.start()
+    print(f"daskpri dashboard: http://{server.address}:{server.port}{ROUTE}", flush=True)
+    try:
+        server.io_loop.start()
+    finally:
+        server.stop()
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -206,3 +206,21 @@ def test_resource_no_worker_has_fails_fast(gpu_cluster: str) -> None:
     assert result.stderr.startswith("daskpri: error: resources={'TPU': 1.0} were asked for")
     assert f"`dask worker {gpu_cluster} --resources TPU=1`" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_dashboard_command_serves_the_page_on_loopback(gpu_cluster: str, tmp_path: Path) -> None:
+    import urllib.request
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daskpri", "dashboard", "--scheduler", gpu_cluster,
+         "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == f"daskpri dashboard: http://127.0.0.1:{port}/daskpri"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/daskpri", timeout=30) as r:
+            assert r.status == 200 and b"bokeh" in r.read().lower()
+    finally:
+        _stop([proc])
