@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -328,3 +329,33 @@ def test_both_transports_compute_the_same_run(gpu_client, small_data):
     np.testing.assert_array_equal(a["loss"], b["loss"])
     with pytest.raises(ValueError, match="transport should be one of 'tasks', 'direct'"):
         daskpri.Trainer(build_model("mlp", small_data[0]), transport="udp")
+
+
+def test_nonfinite_steps_checkpoint_the_last_good_state_or_are_skipped(
+    gpu_client, small_data, tmp_path
+):
+    from daskpri.training import checkpoint
+
+    train, _ = small_data
+    x = train["x"].values.copy()
+    x[::40] = 3e37  # finite features whose logits overflow: 1 sample in 40
+    poisoned = train.assign(x=(train["x"].dims, x))
+    path = tmp_path / "last_good.ckpt"
+    t = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                        checkpoint_path=path)
+    try:
+        with pytest.raises(FloatingPointError, match=r"at step (\d+);.*last good state") as e:
+            t.fit(poisoned, max_steps=5, progress=False)
+        failed = int(re.search(r"at step (\d+);", str(e.value)).group(1))
+        assert f"last good state (step {failed})" in str(e.value)
+        assert checkpoint.read(path)["step"] == failed == t.step_
+    finally:
+        t.close()
+    t = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                        batch_size=8, on_nonfinite="skip")
+    try:
+        h = t.fit(poisoned, max_steps=20, progress=False)
+        assert 0 < t.skipped_steps_ < 20 and int(h["skipped"].sum()) == t.skipped_steps_
+        assert all(bool(torch.isfinite(p).all()) for p in t.model.parameters())
+    finally:
+        t.close()

@@ -12,6 +12,7 @@ STEP_VARIABLES: dict[str, tuple[str, str]] = {
     "time": ("s", "training wall time since the first fit began, evaluation excluded"),
     "loss": ("", "mean training loss of the samples processed in the step"),
     "selection_digest": ("", "CRC-32 of the samples selected in the step, to compare runs"),
+    "skipped": ("", "1 where the step's loss or gradient was non-finite and it was skipped"),
     "accuracy": ("", "accuracy on eval_data (NaN between evaluations)"),
     "eval_loss": ("", "mean loss on eval_data (NaN between evaluations)"),
     "train_accuracy": ("", "accuracy on the samples processed in the step"),

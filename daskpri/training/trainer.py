@@ -101,6 +101,12 @@ class Trainer:
     checkpoint_path, checkpoint_every : optional
         Write a checkpoint to ``checkpoint_path`` every ``checkpoint_every``
         steps (atomically; see :meth:`save` and :meth:`resume`).
+    on_nonfinite : {"raise", "skip"}
+        A step whose loss or gradient is NaN or infinite: ``"raise"`` stops
+        with ``FloatingPointError`` naming the step and samples (after
+        checkpointing the last good state where ``checkpoint_path`` is set);
+        ``"skip"`` leaves the model as it is, counts it in ``skipped_steps_``
+        and the history's ``skipped``, and goes on.
     transport : {"tasks", "direct"}, optional
         How steps reach the workers. ``"tasks"``: one Dask task per worker,
         through the scheduler, with ``resources`` accounted by it.
@@ -153,6 +159,7 @@ class Trainer:
         checkpoint_every: int | None = None,
         security: Security | bool | None = None,
         transport: str | None = None,
+        on_nonfinite: str = "raise",
         **strategy_options: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -216,6 +223,12 @@ class Trainer:
                 f"{type(security).__name__}"
             )
         self.security = security
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(
+                f"on_nonfinite should be one of 'raise', 'skip', but got {on_nonfinite!r}"
+            )
+        self.on_nonfinite = on_nonfinite
+        self.skipped_steps_ = 0
         self.transport = _config.get("trainer.transport", transport)
         if self.transport not in ("tasks", "direct"):
             raise ValueError(
@@ -636,24 +649,28 @@ class Trainer:
             n_grad += r.n_grad
         loss_sum = sum(r.loss_sum for r in results)
         n_loss = sum(r.n_loss for r in results)
+        problem = None
         if not math.isfinite(loss_sum):
             bad = np.concatenate([r.indices[~np.isfinite(r.priorities)] for r in results])
-            raise FloatingPointError(
-                f"the training loss became {loss_sum} at step {step}"
-                + (f"; non-finite priorities for samples {bad[:10].tolist()}" if bad.size else "")
+            problem = f"the training loss became {loss_sum} at step {step}" + (
+                f"; non-finite priorities for samples {bad[:10].tolist()}" if bad.size else ""
             )
-        if not bool(torch.isfinite(grad).all()):
-            raise FloatingPointError(
-                f"the gradient became non-finite at step {step} "
-                f"(loss {loss_sum / max(n_loss, 1)}); the model was not updated with it"
+        elif not bool(torch.isfinite(grad).all()):
+            problem = (
+                f"the gradient became non-finite at step {step} (loss {loss_sum / max(n_loss, 1)})"
             )
-        if n_grad:
+        if problem is not None and self.on_nonfinite == "raise":
+            raise FloatingPointError(problem + "; " + self._save_last_good())
+        skipped = problem is not None
+        if n_grad and not skipped:
             self._apply_gradient(grad / n_grad)
         t_opt = time.perf_counter() - t1
         self.step_ += 1
+        self.skipped_steps_ += int(skipped)
         for r in results:
-            if r.indices.size:
-                self._pending.append((r.indices, r.priorities, step))
+            ok = np.isfinite(r.priorities)
+            if ok.any():
+                self._pending.append((r.indices[ok], r.priorities[ok], step))
         prio = np.concatenate([r.priorities for r in results]) if results else np.empty(0)
         step_time = time.perf_counter() - t_start
         self._elapsed += step_time
@@ -663,6 +680,7 @@ class Trainer:
         return {
             "step": step,
             "selection_digest": _digest(selections),
+            "skipped": float(skipped),
             "time": self._elapsed,
             "loss": loss_sum / max(n_loss, 1),
             "train_accuracy": sum(r.correct for r in results) / max(n_loss, 1),
@@ -819,6 +837,16 @@ class Trainer:
             self._place_partitions(moved)
         self._remote.set_owner(np.array([slot_of[a] for a in self._owner_addr], dtype=np.int64))
 
+    def _save_last_good(self) -> str:
+        """Checkpoint the model before the failed step, where a path is set."""
+        if self.checkpoint_path is None:
+            return "the model was not updated with it (no checkpoint_path= to save it to)"
+        self.save(self.checkpoint_path)
+        return (
+            f"the model was not updated with it; its last good state (step {self.step_}) "
+            f"is checkpointed to {self.checkpoint_path!r}"
+        )
+
     def _check_scheduler(self) -> None:
         """Raise :class:`SchedulerLostError` if the scheduler does not answer.
 
@@ -880,6 +908,7 @@ class Trainer:
             "checkpoint_path": self.checkpoint_path,
             "checkpoint_every": self.checkpoint_every,
             "transport": self.transport,
+            "on_nonfinite": self.on_nonfinite,
         }
 
     def save(self, path: str | os.PathLike[str]) -> str:
