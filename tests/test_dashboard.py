@@ -290,6 +290,7 @@ def test_run_status_lists_the_run():
     assert status["step"] == "1" and status["training time"] == "1 min 15.5 s"
     assert status["samples computed"] == "16.7% of 12" and status["baseline"] == "u"
     assert status["staleness (mean steps)"] == "1.0"
+    assert status["epoch (samples processed / dataset)"] == "0.33"  # 4 samples of 12
     assert "<td style=" in comp.root.text and ">projection<" in comp.root.text
 
 

@@ -52,10 +52,10 @@ def new_cursor() -> dict[str, Any]:
     """A cursor before the first step: the same as passing None.
 
     A cursor holds the last step whose metrics were sent (``step``), how
-    many rows the run's metrics held then (``index``) and that step's
-    training time (``time``).
+    many rows the run's metrics held then (``index``), that step's
+    training time (``time``) and the samples processed by then (``samples``).
     """
-    return {"step": -1, "index": 0, "time": float("nan")}
+    return {"step": -1, "index": 0, "time": float("nan"), "samples": 0.0}
 
 
 def snapshot_from_run(
@@ -282,6 +282,7 @@ def _assemble(
         "table_step": table_step,
         "n_updates": int(n_updates),
         "elapsed": next_cursor["time"],
+        "epoch": next_cursor.get("samples", 0.0) / max(int(count.sum()), 1),
         "partitions": {
             "sum": np.asarray(summary["sum"], dtype=np.float64),
             "max": np.asarray(summary["max"], dtype=np.float64),
@@ -347,7 +348,11 @@ def _advance(
 ) -> dict[str, Any]:
     out = dict(new_cursor() if cursor is None else cursor, index=int(n_metrics))
     if rows:
-        out.update(step=int(rows[-1]["step"]), time=_float(rows[-1].get("time")))
+        out.update(
+            step=int(rows[-1]["step"]),
+            time=_float(rows[-1].get("time")),
+            samples=_float(rows[-1].get("samples")),
+        )
     return out
 
 
