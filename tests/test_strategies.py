@@ -172,3 +172,11 @@ def test_selective_backprop_compute_backpropagates_the_top_losses():
     torch.testing.assert_close(c.grad, grads[top].sum(0), rtol=1e-5, atol=1e-6)
     assert c.n_grad == 2
     np.testing.assert_allclose(c.priorities, losses.numpy(), rtol=1e-6)
+
+
+def test_gradients_per_step_counts_what_each_strategy_backpropagates():
+    assert get_strategy("projection", renew=0.01).gradients_per_step(64, 8000) == 144
+    assert get_strategy("projection", k=10, train_on_renew=False).gradients_per_step(64, 8000) == 10
+    assert get_strategy("uniform").gradients_per_step(64, 8000) == 64
+    assert get_strategy("loss", batch_size=16).gradients_per_step(64, 8000) == 16
+    assert get_strategy("selective-backprop").gradients_per_step(32, 100) == 32

@@ -83,14 +83,7 @@ def gradients_per_step(
     from daskpri.strategies import get_strategy
 
     s = get_strategy(strategy, **options)
-    own = getattr(s, "batch_size", None) or batch_size
-    if strategy in ("projection", "length"):
-        k = getattr(s, "k", None) or batch_size
-        if not getattr(s, "train_on_renew", True):
-            return int(k)
-        renew = float(getattr(s, "renew", 0.0))
-        return round(float(np.mean([k + math.ceil(renew * g) for g in samples_per_worker])))
-    return int(own)
+    return round(float(np.mean([s.gradients_per_step(batch_size, g) for g in samples_per_worker])))
 
 
 def make_arms(config: BenchConfig, n_train: int) -> list[Arm]:

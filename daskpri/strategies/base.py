@@ -139,6 +139,16 @@ class Strategy(abc.ABC):
             correct=int((logits.argmax(1) == batch.y[:n]).sum()),
         )
 
+    def gradients_per_step(self, batch_size: int, samples: int) -> int:
+        """Samples one worker backpropagates per step (in expectation).
+
+        ``batch_size`` is the trainer's; ``samples`` the worker's sample
+        count. Benchmarks give the uniform baseline this many gradients, so
+        a strategy that computes more is compared at equal gradient budget.
+        """
+        own = getattr(self, "batch_size", None)
+        return int(own or batch_size)
+
     def get_params(self) -> dict[str, Any]:
         """The strategy's parameters, as given to ``__init__``."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}

@@ -83,6 +83,10 @@ class Projection(Strategy):
                 out.append(Selection(train=top, score=renew))
         return out
 
+    def gradients_per_step(self, batch_size: int, samples: int) -> int:
+        k = self.k or batch_size
+        return k + math.ceil(self.renew * samples) if self.train_on_renew else k
+
     def priorities(self, grads: torch.Tensor, mean_grad: torch.Tensor) -> torch.Tensor:
         """Priority of each row of the per-sample gradients ``grads``."""
         return grads @ mean_grad
