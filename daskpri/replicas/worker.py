@@ -201,38 +201,13 @@ class StepResult:
     pid: int
 
 
-def train_task(
-    name: str,
-    weights: Weights,
-    strategy: Strategy,
-    pids: np.ndarray,
-    local: np.ndarray,
-    n_train: int,
-    sample_weights: np.ndarray | None,
-    indices: np.ndarray,
-    extra: dict[str, np.ndarray],
-    parts: dict[int, PartitionRef],
-    seed: tuple[int, int, int],
-) -> StepResult:
-    """Compute one worker's share of a step.
+def train_task(name: str, *args: Any) -> StepResult:
+    """One worker's share of a step, as a Dask task (the ``tasks`` transport).
 
-    ``pids``/``local`` locate each selected sample (partition, row), in the
-    order of ``indices``: the first ``n_train`` are trained on, the rest only
-    scored.
+    ``args`` are those of :func:`_train` after the plugin, which is looked
+    up by ``name`` on the worker running the task.
     """
-    return _train(
-        _plugin(name),
-        weights,
-        strategy,
-        pids,
-        local,
-        n_train,
-        sample_weights,
-        indices,
-        extra,
-        parts,
-        seed,
-    )
+    return _train(_plugin(name), *args)
 
 
 def _train_handler(worker: Any) -> Any:
@@ -262,6 +237,13 @@ def _train(
     parts: Mapping[int, PartitionRef | str],
     seed: tuple[int, int, int],
 ) -> StepResult:
+    """Compute one worker's share of a step with ``plugin``'s replica.
+
+    ``pids``/``local`` locate each selected sample (partition, row), in the
+    order of ``indices``: the first ``n_train`` are trained on, the rest only
+    scored. ``parts`` holds a reference for each partition touched (or the
+    key of its scattered data, from the direct transport).
+    """
     t0 = time.perf_counter()
     replica = plugin.replica
     replica.load(weights)
