@@ -809,14 +809,34 @@ class Trainer:
                 self._mean_grad.mul_(decay).add_(grad, alpha=1.0 - decay)
 
     def _recover(self) -> None:
-        """Re-plan after losing workers: move their partitions to live ones."""
-        client = self.client
+        """Re-plan after losing workers: move their partitions to live ones.
+
+        More workers may die while this runs (their address then vanishes
+        under a scatter, a ``KeyError``): it starts over until the plan holds
+        or ``no-workers-timeout`` passes.
+        """
         deadline = time.monotonic() + dask_timeout()
+        while True:
+            try:
+                self._replan(deadline)
+                return
+            except (KeyError, *_LOST):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _replan(self, deadline: float) -> None:
+        client = self.client
         while True:
             self._check_scheduler()
             workers = client.scheduler_info(n_workers=-1)["workers"]
             try:
                 live = eligible_workers(workers, self.resources, client.scheduler.address)
+                # The scheduler may still list a worker that just died; data
+                # scattered to it would wait for the connect timeout.
+                live = self._responsive(live)
+                if not live:
+                    raise RuntimeError("no suitable worker answers")
                 break
             except (RuntimeError, ValueError):
                 if time.monotonic() > deadline:
@@ -829,13 +849,29 @@ class Trainer:
         moved = [
             pid
             for pid, (a, b) in enumerate(zip(old, self._owner_addr, strict=True))
-            if a != b or _lost(self._parts.get(pid))
+            if a != b or pid not in self._parts or _lost(self._parts[pid])
         ]
         for pid in moved:
             self._parts.pop(pid, None)
         if moved:
             self._place_partitions(moved)
         self._remote.set_owner(np.array([slot_of[a] for a in self._owner_addr], dtype=np.int64))
+
+    def _responsive(self, addresses: list[str], timeout: float = 2.0) -> list[str]:
+        """Those of ``addresses`` whose worker answers an RPC within ``timeout``."""
+        client = self.client
+
+        async def answers(address: str) -> bool:
+            try:
+                await asyncio.wait_for(client.rpc(address).identity(), timeout)
+                return True
+            except Exception:
+                return False
+
+        async def probe() -> list[bool]:
+            return list(await asyncio.gather(*(answers(a) for a in addresses)))
+
+        return [a for a, ok in zip(addresses, client.sync(probe), strict=True) if ok]
 
     def _save_last_good(self) -> str:
         """Checkpoint the model before the failed step, where a path is set."""
