@@ -26,6 +26,7 @@ from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import write_json, write_report
+from daskpri.training.cluster import local_cluster
 
 __all__ = ["describe", "machine_info", "run_bench"]
 
@@ -90,13 +91,7 @@ class _Clusters:
             return self._client
         if self._client is None or self._n != n_workers:
             self.close()
-            self._cluster = LocalCluster(
-                n_workers=n_workers,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address="127.0.0.1:0",
-            )
+            self._cluster = local_cluster(n_workers)
             self._client = Client(self._cluster)
             self._n = n_workers
         return self._client

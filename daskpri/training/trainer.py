@@ -48,6 +48,7 @@ from daskpri.strategies import Selection, Strategy, get_strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.table.staleness import validate_staleness
 from daskpri.training import checkpoint
+from daskpri.training.cluster import local_cluster
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import (
@@ -253,19 +254,8 @@ class Trainer:
     def client(self) -> Client:
         """The client in use (a LocalCluster's, started on first use)."""
         if self._client is None:
-            n = self.n_workers or 2
-            self._own_cluster = LocalCluster(
-                n_workers=n,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address="127.0.0.1:0",
-                resources=self.resources,
-                **(
-                    {"security": self.security, "protocol": "tls://"}
-                    if self.security not in (None, False)
-                    else {}
-                ),
+            self._own_cluster = local_cluster(
+                self.n_workers or 2, resources=self.resources, security=self.security
             )
             self._client = Client(self._own_cluster)
         return self._client
