@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from daskpri import _config
+
 
 def parse_resources(resources: Mapping[str, float] | str | None) -> dict[str, float] | None:
     """``{"GPU": 1}`` from a mapping or from ``"GPU=1,MEM=2"`` (the CLI's form).
@@ -93,8 +95,6 @@ def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int)
     if chunks is not None and partition_size is None:
         return np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
     if partition_size is None:
-        from daskpri import _config
-
         partition_size = min(int(_config.get("trainer.partition-size")), math.ceil(n / n_workers))
     if not isinstance(partition_size, (int, np.integer)) or partition_size < 1:
         raise ValueError(
