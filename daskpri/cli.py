@@ -37,6 +37,7 @@ from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, get_strategy
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
+from daskpri.training.schedule import SCHEDULES
 
 __all__ = ["main"]
 
@@ -118,6 +119,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--learning-rate", type=float, metavar="LR")
     run.add_argument("--optimizer", choices=("sgd", "adam"))
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
+    run.add_argument("--lr-schedule", choices=SCHEDULES, default="constant",
+                     help="learning rate: constant, or decaying to zero over --max-steps")
+    ckpt = train.add_argument_group("checkpoints")
+    ckpt.add_argument("--checkpoint", metavar="PATH",
+                      help="checkpoint file, written atomically every --checkpoint-every steps")
+    ckpt.add_argument("--checkpoint-every", type=int, metavar="N",
+                      help="steps between checkpoints (default 100 with --checkpoint)")
+    ckpt.add_argument("--resume", metavar="PATH",
+                      help="continue the run checkpointed at PATH (same --dataset and --seed); "
+                      "--max-steps counts from the run's start")
     cluster = train.add_argument_group("cluster")
     cluster.add_argument("--scheduler", metavar="ADDRESS",
                          help="a running scheduler, e.g. tcp://HOST:8786 (default: a LocalCluster)")
@@ -251,16 +262,35 @@ def _train(args: argparse.Namespace) -> int:
 
         security = Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
                             tls_client_key=args.tls_key, require_encryption=True)
+    if args.checkpoint_every is not None and args.checkpoint is None:
+        raise ValueError("--checkpoint-every needs --checkpoint PATH, the file to write")
+    if args.lr_schedule != "constant" and max_steps is None:
+        raise ValueError(f"--lr-schedule {args.lr_schedule} decays over --max-steps; give it")
+    schedule_steps = None if args.lr_schedule == "constant" else max_steps
+    checkpoints = {}
+    if args.checkpoint is not None:
+        checkpoints = {"checkpoint_path": args.checkpoint,
+                       "checkpoint_every": args.checkpoint_every or 100}
     client = None if args.scheduler is None else _connect(args.scheduler, security)
     trainer = None
     try:
-        trainer = daskpri.Trainer(
-            model, strategy=args.strategy, client=client, seed=args.seed,
-            n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
-            learning_rate=args.learning_rate, optimizer=args.optimizer,
-            eval_every=args.eval_every, transport=args.transport,
-            security=True if args.tls else None, **options,
-        )
+        if args.resume is not None:
+            # the run's own parameters come from the checkpoint; where to
+            # write the next checkpoints and the transport may change
+            trainer = daskpri.Trainer.resume(
+                args.resume, client=client,
+                **({"transport": args.transport} if args.transport else {}), **checkpoints,
+            )
+            print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
+        else:
+            trainer = daskpri.Trainer(
+                model, strategy=args.strategy, client=client, seed=args.seed,
+                n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
+                learning_rate=args.learning_rate, optimizer=args.optimizer,
+                lr_schedule=args.lr_schedule, schedule_steps=schedule_steps,
+                eval_every=args.eval_every, transport=args.transport,
+                security=True if args.tls else None, **checkpoints, **options,
+            )
         print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
         history = trainer.fit(
             train, eval_data=test, max_steps=max_steps, max_time=args.max_time,

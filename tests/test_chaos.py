@@ -26,7 +26,8 @@ from daskpri.models import build_model
 
 @pytest.fixture(scope="module")
 def chaos_data():
-    return load("synthetic", n_samples=6000, seed=1)
+    # 3,000 test samples: one sample is 0.03 accuracy points
+    return load("synthetic", n_samples=15000, seed=1)
 
 
 def _run(data, steps, kill_every=None, segfault_for=None, seed=0):
@@ -34,7 +35,9 @@ def _run(data, steps, kill_every=None, segfault_for=None, seed=0):
     with LocalCluster(n_workers=4, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
         trainer = daskpri.Trainer(build_model("mlp", train, seed=seed), strategy="uniform",
-                                  client=client, seed=seed, batch_size=32, eval_every=50)
+                                  client=client, seed=seed, batch_size=32, eval_every=50,
+                                  # the rate decays to zero, so both runs end settled
+                                  lr_schedule="cosine", schedule_steps=steps)
         kills = []
         stop = threading.Event()
 

@@ -64,6 +64,8 @@ def test_bad_argument_exits_2_naming_what_is_allowed(
         (["--batch-size", "0"], "batch_size should be a positive integer, but got batch_size=0"),
         (["--strategy-option", "size=3"], "strategy 'projection' takes the options k, renew,"),
         (["--root", "/data"], "root is only used by datasets 'mnist', 'cifar10'"),
+        (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint PATH"),
+        (["--resume", "/nonexistent/run.ckpt"], "no checkpoint at '/nonexistent/run.ckpt'"),
     ],
 )
 def test_library_error_is_one_line_with_exit_2(
@@ -224,3 +226,22 @@ def test_dashboard_command_serves_the_page_on_loopback(gpu_cluster: str, tmp_pat
             assert r.status == 200 and b"bokeh" in r.read().lower()
     finally:
         _stop([proc])
+
+
+def test_train_checkpoints_then_resumes_where_it_stopped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, out = tmp_path / "run.ckpt", tmp_path / "run.nc"
+    common = ["train", "--dataset", "synthetic", "--n-samples", "2000", "--workers", "1",
+              "--no-progress", "--checkpoint", str(ckpt), "--checkpoint-every", "5"]
+    assert main([*common, "--strategy", "loss", "--lr-schedule", "linear",
+                 "--max-steps", "10"]) == 0
+    assert ckpt.exists() and not list(tmp_path.glob("*.tmp"))
+    # the run's own settings (strategy, schedule) come back from the checkpoint
+    assert main([*common, "--resume", str(ckpt), "--max-steps", "16", "--output", str(out)]) == 0
+    assert "resumed " + str(ckpt) + " at step 10" in capsys.readouterr().out
+    with _open(out) as ds:
+        assert ds["step"].values.tolist() == list(range(16))
+        assert ds.attrs["strategy"] == "loss" and ds.attrs["lr_schedule"] == "linear"
+        # linear decay over the first run's 10 steps: zero from step 10 on
+        assert float(ds["lr"][9]) > 0 and (ds["lr"].values[10:] == 0).all()

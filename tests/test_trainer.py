@@ -359,3 +359,79 @@ def test_nonfinite_steps_checkpoint_the_last_good_state_or_are_skipped(
         assert all(bool(torch.isfinite(p).all()) for p in t.model.parameters())
     finally:
         t.close()
+
+
+class _HangsOnce(daskpri.strategies.Uniform):
+    """``uniform``, except that one worker hangs once, on its 4th step.
+
+    The first worker there creates ``marker`` (atomically) and sleeps; every
+    other computation runs as usual.
+    """
+
+    name = "hangs-once"
+
+    def __init__(self, marker: str, hang: float) -> None:
+        super().__init__()
+        self.marker, self.hang = marker, hang
+
+    def compute(self, replica, batch):
+        _CALLS[0] += 1
+        if _CALLS[0] == 5:  # the warm-up is the first
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+                time.sleep(self.hang)
+            except FileExistsError:
+                pass
+        return super().compute(replica, batch)
+
+
+_CALLS = [0]
+
+
+@pytest.mark.parametrize("transport", ["direct", "tasks"])
+def test_a_stuck_worker_is_left_behind_after_the_step_timeout(small_data, tmp_path, transport):
+    import dask
+
+    train, test = small_data
+    strategy = _HangsOnce(str(tmp_path / "hung"), hang=8.0)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+        dask.config.set({"daskpri.trainer.step-timeout": "1s"}),
+    ):
+        trainer = daskpri.Trainer(
+            build_model("mlp", train), strategy=strategy, client=client, batch_size=32,
+            transport=transport,
+        )
+        with pytest.warns(daskpri.DaskpriWarning, match=r"step 3: worker\(s\) tcp://127\.0\.0\.1:"
+                          r"\d+ did not finish .* within 1 s .*training goes on without them"):
+            h = trainer.fit(train, eval_data=test, max_steps=12, progress=False)
+        trainer.close()
+    assert (tmp_path / "hung").exists()
+    assert h.sizes["step"] == 12
+    assert h["n_workers"].values[:3].tolist() == [2, 2, 2]
+    assert set(h["n_workers"].values[3:].tolist()) == {1}
+    assert np.isfinite(h["loss"]).all()
+
+
+def test_cosine_schedule_decays_the_learning_rate_to_zero(gpu_client, small_data):
+    trainer, h = fit(gpu_client, small_data, steps=10, lr_schedule="cosine", schedule_steps=10,
+                     learning_rate=0.1)
+    expected = [0.05 * (1 + np.cos(np.pi * s / 10)) for s in range(10)]
+    np.testing.assert_allclose(h["lr"].values, expected, rtol=1e-12)
+    assert h.attrs["lr_schedule"] == "cosine" and h.attrs["setup_time"] > 0
+    trainer.close()
+
+
+def test_schedule_parameters_are_checked():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="lr_schedule should be one of 'constant', 'cosine', "
+                       "'linear', but got 'step'"):
+        daskpri.Trainer(model, lr_schedule="step")
+    with pytest.raises(ValueError, match=r"schedule_steps steps, which should be a positive "
+                       r"integer, but got schedule_steps=None"):
+        daskpri.Trainer(model, lr_schedule="cosine")
+    with pytest.raises(ValueError, match="but lr_schedule='constant'"):
+        daskpri.Trainer(model, schedule_steps=10)

@@ -15,6 +15,7 @@ STEP_VARIABLES: dict[str, tuple[str, str]] = {
     "skipped": ("", "1 where the step's loss or gradient was non-finite and it was skipped"),
     "accuracy": ("", "accuracy on eval_data (NaN between evaluations)"),
     "eval_loss": ("", "mean loss on eval_data (NaN between evaluations)"),
+    "lr": ("", "learning rate of the step's update (0 where no update was made)"),
     "train_accuracy": ("", "accuracy on the samples processed in the step"),
     "samples": ("", "samples processed so far (forward and backward)"),
     "grad_samples": ("", "samples whose gradient entered an update so far"),

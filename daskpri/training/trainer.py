@@ -15,6 +15,7 @@ import math
 import os
 import time
 import uuid
+import warnings
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import CancelledError
@@ -26,12 +27,12 @@ import xarray as xr
 from distributed import Client, Future, LocalCluster
 from distributed.comm import CommClosedError
 from distributed.protocol import pickle
-from distributed.protocol.serialize import Serialize, to_serialize
 from distributed.scheduler import KilledWorker
 from distributed.security import Security
 from torch import nn
 
 from daskpri import _config
+from daskpri._warnings import DaskpriWarning
 from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.models import from_spec
 from daskpri.replicas.replica import Weights
@@ -58,6 +59,8 @@ from daskpri.training.placement import (
     partition_bounds,
     reassign_owners,
 )
+from daskpri.training.schedule import scheduled_rate, validate_schedule
+from daskpri.training.transport import StepTimeout, run_direct, wait_tasks
 
 # Failures that mean "a worker (and what it held) is gone", after which a step
 # is re-planned on the workers left; anything else is the user's error.
@@ -90,6 +93,12 @@ class Trainer:
     batch_size, learning_rate, momentum, weight_decay, optimizer
         Samples per worker per step, and the driver's optimizer (``"sgd"``
         or ``"adam"``); ``None`` reads the ``daskpri.trainer`` config.
+    lr_schedule : {"constant", "cosine", "linear"}
+        How the learning rate changes with the step: constant, or decaying
+        from ``learning_rate`` to zero over ``schedule_steps`` steps (a
+        function of the step count, so a resumed run follows it exactly).
+    schedule_steps : int, optional
+        Length of a decaying schedule, usually the run's ``max_steps``.
     eval_every : int, optional
         Steps between evaluations on ``eval_data``.
     partition_size : int, optional
@@ -152,6 +161,8 @@ class Trainer:
         momentum: float | None = None,
         weight_decay: float = 0.0,
         optimizer: str | None = None,
+        lr_schedule: str = "constant",
+        schedule_steps: int | None = None,
         eval_every: int | None = None,
         partition_size: int | None = None,
         staleness: str | None = None,
@@ -187,6 +198,7 @@ class Trainer:
             raise ValueError(
                 f"optimizer should be one of 'sgd', 'adam', but got {self.optimizer!r}"
             )
+        self.lr_schedule, self.schedule_steps = validate_schedule(lr_schedule, schedule_steps)
         self.eval_every = _check_int("eval_every", _config.get("trainer.eval-every", eval_every), 1)
         self.partition_size = (
             None if partition_size is None else _check_int("partition_size", partition_size, 1)
@@ -230,6 +242,8 @@ class Trainer:
             )
         self.on_nonfinite = on_nonfinite
         self.skipped_steps_ = 0
+        self._excluded: set[str] = set()
+        self._setup_time = 0.0
         self.transport = _config.get("trainer.transport", transport)
         if self.transport not in ("tasks", "direct"):
             raise ValueError(
@@ -346,7 +360,9 @@ class Trainer:
                     f"but got {einfo['x_shape']}"
                 )
             evalset = EvalSet(eds)
+        t_setup = time.perf_counter()
         self._prepare(ds, info, data)
+        self._setup_time += time.perf_counter() - t_setup
         if evalset is not None:
             evalset.check(self._n_classes)
 
@@ -625,11 +641,19 @@ class Trainer:
             try:
                 results = self._run_tasks(step, selections)
                 break
-            except _LOST as e:
+            except (*_LOST, StepTimeout) as e:
                 if attempt == int(_config.get("trainer.max-retries")):
                     raise RuntimeError(
                         f"step {step} failed {attempt + 1} times after losing workers: {e}"
                     ) from e
+                if isinstance(e, StepTimeout):
+                    # alive but stuck: train on without it rather than wait
+                    warnings.warn(
+                        f"step {step}: {e}; training goes on without them",
+                        DaskpriWarning,
+                        stacklevel=4,
+                    )
+                    self._excluded.update(e.addresses)
                 self._recover()
         t1 = time.perf_counter()
         grad = torch.zeros_like(results[0].grad)
@@ -652,8 +676,9 @@ class Trainer:
         if problem is not None and self.on_nonfinite == "raise":
             raise FloatingPointError(problem + "; " + self._save_last_good())
         skipped = problem is not None
+        rate = self._rate() if n_grad and not skipped else 0.0
         if n_grad and not skipped:
-            self._apply_gradient(grad / n_grad)
+            self._apply_gradient(grad / n_grad, rate)
         t_opt = time.perf_counter() - t1
         self.step_ += 1
         self.skipped_steps_ += int(skipped)
@@ -673,6 +698,7 @@ class Trainer:
             "skipped": float(skipped),
             "time": self._elapsed,
             "loss": loss_sum / max(n_loss, 1),
+            "lr": rate,
             "train_accuracy": sum(r.correct for r in results) / max(n_loss, 1),
             "samples": prev.get("samples", 0) + n_samples,
             "grad_samples": prev.get("grad_samples", 0) + n_grad,
@@ -729,67 +755,36 @@ class Trainer:
             )
             for slot, a in enumerate(args)
         ]
-        return self._wait(futures)
+        return wait_tasks(
+            client, futures, self._slots, self.resources, dask_timeout(), _step_timeout()
+        )
 
     def _run_direct(self, weights: Weights, args: list[list[Any]]) -> list[StepResult]:
-        """One RPC per worker, concurrently, past the scheduler's task machinery.
+        """One RPC per worker, past the scheduler's task machinery.
 
         Partitions are named by their scattered key (or store reference): the
         worker has them loaded already. A worker that dies mid-call closes its
         connection, which the step's retry treats as a lost worker.
         """
-        client = self.client
-        name = self._plugin.name
         calls = []
         for slot, a in enumerate(args):
             a[7] = {p: (r.key if isinstance(r, Future) else r) for p, r in a[7].items()}
-            payload = to_serialize((weights, *a))
-            calls.append((self._slots[slot], payload))
+            calls.append((self._slots[slot], (weights, *a)))
+        return run_direct(self.client, calls, self._plugin.name, _step_timeout())
 
-        async def dispatch() -> list[StepResult]:
-            out = await asyncio.gather(
-                *(client.rpc(addr).daskpri_train(name=name, payload=p) for addr, p in calls)
-            )
-            # in-process (inproc://) comms hand the wrapper over as it is
-            return [r.data if isinstance(r, Serialize) else r for r in out]
+    def _rate(self) -> float:
+        """This step's learning rate under the schedule."""
+        return scheduled_rate(self.learning_rate, self.lr_schedule, self.step_, self.schedule_steps)
 
-        return client.sync(dispatch)
-
-    def _wait(self, futures: list[Future]) -> list[StepResult]:
-        """Results of ``futures``, through this trainer's client (not the default one).
-
-        Raises if no suitable worker is left for ``no-workers-timeout``,
-        instead of waiting forever.
-        """
-        client = self.client
-        deadline: float | None = None
-        results = []
-        for future in futures:
-            while True:
-                try:
-                    results.append(future.result(timeout=1.0))
-                    break
-                except TimeoutError:
-                    workers = client.scheduler_info(n_workers=-1)["workers"]
-                    try:
-                        eligible_workers(workers, self.resources, client.scheduler.address)
-                        deadline = None
-                    except (RuntimeError, ValueError) as e:
-                        deadline = deadline or time.monotonic() + dask_timeout()
-                        if time.monotonic() > deadline:
-                            raise RuntimeError(
-                                f"no suitable worker for {dask_timeout():g} s "
-                                "(daskpri.trainer.no-workers-timeout): " + str(e)
-                            ) from e
-        return results
-
-    def _apply_gradient(self, grad: torch.Tensor) -> None:
+    def _apply_gradient(self, grad: torch.Tensor, rate: float) -> None:
         offset = 0
         for p in self.model.parameters():
             n = p.numel()
             p.grad = grad[offset : offset + n].view_as(p).to(p.dtype).clone()
             offset += n
         assert self._opt is not None
+        for group in self._opt.param_groups:
+            group["lr"] = rate
         self._opt.step()
         if self.strategy.uses_mean_grad:
             decay = float(getattr(self.strategy, "mean_grad_decay", 0.9))
@@ -822,6 +817,7 @@ class Trainer:
             workers = client.scheduler_info(n_workers=-1)["workers"]
             try:
                 live = eligible_workers(workers, self.resources, client.scheduler.address)
+                live = [a for a in live if a not in self._excluded]
                 # The scheduler may still list a worker that just died; data
                 # scattered to it would wait for the connect timeout.
                 live = self._responsive(live)
@@ -927,6 +923,8 @@ class Trainer:
             "momentum": self.momentum,
             "weight_decay": self.weight_decay,
             "optimizer": self.optimizer,
+            "lr_schedule": self.lr_schedule,
+            "schedule_steps": self.schedule_steps,
             "eval_every": self.eval_every,
             "partition_size": self.partition_size,
             "staleness": self.staleness,
@@ -1035,8 +1033,12 @@ class Trainer:
                 "batch_size": self.batch_size,
                 "learning_rate": self.learning_rate,
                 "optimizer": self.optimizer,
+                "lr_schedule": self.lr_schedule,
+                "schedule_steps": self.schedule_steps if self.schedule_steps else 0,
                 "n_workers": len(getattr(self, "_slots", ())),
                 "resources": repr(self.resources),
+                # placing data, building replicas, warm-up: not in ``time``
+                "setup_time": self._setup_time,
             }
         )
 
@@ -1078,6 +1080,10 @@ def _seconds(value: str | float) -> float:
     from dask.utils import parse_timedelta
 
     return float(parse_timedelta(value, default="s"))
+
+
+def _step_timeout() -> float:
+    return _seconds(_config.get("trainer.step-timeout"))
 
 
 def dask_timeout() -> float:

@@ -1,0 +1,107 @@
+"""How a step's work reaches the workers: direct RPCs or Dask tasks.
+
+Both return one :class:`~daskpri.replicas.worker.StepResult` per worker slot,
+in slot order, and give up on a step that a worker has not finished within
+``timeout`` seconds with :class:`StepTimeout`: a worker that is alive but
+stuck (a hung device, a deadlock) never hangs the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from distributed import Client, Future
+from distributed.protocol.serialize import Serialize, to_serialize
+
+from daskpri.replicas.worker import StepResult
+from daskpri.training.placement import eligible_workers
+
+
+class StepTimeout(TimeoutError):
+    """Workers that did not finish their share of a step in time."""
+
+    def __init__(self, addresses: Sequence[str], timeout: float) -> None:
+        self.addresses = list(addresses)
+        self.timeout = timeout
+        super().__init__(
+            f"worker(s) {', '.join(self.addresses)} did not finish their share of the step "
+            f"within {timeout:g} s (daskpri.trainer.step-timeout)"
+        )
+
+
+def run_direct(
+    client: Client, calls: Sequence[tuple[str, tuple[Any, ...]]], name: str, timeout: float
+) -> list[StepResult]:
+    """One ``daskpri_train`` RPC per ``(address, payload)``, concurrently.
+
+    The first failure (a worker that died closes its connection) is raised
+    at once; workers still busy after ``timeout`` raise :class:`StepTimeout`.
+    """
+
+    async def dispatch() -> list[StepResult]:
+        tasks = [
+            asyncio.ensure_future(
+                client.rpc(addr).daskpri_train(name=name, payload=to_serialize(payload))
+            )
+            for addr, payload in calls
+        ]
+        done, pending = await asyncio.wait(
+            tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
+        )
+        for task in pending:
+            task.cancel()
+        for task in tasks:
+            if task in done and task.exception() is not None:
+                raise task.exception()
+        if pending:
+            late = [addr for (addr, _), task in zip(calls, tasks, strict=True) if task in pending]
+            raise StepTimeout(late, timeout)
+        # in-process (inproc://) comms hand the wrapper over as it is
+        out = [task.result() for task in tasks]
+        return [r.data if isinstance(r, Serialize) else r for r in out]
+
+    return client.sync(dispatch)
+
+
+def wait_tasks(
+    client: Client,
+    futures: Sequence[Future],
+    workers: Sequence[str],
+    resources: dict[str, float] | None,
+    no_workers_timeout: float,
+    timeout: float,
+) -> list[StepResult]:
+    """Results of ``futures`` (the step's tasks, meant for ``workers``).
+
+    Raises ``RuntimeError`` if no suitable worker is left for
+    ``no_workers_timeout`` seconds, and :class:`StepTimeout` (cancelling the
+    step's tasks) if they are not all done after ``timeout`` seconds.
+    """
+    start = time.monotonic()
+    deadline: float | None = None
+    results = []
+    for future in futures:
+        while True:
+            try:
+                results.append(future.result(timeout=1.0))
+                break
+            except TimeoutError:
+                if time.monotonic() - start > timeout:
+                    late = [w for w, f in zip(workers, futures, strict=True) if not f.done()]
+                    client.cancel(list(futures))
+                    raise StepTimeout(late, timeout) from None
+                info = client.scheduler_info(n_workers=-1)["workers"]
+                try:
+                    eligible_workers(info, resources, client.scheduler.address)
+                    deadline = None
+                except (RuntimeError, ValueError) as e:
+                    deadline = deadline or time.monotonic() + no_workers_timeout
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"no suitable worker for {no_workers_timeout:g} s "
+                            "(daskpri.trainer.no-workers-timeout): " + str(e)
+                        ) from e
+    return results
