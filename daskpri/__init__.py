@@ -4,7 +4,7 @@ Examples
 --------
 >>> import daskpri
 >>> sorted(daskpri.STRATEGIES)[:3]
-['length', 'loss', 'projection']
+['infobatch', 'length', 'loss']
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ def _names_field(message: str, fields: list[str]) -> bool:
 _TRAINER_FIELDS = ["strategy", "seed", "n_workers", "resources", "batch_size", "learning_rate",
                    "momentum", "weight_decay", "optimizer", "eval_every", "partition_size",
                    "staleness", "device", "checkpoint_path", "checkpoint_every", "security",
-                   "client"]
+                   "client", "lr_schedule", "schedule_steps", "local_steps", "transport",
+                   "on_nonfinite"]
 
 
 @FUZZ
@@ -61,7 +62,8 @@ def test_trainer_parameters(field, value):
     name=st.sampled_from(sorted(daskpri.STRATEGIES)),
     options=st.dictionaries(
         st.sampled_from(["k", "renew", "epsilon", "fraction", "beta", "batch_size",
-                         "train_on_renew", "mean_grad_decay"]),
+                         "train_on_renew", "mean_grad_decay", "presample", "tau_threshold",
+                         "smoothing", "prune", "anneal", "epochs"]),
         anything, max_size=3,
     ),
 )

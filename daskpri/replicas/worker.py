@@ -24,6 +24,7 @@ from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
 from daskpri.data.io import check_values, open_dataset
+from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights
 from daskpri.strategies.base import Batch, Strategy
 
@@ -185,9 +186,29 @@ def warmup_task(
 
 
 @dataclass
-class StepResult:
-    """What one worker returns for one step (CPU tensors and numpy only)."""
+class Share:
+    """One worker's samples for one step, located in its partitions.
 
+    ``pids``/``local`` locate each selected sample (partition, row), in the
+    order of ``indices``: the first ``n_train`` are trained on (with
+    ``weights``), the rest only scored.
+    """
+
+    pids: np.ndarray
+    local: np.ndarray
+    n_train: int
+    weights: np.ndarray | None
+    indices: np.ndarray
+    extra: dict[str, np.ndarray]
+    #: seeds the worker half's random choices: (run seed, step, slot)
+    seed: tuple[int, int, int]
+
+
+@dataclass
+class StepResult:
+    """What one worker returns for one step or round (CPU tensors and numpy only)."""
+
+    #: ``sum_i w_i grad L_i`` of a step (empty after a round of local steps)
     grad: torch.Tensor
     n_grad: int
     indices: np.ndarray
@@ -199,6 +220,9 @@ class StepResult:
     worker: str
     device: str
     pid: int
+    #: after a round of local steps: the replica's parameters and optimizer state
+    params: torch.Tensor | None = None
+    optimizer_state: dict[str, Any] | None = None
 
 
 def train_task(name: str, *args: Any) -> StepResult:
@@ -228,33 +252,93 @@ def _train(
     plugin: ReplicaPlugin,
     weights: Weights,
     strategy: Strategy,
-    pids: np.ndarray,
-    local: np.ndarray,
-    n_train: int,
-    sample_weights: np.ndarray | None,
-    indices: np.ndarray,
-    extra: dict[str, np.ndarray],
+    shares: list[Share],
     parts: Mapping[int, PartitionRef | str],
-    seed: tuple[int, int, int],
+    local: LocalSteps | None = None,
 ) -> StepResult:
-    """Compute one worker's share of a step with ``plugin``'s replica.
+    """Compute one worker's share of a step (or of a round) with ``plugin``'s replica.
 
-    ``pids``/``local`` locate each selected sample (partition, row), in the
-    order of ``indices``: the first ``n_train`` are trained on, the rest only
-    scored. ``parts`` holds a reference for each partition touched (or the
-    key of its scattered data, from the direct transport).
+    Without ``local``, ``shares`` holds one step's samples and the result
+    its gradient sum. With ``local``, the worker takes one optimizer step per
+    share and returns its parameters and optimizer state. ``parts`` holds a
+    reference for each partition touched (or the key of its scattered data,
+    from the direct transport).
     """
     t0 = time.perf_counter()
     replica = plugin.replica
     replica.load(weights)
     device = replica.device
+    params = list(replica.module.parameters())
+    opt = None
+    if local is not None:
+        opt = make_optimizer(local.optimizer, params, local.options)
+        opt.load_state_dict(local.state)
+        replica.version = -1  # the replica's weights leave the driver's version
+    grad = torch.zeros(replica.n_params, device=device)
+    out_idx, out_prio = [], []
+    loss_sum, n_loss, correct, n_grad = 0.0, 0, 0, 0
+    for i, share in enumerate(shares):
+        batch = _batch(plugin, weights, share, parts)
+        if batch.x.shape[0] == 0:
+            continue
+        c = strategy.compute(replica, batch)
+        out_idx.append(share.indices[c.rows])
+        out_prio.append(np.asarray(c.priorities, dtype=np.float64))
+        loss_sum += float(c.loss_sum)
+        n_loss += int(c.n_loss)
+        correct += int(c.correct)
+        n_grad += int(c.n_grad)
+        if opt is None:
+            grad = c.grad
+        elif c.n_grad:
+            # a non-finite gradient shows in the parameters: the driver drops the round
+            set_flat_grad(params, c.grad / c.n_grad)
+            for group in opt.param_groups:
+                group["lr"] = local.rates[i]  # type: ignore[union-attr]
+            opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    result = StepResult(
+        grad=grad.detach().to("cpu") if opt is None else torch.empty(0),
+        n_grad=n_grad,
+        indices=np.concatenate(out_idx) if out_idx else np.empty(0, dtype=np.int64),
+        priorities=np.concatenate(out_prio) if out_prio else np.empty(0),
+        loss_sum=loss_sum,
+        n_loss=n_loss,
+        correct=correct,
+        compute_seconds=0.0,
+        worker=plugin.address,
+        device=str(device),
+        pid=os.getpid(),
+    )
+    if opt is not None:
+        with torch.no_grad():
+            result.params = torch.nn.utils.parameters_to_vector(params).detach().to("cpu")
+        result.optimizer_state = _to_cpu(opt.state_dict())
+    result.compute_seconds = time.perf_counter() - t0
+    return result
+
+
+def _batch(
+    plugin: ReplicaPlugin, weights: Weights, share: Share, parts: Mapping[int, Any]
+) -> Batch:
+    """The samples of ``share`` as tensors on the replica's device."""
+    device = plugin.replica.device
+    pids, local = share.pids, share.local
     xs, ys = [], []
+    if pids.size and pids[0] == pids[-1] and (pids == pids[0]).all():
+        # one partition (the common case): rows are in ``indices`` order already
+        x, y = plugin.partition(int(pids[0]), parts[int(pids[0])])
+        rows = torch.as_tensor(local, device=device)
+        xs, ys, pids = [x.index_select(0, rows)], [y.index_select(0, rows)], pids[:0]
     for pid in np.unique(pids):
         x, y = plugin.partition(int(pid), parts[int(pid)])
         rows = torch.as_tensor(local[pids == pid], device=device)
         xs.append(x.index_select(0, rows))
         ys.append(y.index_select(0, rows))
-    if xs:
+    if len(xs) == 1:
+        x_all, y_all = xs[0], ys[0]
+    elif xs:
         # ``indices`` is sorted within train and within score; regroup the
         # partition-ordered rows back into that order.
         inverse = np.argsort(np.argsort(pids, kind="stable"), kind="stable")
@@ -266,39 +350,27 @@ def _train(
         y_all = torch.empty(0, dtype=torch.int64, device=device)
     w = (
         None
-        if sample_weights is None
-        else torch.as_tensor(sample_weights, dtype=torch.float32, device=device)
+        if share.weights is None
+        else torch.as_tensor(share.weights, dtype=torch.float32, device=device)
     )
-    batch = Batch(
+    return Batch(
         x=x_all,
         y=y_all,
-        indices=indices,
-        n_train=n_train,
+        indices=share.indices,
+        n_train=share.n_train,
         weights=w,
         mean_grad=weights.mean_grad,
-        extra=extra,
-        rng=np.random.default_rng(list(seed)),
+        extra=share.extra,
+        rng=np.random.default_rng(list(share.seed)),
     )
-    if x_all.shape[0] == 0:
-        grad = torch.zeros(replica.n_params)
-        out_rows, prio = np.empty(0, dtype=np.int64), np.empty(0)
-        loss_sum, n_loss, correct, n_grad = 0.0, 0, 0, 0
-    else:
-        c = strategy.compute(replica, batch)
-        grad, n_grad, out_rows, prio = c.grad, c.n_grad, c.rows, c.priorities
-        loss_sum, n_loss, correct = c.loss_sum, c.n_loss, c.correct
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return StepResult(
-        grad=grad.detach().to("cpu"),
-        n_grad=int(n_grad),
-        indices=indices[out_rows],
-        priorities=np.asarray(prio, dtype=np.float64),
-        loss_sum=float(loss_sum),
-        n_loss=int(n_loss),
-        correct=int(correct),
-        compute_seconds=time.perf_counter() - t0,
-        worker=plugin.address,
-        device=str(device),
-        pid=os.getpid(),
-    )
+
+
+def _to_cpu(tree: Any) -> Any:
+    """``tree`` with every tensor moved to the CPU."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu")
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_cpu(v) for v in tree)
+    return tree

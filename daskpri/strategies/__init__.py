@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from daskpri.strategies.base import Batch, Computed, SelectContext, Selection, Strategy
+from daskpri.strategies.infobatch import InfoBatch
 from daskpri.strategies.length import Length
 from daskpri.strategies.loss import Loss
 from daskpri.strategies.projection import Projection
 from daskpri.strategies.selective_backprop import SelectiveBackprop
 from daskpri.strategies.uniform import Uniform
+from daskpri.strategies.upper_bound import UpperBound
 
 STRATEGIES: dict[str, type[Strategy]] = {}
 
@@ -31,7 +33,7 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
-for _cls in (Uniform, Projection, Length, Loss, SelectiveBackprop):
+for _cls in (Uniform, Projection, Length, Loss, SelectiveBackprop, UpperBound, InfoBatch):
     register_strategy(_cls)
 
 
@@ -54,6 +56,7 @@ __all__ = [
     "STRATEGIES",
     "Batch",
     "Computed",
+    "InfoBatch",
     "Length",
     "Loss",
     "Projection",
@@ -62,6 +65,7 @@ __all__ = [
     "SelectiveBackprop",
     "Strategy",
     "Uniform",
+    "UpperBound",
     "get_strategy",
     "register_strategy",
 ]

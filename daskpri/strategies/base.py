@@ -116,6 +116,9 @@ class Strategy(abc.ABC):
     unbiased: ClassVar[bool] = False
     #: the driver keeps a running mean gradient and ships it with the weights
     uses_mean_grad: ClassVar[bool] = False
+    #: selection reads the priorities of the previous step (top-k): it cannot
+    #: select several steps at once for a round of local steps
+    needs_fresh_priorities: ClassVar[bool] = False
 
     @abc.abstractmethod
     def select(self, ctx: SelectContext) -> list[Selection]:

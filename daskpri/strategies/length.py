@@ -18,6 +18,7 @@ class Length(Projection):
 
     name = "length"
     uses_mean_grad = False
+    needs_fresh_priorities = True
 
     def priorities(self, grads: torch.Tensor, mean_grad: torch.Tensor) -> torch.Tensor:
         return (grads * grads).sum(1)

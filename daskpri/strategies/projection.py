@@ -51,6 +51,7 @@ class Projection(Strategy):
 
     name = "projection"
     uses_mean_grad = True
+    needs_fresh_priorities = True
 
     def __init__(
         self,

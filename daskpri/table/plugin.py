@@ -175,22 +175,31 @@ class TablePlugin(SchedulerPlugin):
             tr.metrics.append(metrics)
 
     def _step(
-        self, run: str, step: int, updates: list | None = None, metrics: dict | None = None
-    ) -> list[dict]:
+        self,
+        run: str,
+        step: int,
+        updates: list | None = None,
+        metrics: dict | None = None,
+        count: int = 1,
+    ) -> list[list[dict]]:
+        """Apply ``updates``; the selections of steps ``step .. step + count - 1``."""
         tr = self._run(run)
         self._apply(tr, updates, metrics)
         t0 = time.perf_counter()
-        selections = tr.select(step)
+        rounds = [tr.select(step + i) for i in range(count)]
         tr.selection_seconds = time.perf_counter() - t0
-        tr.last_step = step
+        tr.last_step = step + count - 1
         return [
-            {
-                "train": pack(s.train.astype(np.int64)),
-                "weights": None if s.weights is None else pack(s.weights.astype(np.float64)),
-                "score": pack(s.score.astype(np.int64)),
-                "extra": pack_tree(s.extra),
-            }
-            for s in selections
+            [
+                {
+                    "train": pack(s.train.astype(np.int64)),
+                    "weights": None if s.weights is None else pack(s.weights.astype(np.float64)),
+                    "score": pack(s.score.astype(np.int64)),
+                    "extra": pack_tree(s.extra),
+                }
+                for s in selections
+            ]
+            for selections in rounds
         ]
 
     def _update(self, run: str, updates: list, metrics: dict | None = None) -> None:
@@ -290,19 +299,31 @@ class RemoteTable:
         step: int,
         updates: list[tuple[np.ndarray, np.ndarray, int]],
         metrics: dict[str, Any] | None = None,
-    ) -> list[Selection]:
-        """Apply ``updates``, then return the selections for ``step``."""
+        count: int = 1,
+    ) -> list[list[Selection]]:
+        """Apply ``updates``; the selections of ``count`` steps from ``step`` on.
+
+        One list per step, of one :class:`Selection` per worker slot.
+        """
         out = self._call(
-            "step", run=self.run, step=step, updates=_pack_updates(updates), metrics=metrics
+            "step",
+            run=self.run,
+            step=step,
+            updates=_pack_updates(updates),
+            metrics=metrics,
+            count=count,
         )
         return [
-            Selection(
-                train=unpack(s["train"]),
-                weights=None if s["weights"] is None else unpack(s["weights"]),
-                score=unpack(s["score"]),
-                extra=unpack_tree(s["extra"]),
-            )
-            for s in out
+            [
+                Selection(
+                    train=unpack(s["train"]),
+                    weights=None if s["weights"] is None else unpack(s["weights"]),
+                    score=unpack(s["score"]),
+                    extra=unpack_tree(s["extra"]),
+                )
+                for s in selections
+            ]
+            for selections in out
         ]
 
     def update(

@@ -35,10 +35,12 @@ from daskpri import _config
 from daskpri._warnings import DaskpriWarning
 from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.models import from_spec
+from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import (
     ArrayPart,
     ReplicaPlugin,
+    Share,
     StepResult,
     StoreRef,
     load_task,
@@ -99,6 +101,16 @@ class Trainer:
         function of the step count, so a resumed run follows it exactly).
     schedule_steps : int, optional
         Length of a decaying schedule, usually the run's ``max_steps``.
+    local_steps : int
+        Optimizer steps each worker takes per round trip. 1 (the default) is
+        synchronous data-parallel SGD: every step combines all workers'
+        gradients. ``k > 1`` is local SGD: each worker takes ``k`` steps on
+        its own samples, then the driver averages the workers' parameters
+        and optimizer states; one round trip carries ``k`` steps, which pays
+        where steps are short. With one worker it is the plain optimizer.
+        The table selects the round's ``k`` steps at once, so strategies
+        that pick by the previous step's priorities (``projection``,
+        ``length``) need ``local_steps=1``.
     eval_every : int, optional
         Steps between evaluations on ``eval_data``.
     partition_size : int, optional
@@ -163,6 +175,7 @@ class Trainer:
         optimizer: str | None = None,
         lr_schedule: str = "constant",
         schedule_steps: int | None = None,
+        local_steps: int = 1,
         eval_every: int | None = None,
         partition_size: int | None = None,
         staleness: str | None = None,
@@ -199,6 +212,14 @@ class Trainer:
                 f"optimizer should be one of 'sgd', 'adam', but got {self.optimizer!r}"
             )
         self.lr_schedule, self.schedule_steps = validate_schedule(lr_schedule, schedule_steps)
+        self.local_steps = _check_int("local_steps", local_steps, 1)
+        if self.local_steps > 1 and self.strategy.needs_fresh_priorities:
+            raise ValueError(
+                f"strategy {self.strategy.name!r} selects by the priorities of the previous "
+                f"step, which a round of local_steps={self.local_steps} does not refresh; "
+                "use local_steps=1 with it, or a strategy that selects within the step "
+                "(uniform, loss, selective-backprop, ...)"
+            )
         self.eval_every = _check_int("eval_every", _config.get("trainer.eval-every", eval_every), 1)
         self.partition_size = (
             None if partition_size is None else _check_int("partition_size", partition_size, 1)
@@ -377,17 +398,18 @@ class Trainer:
                     break
                 if max_time is not None and self._elapsed - start >= max_time:
                     break
+                before = self.step_
                 try:
-                    record = self._step()
+                    record = self._step(None if max_steps is None else max_steps - self.step_)
                 except (ValueError, TypeError, FloatingPointError):
                     raise  # the user's input: the scheduler is not to blame
                 except Exception:
                     self._check_scheduler()
                     raise
-                if evalset is not None and (self.step_ % self.eval_every == 0):
+                if evalset is not None and _crossed(before, self.step_, self.eval_every):
                     self._evaluate(evalset, record)
                 self._recorder.append(record)
-                if self.checkpoint_every and self.step_ % self.checkpoint_every == 0:
+                if self.checkpoint_every and _crossed(before, self.step_, self.checkpoint_every):
                     self.save(self.checkpoint_path)  # type: ignore[arg-type]
                 bar.update(1)
                 postfix = {"loss": f"{record['loss']:.3f}"}
@@ -612,34 +634,27 @@ class Trainer:
         )
 
     def _init_optimizer(self) -> None:
-        params = list(self.model.parameters())
-        if self.optimizer == "adam":
-            self._opt = torch.optim.Adam(
-                params, lr=self.learning_rate, weight_decay=self.weight_decay
-            )
-        else:
-            self._opt = torch.optim.SGD(
-                params,
-                lr=self.learning_rate,
-                momentum=self.momentum,
-                weight_decay=self.weight_decay,
-            )
+        self._opt = make_optimizer(
+            self.optimizer, list(self.model.parameters()), self._optimizer_options()
+        )
         self._mean_grad = None
 
     # -- one step --------------------------------------------------------------------
 
-    def _step(self) -> dict[str, Any]:
+    def _step(self, limit: int | None = None) -> dict[str, Any]:
+        """One step, or one round of ``local_steps`` steps (at most ``limit``)."""
         step = self.step_
+        count = self.local_steps if limit is None else max(1, min(self.local_steps, limit))
         t_start = time.perf_counter()
         for attempt in range(int(_config.get("trainer.max-retries")) + 1):
             t0 = time.perf_counter()
             # The last step's metrics ride along, for the dashboard in the cluster.
             last = self._recorder.records[-1] if self._recorder.records else None
-            selections = self._remote.step(step, self._pending, metrics=last)
+            rounds = self._remote.step(step, self._pending, metrics=last, count=count)
             self._pending = []
             t_select = time.perf_counter() - t0
             try:
-                results = self._run_tasks(step, selections)
+                results = self._run_tasks(step, rounds)
                 break
             except (*_LOST, StepTimeout) as e:
                 if attempt == int(_config.get("trainer.max-retries")):
@@ -656,36 +671,41 @@ class Trainer:
                     self._excluded.update(e.addresses)
                 self._recover()
         t1 = time.perf_counter()
-        grad = torch.zeros_like(results[0].grad)
-        n_grad = 0
-        for r in results:
-            grad += r.grad
-            n_grad += r.n_grad
+        n_grad = sum(r.n_grad for r in results)
         loss_sum = sum(r.loss_sum for r in results)
         n_loss = sum(r.n_loss for r in results)
+        if self.local_steps > 1:
+            update = torch.stack([r.params for r in results if r.params is not None]).mean(0)
+        else:
+            update = torch.zeros_like(results[0].grad)
+            for r in results:
+                update += r.grad
         problem = None
+        where = f"step {step}" if count == 1 else f"steps {step}-{step + count - 1}"
         if not math.isfinite(loss_sum):
             bad = np.concatenate([r.indices[~np.isfinite(r.priorities)] for r in results])
-            problem = f"the training loss became {loss_sum} at step {step}" + (
+            problem = f"the training loss became {loss_sum} at {where}" + (
                 f"; non-finite priorities for samples {bad[:10].tolist()}" if bad.size else ""
             )
-        elif not bool(torch.isfinite(grad).all()):
-            problem = (
-                f"the gradient became non-finite at step {step} (loss {loss_sum / max(n_loss, 1)})"
-            )
+        elif not bool(torch.isfinite(update).all()):
+            what = "gradient" if self.local_steps == 1 else "parameters"
+            problem = f"the {what} became non-finite at {where} (loss {loss_sum / max(n_loss, 1)})"
         if problem is not None and self.on_nonfinite == "raise":
             raise FloatingPointError(problem + "; " + self._save_last_good())
         skipped = problem is not None
         rate = self._rate() if n_grad and not skipped else 0.0
         if n_grad and not skipped:
-            self._apply_gradient(grad / n_grad, rate)
+            if self.local_steps > 1:
+                self._apply_round(update, [r.optimizer_state for r in results])
+            else:
+                self._apply_gradient(update / n_grad, rate)
         t_opt = time.perf_counter() - t1
-        self.step_ += 1
-        self.skipped_steps_ += int(skipped)
+        self.step_ += count
+        self.skipped_steps_ += count if skipped else 0
         for r in results:
             ok = np.isfinite(r.priorities)
             if ok.any():
-                self._pending.append((r.indices[ok], r.priorities[ok], step))
+                self._pending.append((r.indices[ok], r.priorities[ok], step + count - 1))
         prio = np.concatenate([r.priorities for r in results]) if results else np.empty(0)
         step_time = time.perf_counter() - t_start
         self._elapsed += step_time
@@ -693,8 +713,8 @@ class Trainer:
         n_samples = sum(r.indices.size for r in results)
         prev = self._recorder.records[-1] if self._recorder.records else {}
         return {
-            "step": step,
-            "selection_digest": _digest(selections),
+            "step": self.step_ - 1,
+            "selection_digest": _digest([s for sel in rounds for s in sel]),
             "skipped": float(skipped),
             "time": self._elapsed,
             "loss": loss_sum / max(n_loss, 1),
@@ -715,28 +735,43 @@ class Trainer:
             "worker_compute_time": [r.compute_seconds for r in results],
         }
 
-    def _run_tasks(self, step: int, selections: list[Selection]) -> list[StepResult]:
-        """Each worker's share of a step, as tasks or as direct RPCs."""
+    def _run_tasks(self, step: int, rounds: list[list[Selection]]) -> list[StepResult]:
+        """Each worker's share of a step (or round), as tasks or as direct RPCs."""
         weights = self._weights(version=step)
-        args = []
-        for slot, sel in enumerate(selections):
-            indices = np.concatenate([sel.train, sel.score]).astype(np.int64)
-            pids = np.searchsorted(self._bounds, indices, side="right") - 1
-            local = indices - self._bounds[pids]
-            parts = {int(p): self._parts[int(p)] for p in np.unique(pids)}
-            args.append(
-                [
-                    self.strategy,
-                    pids,
-                    local,
-                    int(sel.train.size),
-                    sel.weights,
-                    indices,
-                    sel.extra,
-                    parts,
-                    (self.seed, step, slot),
-                ]
+        local = None
+        if self.local_steps > 1:
+            assert self._opt is not None
+            local = LocalSteps(
+                optimizer=self.optimizer,
+                options=self._optimizer_options(),
+                state=self._opt.state_dict(),
+                rates=[
+                    scheduled_rate(self.learning_rate, self.lr_schedule, s, self.schedule_steps)
+                    for s in range(step, step + len(rounds))
+                ],
             )
+        args = []
+        for slot in range(len(rounds[0])):
+            shares = []
+            touched: set[int] = set()
+            for i, selections in enumerate(rounds):
+                sel = selections[slot]
+                indices = np.concatenate([sel.train, sel.score]).astype(np.int64)
+                pids = np.searchsorted(self._bounds, indices, side="right") - 1
+                touched.update(int(p) for p in np.unique(pids))
+                shares.append(
+                    Share(
+                        pids=pids,
+                        local=indices - self._bounds[pids],
+                        n_train=int(sel.train.size),
+                        weights=sel.weights,
+                        indices=indices,
+                        extra=sel.extra,
+                        seed=(self.seed, step + i, slot),
+                    )
+                )
+            parts = {p: self._parts[p] for p in sorted(touched)}
+            args.append([self.strategy, shares, parts, local])
         if self.transport == "direct":
             return self._run_direct(weights, args)
         client = self.client
@@ -768,7 +803,7 @@ class Trainer:
         """
         calls = []
         for slot, a in enumerate(args):
-            a[7] = {p: (r.key if isinstance(r, Future) else r) for p, r in a[7].items()}
+            a[2] = {p: (r.key if isinstance(r, Future) else r) for p, r in a[2].items()}
             calls.append((self._slots[slot], (weights, *a)))
         return run_direct(self.client, calls, self._plugin.name, _step_timeout())
 
@@ -776,12 +811,21 @@ class Trainer:
         """This step's learning rate under the schedule."""
         return scheduled_rate(self.learning_rate, self.lr_schedule, self.step_, self.schedule_steps)
 
+    def _apply_round(self, params: torch.Tensor, states: list[dict[str, Any] | None]) -> None:
+        """Take the workers' mean parameters and mean optimizer state after a round."""
+        assert self._opt is not None
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(params, self.model.parameters())
+        self._opt.load_state_dict(average_states([s for s in states if s is not None]))
+
+    def _optimizer_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"lr": self.learning_rate, "weight_decay": self.weight_decay}
+        if self.optimizer == "sgd":
+            options["momentum"] = self.momentum
+        return options
+
     def _apply_gradient(self, grad: torch.Tensor, rate: float) -> None:
-        offset = 0
-        for p in self.model.parameters():
-            n = p.numel()
-            p.grad = grad[offset : offset + n].view_as(p).to(p.dtype).clone()
-            offset += n
+        set_flat_grad(list(self.model.parameters()), grad)
         assert self._opt is not None
         for group in self._opt.param_groups:
             group["lr"] = rate
@@ -925,6 +969,7 @@ class Trainer:
             "optimizer": self.optimizer,
             "lr_schedule": self.lr_schedule,
             "schedule_steps": self.schedule_steps,
+            "local_steps": self.local_steps,
             "eval_every": self.eval_every,
             "partition_size": self.partition_size,
             "staleness": self.staleness,
@@ -1035,6 +1080,7 @@ class Trainer:
                 "optimizer": self.optimizer,
                 "lr_schedule": self.lr_schedule,
                 "schedule_steps": self.schedule_steps if self.schedule_steps else 0,
+                "local_steps": self.local_steps,
                 "n_workers": len(getattr(self, "_slots", ())),
                 "resources": repr(self.resources),
                 # placing data, building replicas, warm-up: not in ``time``
@@ -1057,6 +1103,11 @@ class Trainer:
             name="priority",
             attrs={"strategy": self.strategy.name, "staleness": self.staleness},
         )
+
+
+def _crossed(before: int, after: int, every: int) -> bool:
+    """Whether a multiple of ``every`` lies in ``(before, after]``."""
+    return after // every > before // every
 
 
 def _digest(selections: list[Selection]) -> float:

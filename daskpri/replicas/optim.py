@@ -1,0 +1,83 @@
+"""The optimizer on both sides: the driver's, and the workers' during local steps.
+
+With ``local_steps > 1`` each worker takes several optimizer steps on its
+own samples per round (local SGD, Lin et al. 2020, "Don't use large
+mini-batches, use local SGD"); the driver then takes the mean of the
+workers' parameters and of their optimizer states (momentum buffers, Adam's
+moments), so all the state lives on the driver between rounds and is
+checkpointed with it. With one worker a round is exactly that many steps of
+the plain optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class LocalSteps:
+    """Several optimizer steps on the worker in one round (local SGD).
+
+    The worker builds the driver's optimizer over its replica, loads
+    ``state`` (the driver's, averaged over the workers after each round) and
+    takes one step per share, at ``rates[i]``.
+    """
+
+    optimizer: str
+    options: dict[str, Any]
+    state: dict[str, Any]
+    rates: list[float]
+
+
+def make_optimizer(
+    kind: str, params: list[torch.nn.Parameter], options: Mapping[str, Any]
+) -> torch.optim.Optimizer:
+    """The trainer's optimizer (``"sgd"`` or ``"adam"``) over ``params``."""
+    if kind == "adam":
+        return torch.optim.Adam(params, **options)
+    return torch.optim.SGD(params, **options)
+
+
+def set_flat_grad(params: list[torch.nn.Parameter], grad: torch.Tensor) -> None:
+    """Give ``params`` the gradient ``grad`` (flat, in their order)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        # a view: ``grad`` is the step's own tensor, not used after this
+        p.grad = grad[offset : offset + n].view_as(p).to(p.dtype)
+        offset += n
+
+
+def average_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """The element-wise mean of optimizer ``state_dict()``s of the same optimizer.
+
+    Floating tensors are averaged; anything else (step counts, the param
+    groups) is taken from the first.
+
+    Examples
+    --------
+    >>> p = [torch.nn.Parameter(torch.zeros(2))]
+    >>> states = []
+    >>> for g in (1.0, 3.0):
+    ...     opt = torch.optim.SGD(p, lr=0.1, momentum=0.9)
+    ...     p[0].grad = torch.full((2,), g)
+    ...     opt.step()
+    ...     states.append(opt.state_dict())
+    >>> average_states(states)["state"][0]["momentum_buffer"].tolist()
+    [2.0, 2.0]
+    """
+    first = states[0]
+    out = {"state": {}, "param_groups": first["param_groups"]}
+    for key, entry in first["state"].items():
+        avg = {}
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim:
+                avg[name] = torch.stack([s["state"][key][name] for s in states]).mean(0)
+            else:
+                avg[name] = value
+        out["state"][key] = avg
+    return out

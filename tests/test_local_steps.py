@@ -1,0 +1,83 @@
+"""Local steps: several optimizer steps per worker per round trip (local SGD)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import daskpri
+from daskpri.models import build_model
+
+
+def _trainer(client, train, **kw):
+    kw = {"client": client, "seed": 3, "batch_size": 32, **kw}
+    return daskpri.Trainer(build_model("mlp", train, seed=1), **kw)
+
+
+def test_on_one_worker_a_round_is_exactly_that_many_plain_steps(gpu_client, small_data):
+    train, _ = small_data
+    runs = {}
+    for k in (1, 8):
+        with _trainer(gpu_client, train, strategy="uniform", n_workers=1, local_steps=k,
+                      lr_schedule="cosine", schedule_steps=24) as t:
+            h = t.fit(train, max_steps=24, progress=False)
+            runs[k] = (h, torch.nn.utils.parameters_to_vector(t.model.parameters()).detach())
+    (h1, p1), (h8, p8) = runs[1], runs[8]
+    assert h8["step"].values.tolist() == [7, 15, 23]
+    # the same samples in the same order, the same optimizer (momentum, schedule) on the worker
+    torch.testing.assert_close(p8, p1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        h8["loss"].values, h1["loss"].values.reshape(3, 8).mean(1), rtol=1e-4
+    )
+    assert h8["samples"].values[-1] == h1["samples"].values[-1] == 24 * 32
+
+
+def test_rounds_on_two_workers_train_evaluate_and_end_at_max_steps(gpu_client, small_data):
+    train, test = small_data
+    with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,
+                  eval_every=8) as t:
+        h = t.fit(train, eval_data=test, max_steps=30, progress=False)
+        # 30 x 64 candidates per worker cover its 800 samples: every one is scored
+        assert np.isfinite(t.table_.values).all()
+    # rounds of 4 steps, the last one cut to the 2 steps left
+    assert h["step"].values.tolist() == [3, 7, 11, 15, 19, 23, 27, 29]
+    assert t.step_ == 30
+    evaluated = h["step"].values[np.isfinite(h["accuracy"].values)].tolist()
+    assert evaluated == [7, 15, 23, 29]
+    assert (h["n_workers"] == 2).all()
+    # selective-backprop forwards 64 candidates and backpropagates 32 per worker and step
+    assert h["samples"].values[-1] == 30 * 2 * 64
+    assert h["grad_samples"].values[-1] == 30 * 2 * 32
+    assert h["loss"].values[-2:].mean() < h["loss"].values[:2].mean()
+
+
+def test_a_resumed_run_of_local_rounds_continues_exactly(gpu_client, small_data, tmp_path):
+    train, test = small_data
+    path = tmp_path / "local.ckpt"
+    a = _trainer(gpu_client, train, strategy="loss", local_steps=4)
+    try:
+        a.fit(train, max_steps=12, progress=False)
+        a.save(path)
+        ha = a.fit(train, max_steps=28, progress=False)
+        pa = torch.nn.utils.parameters_to_vector(a.model.parameters()).detach().clone()
+    finally:
+        a.close()
+    b = daskpri.Trainer.resume(path, client=gpu_client)
+    try:
+        assert b.local_steps == 4 and b.step_ == 12
+        hb = b.fit(train, max_steps=28, progress=False)
+        np.testing.assert_array_equal(ha["selection_digest"], hb["selection_digest"])
+        pb = torch.nn.utils.parameters_to_vector(b.model.parameters()).detach()
+        assert torch.equal(pa, pb), "bitwise equal parameters on CPU"
+    finally:
+        b.close()
+
+
+def test_strategies_that_need_last_steps_priorities_refuse_local_rounds():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"strategy 'projection' selects by the priorities of "
+                       r"the previous step.*local_steps=4"):
+        daskpri.Trainer(model, strategy="projection", local_steps=4)
+    with pytest.raises(ValueError, match="local_steps should be a positive integer"):
+        daskpri.Trainer(model, local_steps=0)
