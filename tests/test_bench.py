@@ -169,6 +169,22 @@ def test_projection_gets_a_uniform_baseline_of_equal_gradient_budget():
     assert arms[1] == Arm("uniform@144", "uniform", 144, 144)
 
 
+def test_strategy_options_reach_their_arms_and_the_equal_gradient_baseline():
+    cfg = _config(strategies=("projection", "loss"), workers=(1, 2),
+                  strategy_options=(("projection", "k", 32), ("projection", "renew", 0.0)))
+    arms = make_arms(cfg, 16000)
+    assert [a.label for a in arms] == ["uniform", "uniform@32", "projection", "loss"]
+    assert arms[2].options == (("k", 32), ("renew", 0.0)) and arms[3].options == ()
+    with pytest.raises(ValueError, match="takes the options .*fraction.*but got --strategy-"
+                       "option fractio"):
+        _config(strategies=("selective-backprop",),
+                strategy_options=(("selective-backprop", "fractio", 0.3),))
+    with pytest.raises(ValueError, match="naming a compared strategy"):
+        _config(strategies=("loss",), strategy_options=(("projection", "k", 3),))
+    with pytest.raises(ValueError, match="local_steps should be a positive integer"):
+        _config(local_steps=0)
+
+
 def _simulate(cfg: BenchConfig) -> list[RunRecord]:
     """Run the protocol to the end with made-up results (lr 0.1 always best)."""
     records: list[RunRecord] = []
@@ -332,13 +348,18 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
         "bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
         "--strategies", "uniform,selective-backprop", "--workers", "1", "--budget", "4",
         "--baseline-budget", "1", "--no-ddp", "--no-progress", "--out", str(out),
+        "--local-steps", "4", "--strategy-option", "selective-backprop:fraction=0.25",
     ])
     assert status == 0
     doc = json.loads((out / "results.json").read_text())
     assert {r["spec"]["arm"]["label"] for r in doc["runs"]} == {"uniform", "selective-backprop"}
     assert all(len(r["curve"]["time"]) == len(r["curve"]["accuracy"]) for r in doc["runs"])
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"]
-    assert "| selective-backprop |" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "| selective-backprop |" in md
+    assert "4 local steps per round trip" in md and "selective-backprop:fraction=0.25" in md
+    sb = [r for r in doc["runs"] if r["spec"]["arm"]["label"] == "selective-backprop"]
+    assert sb[0]["spec"]["arm"]["options"] == [["fraction", 0.25]]
     for png in ("accuracy_synthetic_mlp.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "results.html").read_text()

@@ -78,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds of the plain PyTorch and DDP runs (default --budget; "
                           "--quick: 5)")
     how.add_argument("--no-ddp", action="store_true", help="do not measure PyTorch DDP")
+    how.add_argument("--local-steps", type=int, metavar="K",
+                     help="optimizer steps per worker per round trip (local SGD; default 1) "
+                     "in the runs of strategies that allow it")
+    how.add_argument("--strategy-option", type=_arm_option, action="append",
+                     metavar="STRATEGY:KEY=VALUE",
+                     help="an option of one strategy's arms, e.g. selective-backprop:fraction=0.33")
     where = parser.add_argument_group("cluster")
     where.add_argument("--workers", type=_listof(int, "integers"), metavar="N[,N...]",
                        help="worker counts; the comparison runs on the largest, "
@@ -107,8 +113,24 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         partition_size=_config.get("trainer.partition-size"),
         momentum=float(_config.get("trainer.momentum")),
         ddp=not args.no_ddp,
+        local_steps=args.local_steps,
+        strategy_options=tuple(args.strategy_option or ()) or None,
         scheduler=args.scheduler,
     )
+
+
+def _arm_option(text: str) -> tuple[str, str, Any]:
+    """``STRATEGY:KEY=VALUE`` as a triple (the value parsed as ``train`` does)."""
+    from daskpri.cli import _parse_value
+
+    strategy, sep, rest = text.partition(":")
+    key, eq, value = rest.partition("=")
+    if not sep or not eq or not strategy or not key.strip().isidentifier():
+        raise argparse.ArgumentTypeError(
+            "a strategy option should look like STRATEGY:KEY=VALUE, e.g. "
+            f"selective-backprop:fraction=0.33, but got {text!r}"
+        )
+    return strategy.strip(), key.strip(), _parse_value(value.strip())
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -120,6 +142,9 @@ def _command_line(args: argparse.Namespace) -> str:
         flag = "--" + key.replace("_", "-")
         if value is True:
             parts.append(flag)
+        elif key == "strategy_option":
+            for strategy, k, v in value:
+                parts += [flag, f"{strategy}:{k}={v}"]
         elif isinstance(value, tuple):
             parts += [flag, ",".join(f"{v:g}" if isinstance(v, float) else str(v)
                                      for v in value)]

@@ -74,6 +74,12 @@ class BenchConfig:
         Samples per partition (as the trainer cuts in-memory data).
     ddp : bool
         Whether to measure PyTorch DDP (2 processes, gloo, 127.0.0.1).
+    local_steps : int
+        The trainer's ``local_steps`` in every daskpri run whose strategy
+        allows it (``projection`` and ``length`` always take 1).
+    strategy_options : tuple of (strategy, key, value)
+        Options given to a strategy's arms, e.g. ``("selective-backprop",
+        "fraction", 0.33)``.
     quick : bool
         Whether the ``--quick`` defaults were used (said in the report).
     scheduler : str, optional
@@ -106,6 +112,8 @@ class BenchConfig:
     n_samples: int | None = None
     partition_size: int = 1000
     ddp: bool = True
+    local_steps: int = 1
+    strategy_options: tuple[tuple[str, str, Any], ...] = ()
     quick: bool = False
     scheduler: str | None = field(default=None, compare=False)
 
@@ -124,6 +132,22 @@ class BenchConfig:
         _positive_int("batch_size", self.batch_size)
         _positive_int("eval_every", self.eval_every)
         _positive_int("partition_size", self.partition_size)
+        _positive_int("local_steps", self.local_steps)
+        for entry in self.strategy_options:
+            if len(entry) != 3 or entry[0] not in strategies:
+                raise ValueError(
+                    "strategy_options should be (strategy, key, value) triples naming a "
+                    f"compared strategy ({', '.join(strategies)}), but got {entry!r}"
+                )
+        object.__setattr__(
+            self, "strategy_options", tuple(tuple(e) for e in self.strategy_options)
+        )
+        from daskpri.cli import _check_strategy_options
+        from daskpri.strategies import get_strategy
+
+        for name in strategies:  # bad options fail here, before any run
+            _check_strategy_options(name, dict(self.options_of(name)))
+            get_strategy(name, **dict(self.options_of(name)))
         if self.n_samples is not None:
             _positive_int("n_samples", self.n_samples)
         workers = tuple(sorted(set(self.workers)))
@@ -177,7 +201,14 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, as JSON takes them."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return {
+            k: [list(e) if isinstance(e, tuple) else e for e in v] if isinstance(v, tuple) else v
+            for k, v in asdict(self).items()
+        }
+
+    def options_of(self, strategy: str) -> tuple[tuple[str, Any], ...]:
+        """The ``(key, value)`` options given to ``strategy``'s arms."""
+        return tuple((k, v) for name, k, v in self.strategy_options if name == strategy)
 
 
 def _names(name: str, values: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:

@@ -98,7 +98,8 @@ def make_arms(config: BenchConfig, n_train: int) -> list[Arm]:
     sizes = group_sizes(n_train, config.main_workers, config.partition_size).tolist()
     b = config.batch_size
     strategies = [
-        Arm(name, name, b, gradients_per_step(name, b, sizes))
+        Arm(name, name, b, gradients_per_step(name, b, sizes, **dict(config.options_of(name))),
+            config.options_of(name))
         for name in config.strategies
         if name != "uniform"
     ]

@@ -120,7 +120,20 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         f"the evaluations), evaluating on the test set every {config.eval_every} steps. "
         f"Comparison on {config.main_workers} worker(s), batch {config.batch_size} per worker, "
         f"partitions of {config.partition_size} samples, "
-        f"SGD with momentum {config.momentum:g}. Seeds: {config.seeds} "
+        f"SGD with momentum {config.momentum:g}"
+        + (
+            f", {config.local_steps} local steps per round trip (local SGD; projection and "
+            "length take 1)"
+            if config.local_steps > 1
+            else ", synchronous (one round trip per step)"
+        )
+        + (
+            ", strategy options "
+            + ", ".join(f"{n}:{k}={v}" for n, k, v in config.strategy_options)
+            if config.strategy_options
+            else ""
+        )
+        + f". Seeds: {config.seeds} "
         "(each seeds the weights and the selections; the data split is fixed); "
         "values are medians over seeds with [min–max]. Arms run interleaved "
         "(for each dataset, model, seed and learning rate, every arm in turn). "

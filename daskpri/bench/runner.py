@@ -133,12 +133,15 @@ def _execute(
     model = build_model(spec.model, train, seed=spec.seed)
     t0 = time.perf_counter()
     if spec.kind == "daskpri":
+        from daskpri.strategies import STRATEGIES
+
         client = clusters.client(spec.n_workers)
+        fresh = STRATEGIES[spec.arm.strategy].needs_fresh_priorities
         with Trainer(
             model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
             n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
             learning_rate=spec.learning_rate, momentum=config.momentum,
-            eval_every=config.eval_every,
+            eval_every=config.eval_every, local_steps=1 if fresh else config.local_steps,
             partition_size=config.partition_size, **dict(spec.arm.options),
         ) as trainer:
             history = trainer.fit(train, eval_data=test, max_time=spec.budget, progress=False)
