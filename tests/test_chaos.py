@@ -61,7 +61,7 @@ def _run(data, steps, kill_every=None, segfault_for=None, seed=0):
             thread.start()
         if segfault_for:
             client.register_plugin(KillWorker(delay="2 s", mode="segfault"), name="chaos")
-            threading.Timer(segfault_for, lambda: client.unregister_worker_plugin("chaos")).start()
+            threading.Timer(segfault_for, _stop_chaos, (client,)).start()
         try:
             history = trainer.fit(train, eval_data=test, max_steps=steps, progress=False)
             table = trainer.table_
@@ -69,6 +69,16 @@ def _run(data, steps, kill_every=None, segfault_for=None, seed=0):
             stop.set()
             trainer.close()
     return history, table, kills
+
+
+def _stop_chaos(client: Client) -> None:
+    """Unregister the KillWorker plugin; a worker dying meanwhile fails a try."""
+    for _ in range(20):
+        try:
+            client.unregister_worker_plugin("chaos")
+            return
+        except Exception:
+            time.sleep(0.5)
 
 
 @pytest.mark.parametrize(

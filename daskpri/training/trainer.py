@@ -500,8 +500,6 @@ class Trainer:
         )
         client.register_plugin(self._plugin)
         self._parts = {}
-        self._place_partitions(list(range(len(sizes))))
-        self._warm_up()
         RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)
         self._table.create(
@@ -519,11 +517,35 @@ class Trainer:
                 "n_samples": int(bounds[-1]),
             },
         )
+        self._set_up_workers(len(sizes))
         self._data_key = key
         self._init_optimizer()
         if self._resume_state is not None:
-            self._restore(self._resume_state, owner)
+            slot_of = {a: i for i, a in enumerate(self._slots)}
+            self._restore(
+                self._resume_state,
+                np.array([slot_of[a] for a in self._owner_addr], dtype=np.int64),
+            )
             self._resume_state = None
+
+    def _set_up_workers(self, n_partitions: int) -> None:
+        """Place every partition and warm the replicas up, despite workers dying meanwhile.
+
+        A worker lost during set-up is handled as during training: its
+        partitions move to the workers left (bounded by ``no-workers-timeout``).
+        """
+        deadline = time.monotonic() + dask_timeout()
+        while True:
+            try:
+                missing = [p for p in range(n_partitions) if p not in self._parts]
+                if missing:
+                    self._place_partitions(missing)
+                self._warm_up()
+                return
+            except (KeyError, *_LOST):
+                if time.monotonic() > deadline:
+                    raise
+                self._recover()
 
     def _check_model(self, ds: xr.Dataset, info: dict[str, Any]) -> int:
         """Classes the labels need, checked against the model's output."""
