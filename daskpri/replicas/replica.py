@@ -49,7 +49,8 @@ class Replica:
         self.module = module.to(self.device)
         self.module.train()
         self.version = -1
-        self.n_params = sum(p.numel() for p in self.module.parameters())
+        self.params = list(self.module.parameters())
+        self.n_params = sum(p.numel() for p in self.params)
 
     def load(self, weights: Weights) -> None:
         """Copy ``weights`` into the module unless they are loaded already."""
@@ -57,7 +58,7 @@ class Replica:
             return
         with torch.no_grad():
             torch.nn.utils.vector_to_parameters(
-                weights.params.to(self.device, non_blocking=True), self.module.parameters()
+                weights.params.to(self.device, non_blocking=True), self.params
             )
             if weights.buffers:
                 named = dict(self.module.named_buffers())
@@ -75,7 +76,8 @@ class Replica:
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``sum_i w_i * grad L_i`` as a flat vector, the losses and logits."""
-        self.module.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
         logits = self.module(x)
         losses = F.cross_entropy(logits, y, reduction="none")
         total = losses.sum() if w is None else (losses * w).sum()
@@ -83,7 +85,7 @@ class Replica:
         flat = torch.cat(
             [
                 (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                for p in self.module.parameters()
+                for p in self.params
             ]
         )
         return flat.detach(), losses.detach(), logits.detach()

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,12 @@ class ReplicaPlugin(WorkerPlugin):
         module = pickle.loads(self.module)
         self.replica = Replica(module, worker_device(worker, self.device))
         self.partitions: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # All loaded partitions in one pair of tensors (``partitions`` holds
+        # views into them), so that a batch spanning many partitions is one
+        # ``index_select``; ``offset[pid]`` is a partition's first row (-1: not here).
+        self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.offset = np.full(0, -1, dtype=np.int64)
+        self._lock = threading.Lock()
         self.address = worker.address
         self.worker = worker
         # The direct transport: steps arrive as RPCs from the driver, past the
@@ -101,6 +108,7 @@ class ReplicaPlugin(WorkerPlugin):
 
     def teardown(self, worker: Any) -> None:
         self.partitions.clear()
+        self.stacked = None
 
     def partition(self, pid: int, ref: PartitionRef | str) -> tuple[torch.Tensor, torch.Tensor]:
         """Partition ``pid`` as tensors on this worker's device, loaded once."""
@@ -131,8 +139,39 @@ class ReplicaPlugin(WorkerPlugin):
         device = self.replica.device
         xt = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device)
         yt = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
-        self.partitions[pid] = (xt, yt)
-        return xt, yt
+        with self._lock:
+            if pid not in self.partitions:
+                self._stack(pid, xt, yt)
+        return self.partitions[pid]
+
+    def _stack(self, pid: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Append partition ``pid`` to the stacked tensors; re-point the views."""
+        if self.stacked is None:
+            start, (xs, ys) = 0, (x, y)
+        else:
+            start = int(self.stacked[0].shape[0])
+            xs, ys = torch.cat([self.stacked[0], x]), torch.cat([self.stacked[1], y])
+        if pid >= self.offset.size:
+            grown = np.full(pid + 1, -1, dtype=np.int64)
+            grown[: self.offset.size] = self.offset
+            self.offset = grown
+        self.offset[pid] = start
+        self.stacked = (xs, ys)
+        sizes = {p: int(v[0].shape[0]) for p, v in self.partitions.items()}
+        sizes[pid] = int(x.shape[0])
+        self.partitions = {
+            p: (xs[self.offset[p] : self.offset[p] + n], ys[self.offset[p] : self.offset[p] + n])
+            for p, n in sizes.items()
+        }
+
+    def rows(self, pids: np.ndarray, local: np.ndarray) -> np.ndarray | None:
+        """Rows of the stacked tensors for (partition, row) pairs; None if one is not here."""
+        if pids.size == 0 or int(pids.max()) >= self.offset.size:
+            return None
+        start = self.offset[pids]
+        if (start < 0).any():
+            return None
+        return start + local
 
 
 def _plugin(name: str) -> ReplicaPlugin:
@@ -205,6 +244,78 @@ class Share:
 
 
 @dataclass
+class Shares:
+    """One worker's samples for the steps of a round, packed in a few arrays.
+
+    A round of many steps travels as a handful of arrays rather than many
+    small ones (each array is a frame of its own on the wire).
+    """
+
+    #: every step's samples (train rows first, then scored rows), concatenated
+    indices: np.ndarray
+    #: step ``i``'s samples are ``indices[splits[i]:splits[i + 1]]``
+    splits: np.ndarray
+    n_train: np.ndarray
+    #: train rows' weights, concatenated (1 where a step has none)
+    weights: np.ndarray
+    #: which steps carry weights
+    weighted: np.ndarray
+    extra: list[dict[str, np.ndarray]]
+    #: (run seed, first step, slot): step ``i`` is seeded (seed, first + i, slot)
+    seed: tuple[int, int, int]
+    #: partition bounds along ``sample``
+    bounds: np.ndarray
+
+    @classmethod
+    def pack(
+        cls,
+        selections: Sequence[Any],
+        seed: tuple[int, int, int],
+        bounds: np.ndarray,
+    ) -> Shares:
+        """Pack one slot's :class:`~daskpri.strategies.Selection` of each step."""
+        parts = [np.concatenate([s.train, s.score]).astype(np.int64) for s in selections]
+        n_train = np.array([s.train.size for s in selections], dtype=np.int64)
+        weights = [
+            np.ones(n, dtype=np.float64) if s.weights is None else np.asarray(s.weights, float)
+            for s, n in zip(selections, n_train, strict=True)
+        ]
+        return cls(
+            indices=np.concatenate(parts) if parts else np.empty(0, dtype=np.int64),
+            splits=np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64),
+            n_train=n_train,
+            weights=np.concatenate(weights) if weights else np.empty(0),
+            weighted=np.array([s.weights is not None for s in selections], dtype=bool),
+            extra=[s.extra for s in selections],
+            seed=seed,
+            bounds=np.asarray(bounds, dtype=np.int64),
+        )
+
+    def __len__(self) -> int:
+        return int(self.n_train.size)
+
+    def partitions(self) -> np.ndarray:
+        """The partitions that the round touches."""
+        return np.unique(np.searchsorted(self.bounds, self.indices, side="right") - 1)
+
+    def share(self, i: int) -> Share:
+        """Step ``i`` of the round."""
+        indices = self.indices[self.splits[i] : self.splits[i + 1]]
+        pids = np.searchsorted(self.bounds, indices, side="right") - 1
+        w0 = int(self.n_train[:i].sum())
+        n = int(self.n_train[i])
+        return Share(
+            pids=pids,
+            local=indices - self.bounds[pids],
+            n_train=n,
+            weights=self.weights[w0 : w0 + n] if self.weighted[i] else None,
+            indices=indices,
+            extra=self.extra[i],
+            seed=(self.seed[0], self.seed[1] + i, self.seed[2]),
+        )
+
+
+@dataclass
 class StepResult:
     """What one worker returns for one step or round (CPU tensors and numpy only)."""
 
@@ -252,7 +363,7 @@ def _train(
     plugin: ReplicaPlugin,
     weights: Weights,
     strategy: Strategy,
-    shares: list[Share],
+    shares: Shares,
     parts: Mapping[int, PartitionRef | str],
     local: LocalSteps | None = None,
 ) -> StepResult:
@@ -268,7 +379,7 @@ def _train(
     replica = plugin.replica
     replica.load(weights)
     device = replica.device
-    params = list(replica.module.parameters())
+    params = replica.params
     opt = None
     if local is not None:
         opt = make_optimizer(local.optimizer, params, local.options)
@@ -277,7 +388,8 @@ def _train(
     grad = torch.zeros(replica.n_params, device=device)
     out_idx, out_prio = [], []
     loss_sum, n_loss, correct, n_grad = 0.0, 0, 0, 0
-    for i, share in enumerate(shares):
+    for i in range(len(shares)):
+        share = shares.share(i)
         batch = _batch(plugin, weights, share, parts)
         if batch.x.shape[0] == 0:
             continue
@@ -325,26 +437,16 @@ def _batch(
     """The samples of ``share`` as tensors on the replica's device."""
     device = plugin.replica.device
     pids, local = share.pids, share.local
-    xs, ys = [], []
-    if pids.size and pids[0] == pids[-1] and (pids == pids[0]).all():
-        # one partition (the common case): rows are in ``indices`` order already
-        x, y = plugin.partition(int(pids[0]), parts[int(pids[0])])
-        rows = torch.as_tensor(local, device=device)
-        xs, ys, pids = [x.index_select(0, rows)], [y.index_select(0, rows)], pids[:0]
-    for pid in np.unique(pids):
-        x, y = plugin.partition(int(pid), parts[int(pid)])
-        rows = torch.as_tensor(local[pids == pid], device=device)
-        xs.append(x.index_select(0, rows))
-        ys.append(y.index_select(0, rows))
-    if len(xs) == 1:
-        x_all, y_all = xs[0], ys[0]
-    elif xs:
-        # ``indices`` is sorted within train and within score; regroup the
-        # partition-ordered rows back into that order.
-        inverse = np.argsort(np.argsort(pids, kind="stable"), kind="stable")
-        perm = torch.as_tensor(inverse, device=device)
-        x_all = torch.cat(xs).index_select(0, perm)
-        y_all = torch.cat(ys).index_select(0, perm)
+    rows = plugin.rows(pids, local)
+    if rows is None and pids.size:
+        for pid in np.unique(pids):  # load what is not here yet (once)
+            plugin.partition(int(pid), parts[int(pid)])
+        rows = plugin.rows(pids, local)
+    if rows is not None and plugin.stacked is not None:
+        # one gather over all the worker's partitions, in ``indices`` order
+        at = torch.as_tensor(rows, device=device)
+        x_all = plugin.stacked[0].index_select(0, at)
+        y_all = plugin.stacked[1].index_select(0, at)
     else:
         x_all = torch.empty(0, device=device)
         y_all = torch.empty(0, dtype=torch.int64, device=device)

@@ -40,7 +40,7 @@ from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import (
     ArrayPart,
     ReplicaPlugin,
-    Share,
+    Shares,
     StepResult,
     StoreRef,
     load_task,
@@ -774,25 +774,10 @@ class Trainer:
             )
         args = []
         for slot in range(len(rounds[0])):
-            shares = []
-            touched: set[int] = set()
-            for i, selections in enumerate(rounds):
-                sel = selections[slot]
-                indices = np.concatenate([sel.train, sel.score]).astype(np.int64)
-                pids = np.searchsorted(self._bounds, indices, side="right") - 1
-                touched.update(int(p) for p in np.unique(pids))
-                shares.append(
-                    Share(
-                        pids=pids,
-                        local=indices - self._bounds[pids],
-                        n_train=int(sel.train.size),
-                        weights=sel.weights,
-                        indices=indices,
-                        extra=sel.extra,
-                        seed=(self.seed, step + i, slot),
-                    )
-                )
-            parts = {p: self._parts[p] for p in sorted(touched)}
+            shares = Shares.pack(
+                [selections[slot] for selections in rounds], (self.seed, step, slot), self._bounds
+            )
+            parts = {int(p): self._parts[int(p)] for p in shares.partitions()}
             args.append([self.strategy, shares, parts, local])
         if self.transport == "direct":
             return self._run_direct(weights, args)
