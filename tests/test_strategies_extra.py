@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_strategies import make_ctx as _make_ctx
 
 import daskpri
 from daskpri.models import build_model
 from daskpri.replicas.replica import Replica
-from daskpri.strategies import STRATEGIES, SelectContext, get_strategy
+from daskpri.strategies import STRATEGIES, get_strategy
 from daskpri.strategies.base import Batch
 from daskpri.strategies.infobatch import prune_epoch
 from daskpri.strategies.upper_bound import (
@@ -22,18 +23,9 @@ from daskpri.table.table import PriorityTable
 from daskpri.training import checkpoint
 
 
-def make_ctx(table, owner, *, step=0, batch_size=4, seed=0, state=None):
-    owner = np.asarray(owner)
-    groups = [table.indices_of(np.flatnonzero(owner == s)) for s in range(owner.max() + 1)]
-    return SelectContext(
-        table=table,
-        groups=groups,
-        owner=owner,
-        step=step,
-        batch_size=batch_size,
-        rng=np.random.default_rng(seed),
-        state={} if state is None else state,
-    )
+def make_ctx(table, owner, **kw):
+    """``test_strategies.make_ctx`` on an existing table."""
+    return _make_ctx(None, owner, table=table, **kw)
 
 
 def _batch(x, y, extra=None, seed=0):
