@@ -78,8 +78,10 @@ class Trainer:
         The module to train; the trainer's copy is the master, replicas are
         built from it on every worker.
     strategy : str or Strategy
-        ``"uniform"``, ``"projection"``, ``"length"``, ``"loss"``,
-        ``"selective-backprop"`` or a :class:`~daskpri.strategies.Strategy`.
+        A registered name (``"uniform"``, ``"projection"``, ``"length"``,
+        ``"loss"``, ``"selective-backprop"``, ``"upper-bound"``,
+        ``"infobatch"``; see ``daskpri.STRATEGIES``) or a
+        :class:`~daskpri.strategies.Strategy`.
     client : distributed.Client, optional
         The cluster to use. ``None`` starts a LocalCluster of ``n_workers``
         (one thread each, bound to 127.0.0.1), closed by :meth:`close`.
