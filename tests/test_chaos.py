@@ -46,7 +46,11 @@ def _run(data, steps, kill_every=None, segfault_for=None, seed=0):
             next_kill = kill_every
             while not stop.is_set():
                 # look the workers up before the kill point: a step takes milliseconds
-                pids = client.run(os.getpid, on_error="ignore")
+                try:
+                    pids = client.run(os.getpid, on_error="ignore")
+                except Exception:  # a worker died under the broadcast: ask again
+                    time.sleep(0.05)
+                    continue
                 while not stop.is_set() and trainer.step_ < next_kill:
                     time.sleep(0.001)
                 if stop.is_set():

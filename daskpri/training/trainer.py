@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import os
 import time
 import uuid
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import CancelledError
 from typing import Any
 
@@ -401,19 +402,15 @@ class Trainer:
                 if max_time is not None and self._elapsed - start >= max_time:
                     break
                 before = self.step_
-                try:
+                with self._blame_scheduler():
                     record = self._step(None if max_steps is None else max_steps - self.step_)
-                except (ValueError, TypeError, FloatingPointError):
-                    raise  # the user's input: the scheduler is not to blame
-                except Exception:
-                    self._check_scheduler()
-                    raise
                 if evalset is not None and _crossed(before, self.step_, self.eval_every):
                     self._evaluate(evalset, record)
                 self._recorder.append(record)
                 if self.checkpoint_every and _crossed(before, self.step_, self.checkpoint_every):
-                    self.save(self.checkpoint_path)  # type: ignore[arg-type]
-                bar.update(1)
+                    with self._blame_scheduler():  # saving reads the table from the scheduler
+                        self.save(self.checkpoint_path)  # type: ignore[arg-type]
+                bar.update(self.step_ - before)
                 postfix = {"loss": f"{record['loss']:.3f}"}
                 if not math.isnan(record.get("accuracy", math.nan)):
                     postfix["acc"] = f"{record['accuracy']:.3f}"
@@ -424,10 +421,26 @@ class Trainer:
                 last = self._recorder.records[-1]
                 if math.isnan(last.get("accuracy", math.nan)):
                     self._evaluate(evalset, last)
-            self._flush()
+            with self._blame_scheduler():
+                self._flush()
         finally:
             bar.close()
         return self.history_
+
+    @contextlib.contextmanager
+    def _blame_scheduler(self) -> Iterator[None]:
+        """Turn a failure of the cluster into :class:`SchedulerLostError` if the scheduler is gone.
+
+        The user's errors (``ValueError``, ``TypeError``, ``FloatingPointError``)
+        pass as they are.
+        """
+        try:
+            yield
+        except (ValueError, TypeError, FloatingPointError):
+            raise  # the user's input: the scheduler is not to blame
+        except Exception:
+            self._check_scheduler()
+            raise
 
     def fit_in_background(
         self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None = None, **kwargs: Any
