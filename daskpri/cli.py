@@ -19,7 +19,6 @@ Compare selective backprop with uniform sampling for the same time budget::
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import sys
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from daskpri.bench import command as bench_command
 from daskpri.data.datasets import DATASETS
 from daskpri.data.io import to_store
 from daskpri.models import MODELS
-from daskpri.strategies import STRATEGIES, get_strategy
+from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 from daskpri.training.schedule import SCHEDULES
@@ -240,7 +239,7 @@ def _output_path(text: str) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     options = dict(args.strategy_option)
-    _check_strategy_options(args.strategy, options)
+    check_strategy_options(args.strategy, options)
     train, test = daskpri.datasets.load(
         args.dataset, root=args.root, seed=args.seed, n_samples=args.n_samples
     )
@@ -352,20 +351,6 @@ def _strategies(args: argparse.Namespace) -> int:
 
 
 # -- helpers ---------------------------------------------------------------------
-
-
-def _check_strategy_options(strategy: str, options: dict[str, Any]) -> None:
-    """Name the parameters ``strategy`` takes, before any cluster is started."""
-    params = inspect.signature(STRATEGIES[strategy]).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    allowed = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"strategy {strategy!r} takes the options {', '.join(allowed) or 'none'}, "
-            f"but got --strategy-option {', '.join(unknown)}"
-        )
 
 
 def _connect(address: str, security: Any = None) -> Client:

@@ -142,11 +142,10 @@ class BenchConfig:
         object.__setattr__(
             self, "strategy_options", tuple(tuple(e) for e in self.strategy_options)
         )
-        from daskpri.cli import _check_strategy_options
-        from daskpri.strategies import get_strategy
+        from daskpri.strategies import check_strategy_options, get_strategy
 
         for name in strategies:  # bad options fail here, before any run
-            _check_strategy_options(name, dict(self.options_of(name)))
+            check_strategy_options(name, dict(self.options_of(name)))
             get_strategy(name, **dict(self.options_of(name)))
         if self.n_samples is not None:
             _positive_int("n_samples", self.n_samples)

@@ -141,37 +141,43 @@ class ReplicaPlugin(WorkerPlugin):
         yt = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
         with self._lock:
             if pid not in self.partitions:
-                self._stack(pid, xt, yt)
+                self.partitions[pid] = (xt, yt)
+                self.stacked = None  # stacked again, once, by the next batch
         return self.partitions[pid]
 
-    def _stack(self, pid: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Append partition ``pid`` to the stacked tensors; re-point the views."""
-        if self.stacked is None:
-            start, (xs, ys) = 0, (x, y)
-        else:
-            start = int(self.stacked[0].shape[0])
-            xs, ys = torch.cat([self.stacked[0], x]), torch.cat([self.stacked[1], y])
-        if pid >= self.offset.size:
-            grown = np.full(pid + 1, -1, dtype=np.int64)
-            grown[: self.offset.size] = self.offset
-            self.offset = grown
-        self.offset[pid] = start
-        self.stacked = (xs, ys)
-        sizes = {p: int(v[0].shape[0]) for p, v in self.partitions.items()}
-        sizes[pid] = int(x.shape[0])
-        self.partitions = {
-            p: (xs[self.offset[p] : self.offset[p] + n], ys[self.offset[p] : self.offset[p] + n])
-            for p, n in sizes.items()
-        }
+    def _restack(self) -> None:
+        """Stack every loaded partition; ``partitions`` become views into the stack.
 
-    def rows(self, pids: np.ndarray, local: np.ndarray) -> np.ndarray | None:
-        """Rows of the stacked tensors for (partition, row) pairs; None if one is not here."""
-        if pids.size == 0 or int(pids.max()) >= self.offset.size:
+        Runs once after partitions arrive (set-up, recovery), not per
+        partition, so placing P partitions copies the data once.
+        """
+        pids = sorted(self.partitions)
+        sizes = [int(self.partitions[p][0].shape[0]) for p in pids]
+        xs = torch.cat([self.partitions[p][0] for p in pids])
+        ys = torch.cat([self.partitions[p][1] for p in pids])
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.offset = np.full(pids[-1] + 1, -1, dtype=np.int64)
+        self.offset[pids] = starts
+        self.partitions = {
+            p: (xs[a : a + n], ys[a : a + n]) for p, a, n in zip(pids, starts, sizes, strict=True)
+        }
+        self.stacked = (xs, ys)
+
+    def gather(
+        self, pids: np.ndarray, local: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (partition, row) samples as one gather; None if a partition is not here."""
+        with self._lock:
+            if self.stacked is None and self.partitions:
+                self._restack()
+            offset, stacked = self.offset, self.stacked
+        if stacked is None or int(pids.max()) >= offset.size:
             return None
-        start = self.offset[pids]
+        start = offset[pids]
         if (start < 0).any():
             return None
-        return start + local
+        at = torch.as_tensor(start + local, device=stacked[0].device)
+        return stacked[0].index_select(0, at), stacked[1].index_select(0, at)
 
 
 def _plugin(name: str) -> ReplicaPlugin:
@@ -385,7 +391,7 @@ def _train(
         opt = make_optimizer(local.optimizer, params, local.options)
         opt.load_state_dict(local.state)
         replica.version = -1  # the replica's weights leave the driver's version
-    grad = torch.zeros(replica.n_params, device=device)
+    grad: torch.Tensor | None = None  # a step's gradient sum (no local steps)
     out_idx, out_prio = [], []
     loss_sum, n_loss, correct, n_grad = 0.0, 0, 0, 0
     for i in range(len(shares)):
@@ -410,8 +416,12 @@ def _train(
             opt.step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    if opt is not None:
+        grad = torch.empty(0)
+    elif grad is None:  # nothing selected on this worker
+        grad = torch.zeros(replica.n_params)
     result = StepResult(
-        grad=grad.detach().to("cpu") if opt is None else torch.empty(0),
+        grad=grad.detach().to("cpu"),
         n_grad=n_grad,
         indices=np.concatenate(out_idx) if out_idx else np.empty(0, dtype=np.int64),
         priorities=np.concatenate(out_prio) if out_prio else np.empty(0),
@@ -437,16 +447,13 @@ def _batch(
     """The samples of ``share`` as tensors on the replica's device."""
     device = plugin.replica.device
     pids, local = share.pids, share.local
-    rows = plugin.rows(pids, local)
-    if rows is None and pids.size:
+    got = plugin.gather(pids, local) if pids.size else None
+    if got is None and pids.size:
         for pid in np.unique(pids):  # load what is not here yet (once)
             plugin.partition(int(pid), parts[int(pid)])
-        rows = plugin.rows(pids, local)
-    if rows is not None and plugin.stacked is not None:
-        # one gather over all the worker's partitions, in ``indices`` order
-        at = torch.as_tensor(rows, device=device)
-        x_all = plugin.stacked[0].index_select(0, at)
-        y_all = plugin.stacked[1].index_select(0, at)
+        got = plugin.gather(pids, local)
+    if got is not None:  # one gather over the worker's partitions, in ``indices`` order
+        x_all, y_all = got
     else:
         x_all = torch.empty(0, device=device)
         y_all = torch.empty(0, dtype=torch.int64, device=device)

@@ -9,6 +9,8 @@ Loss(epsilon=0.5, renew=0.0, batch_size=None)
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from daskpri.strategies.base import Batch, Computed, SelectContext, Selection, Strategy
@@ -35,6 +37,31 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
 
 for _cls in (Uniform, Projection, Length, Loss, SelectiveBackprop, UpperBound, InfoBatch):
     register_strategy(_cls)
+
+
+def check_strategy_options(strategy: str, options: Mapping[str, Any]) -> None:
+    """Name the options ``strategy`` takes when ``options`` holds others.
+
+    Checked before any cluster starts (the CLI's ``--strategy-option``).
+
+    Examples
+    --------
+    >>> check_strategy_options("loss", {"epsilon": 0.5})
+    >>> check_strategy_options("loss", {"eps": 0.5})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: strategy 'loss' takes the options epsilon, renew, ..., but got --strategy-option eps
+    """
+    params = inspect.signature(STRATEGIES[strategy]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    allowed = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"strategy {strategy!r} takes the options {', '.join(allowed) or 'none'}, "
+            f"but got --strategy-option {', '.join(unknown)}"
+        )
 
 
 def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
