@@ -143,7 +143,7 @@ def _batch(x, y, n_train, weights=None, mean_grad=None):
         weights=weights,
         mean_grad=mean_grad,
         extra={},
-        rng=np.random.default_rng(0),
+        seed=np.random.default_rng(0),
     )
 
 

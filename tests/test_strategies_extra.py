@@ -37,7 +37,7 @@ def _batch(x, y, extra=None, seed=0):
         weights=None,
         mean_grad=None,
         extra={} if extra is None else extra,
-        rng=np.random.default_rng(seed),
+        seed=np.random.default_rng(seed),
     )
 
 

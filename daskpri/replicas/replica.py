@@ -51,6 +51,11 @@ class Replica:
         self.version = -1
         self.params = list(self.module.parameters())
         self.n_params = sum(p.numel() for p in self.params)
+        #: leave :meth:`weighted_grad`'s gradient in the parameters' ``.grad``
+        #: for an optimizer on this replica (local steps) instead of flattening it
+        self.keep_grads = False
+        #: the rows of the last gradient kept that way (it is their mean)
+        self.kept_rows = 0
 
     def load(self, weights: Weights) -> None:
         """Copy ``weights`` into the module unless they are loaded already."""
@@ -74,13 +79,22 @@ class Replica:
 
     def weighted_grad(
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``sum_i w_i * grad L_i`` as a flat vector, the losses and logits."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """``sum_i w_i * grad L_i`` as a flat vector, the losses and logits.
+
+        With :attr:`keep_grads` the mean over the rows (the sum divided by
+        ``len(x)``, ready for an optimizer step) stays in the parameters'
+        ``.grad``, and ``None`` takes the flat vector's place.
+        """
         for p in self.params:
             p.grad = None
         logits = self.module(x)
         losses = F.cross_entropy(logits, y, reduction="none")
         total = losses.sum() if w is None else (losses * w).sum()
+        if self.keep_grads:
+            (total / max(x.shape[0], 1)).backward()
+            self.kept_rows = x.shape[0]
+            return None, losses.detach(), logits.detach()
         total.backward()
         flat = torch.cat(
             [

@@ -163,10 +163,11 @@ class ReplicaPlugin(WorkerPlugin):
         }
         self.stacked = (xs, ys)
 
-    def gather(
-        self, pids: np.ndarray, local: np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The (partition, row) samples as one gather; None if a partition is not here."""
+    def rows(self, pids: np.ndarray, local: np.ndarray) -> torch.Tensor | None:
+        """The rows of the stacked partitions holding the (partition, row) samples.
+
+        ``None`` if a partition is not loaded here. ``pids`` is not empty.
+        """
         with self._lock:
             if self.stacked is None and self.partitions:
                 self._restack()
@@ -176,8 +177,13 @@ class ReplicaPlugin(WorkerPlugin):
         start = offset[pids]
         if (start < 0).any():
             return None
-        at = torch.as_tensor(start + local, device=stacked[0].device)
-        return stacked[0].index_select(0, at), stacked[1].index_select(0, at)
+        return torch.as_tensor(start + local, device=stacked[0].device)
+
+    def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` and ``y`` of ``rows`` (from :meth:`rows`), as one gather each."""
+        assert self.stacked is not None
+        xs, ys = self.stacked
+        return xs.index_select(0, rows), ys.index_select(0, rows)
 
 
 def _plugin(name: str) -> ReplicaPlugin:
@@ -224,7 +230,7 @@ def warmup_task(
         weights=None,
         mean_grad=weights.mean_grad,
         extra={"reference": np.zeros(1)},
-        rng=np.random.default_rng(0),
+        seed=(0,),
     )
     strategy.compute(replica, batch)
     replica.version = -1  # the warm-up weights are not a training version
@@ -304,18 +310,26 @@ class Shares:
         """The partitions that the round touches."""
         return np.unique(np.searchsorted(self.bounds, self.indices, side="right") - 1)
 
+    def locate(self) -> tuple[np.ndarray, np.ndarray]:
+        """(partition, row within it) of every sample of the round."""
+        if not hasattr(self, "_located"):  # once per round, on the worker
+            pids = np.searchsorted(self.bounds, self.indices, side="right") - 1
+            self._located = (pids, self.indices - self.bounds[pids])
+        return self._located
+
     def share(self, i: int) -> Share:
         """Step ``i`` of the round."""
-        indices = self.indices[self.splits[i] : self.splits[i + 1]]
-        pids = np.searchsorted(self.bounds, indices, side="right") - 1
-        w0 = int(self.n_train[:i].sum())
-        n = int(self.n_train[i])
+        pids, local = self.locate()
+        if not hasattr(self, "_w0"):
+            self._w0 = np.concatenate([[0], np.cumsum(self.n_train)])
+        a, b = self.splits[i], self.splits[i + 1]
+        w0, n = int(self._w0[i]), int(self.n_train[i])
         return Share(
-            pids=pids,
-            local=indices - self.bounds[pids],
+            pids=pids[a:b],
+            local=local[a:b],
             n_train=n,
             weights=self.weights[w0 : w0 + n] if self.weighted[i] else None,
-            indices=indices,
+            indices=self.indices[a:b],
             extra=self.extra[i],
             seed=(self.seed[0], self.seed[1] + i, self.seed[2]),
         )
@@ -393,27 +407,36 @@ def _train(
         replica.version = -1  # the replica's weights leave the driver's version
     grad: torch.Tensor | None = None  # a step's gradient sum (no local steps)
     out_idx, out_prio = [], []
-    loss_sum, n_loss, correct, n_grad = 0.0, 0, 0, 0
-    for i in range(len(shares)):
-        share = shares.share(i)
-        batch = _batch(plugin, weights, share, parts)
-        if batch.x.shape[0] == 0:
-            continue
-        c = strategy.compute(replica, batch)
-        out_idx.append(share.indices[c.rows])
-        out_prio.append(np.asarray(c.priorities, dtype=np.float64))
-        loss_sum += float(c.loss_sum)
-        n_loss += int(c.n_loss)
-        correct += int(c.correct)
-        n_grad += int(c.n_grad)
-        if opt is None:
-            grad = c.grad
-        elif c.n_grad:
-            # a non-finite gradient shows in the parameters: the driver drops the round
-            set_flat_grad(params, c.grad / c.n_grad)
-            for group in opt.param_groups:
-                group["lr"] = local.rates[i]  # type: ignore[union-attr]
-            opt.step()
+    loss_sums: list[Any] = []  # each step's, numbers or 0-d tensors
+    corrects: list[Any] = []
+    n_loss, n_grad = 0, 0
+    rows = _rows(plugin, shares, parts)
+    # with local steps, gradients stay in the module for the optimizer
+    replica.keep_grads = opt is not None
+    try:
+        for i in range(len(shares)):
+            a, b = int(shares.splits[i]), int(shares.splits[i + 1])
+            if a == b:
+                continue
+            share = shares.share(i)
+            batch = _batch(plugin, weights, share, rows[a:b])
+            c = strategy.compute(replica, batch)
+            out_idx.append(share.indices if c.rows is None else share.indices[c.rows])
+            out_prio.append(c.priorities)
+            loss_sums.append(c.loss_sum)
+            corrects.append(c.correct)
+            n_loss += int(c.n_loss)
+            n_grad += int(c.n_grad)
+            if opt is None:
+                grad = c.grad
+            elif c.n_grad:
+                # a non-finite gradient shows in the parameters: the driver drops the round
+                _mean_grad(replica, c.grad, c.n_grad)
+                for group in opt.param_groups:
+                    group["lr"] = local.rates[i]  # type: ignore[union-attr]
+                opt.step()
+    finally:
+        replica.keep_grads = False
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if opt is not None:
@@ -424,10 +447,10 @@ def _train(
         grad=grad.detach().to("cpu"),
         n_grad=n_grad,
         indices=np.concatenate(out_idx) if out_idx else np.empty(0, dtype=np.int64),
-        priorities=np.concatenate(out_prio) if out_prio else np.empty(0),
-        loss_sum=loss_sum,
+        priorities=_concat(out_prio),
+        loss_sum=_total(loss_sums),
         n_loss=n_loss,
-        correct=correct,
+        correct=int(_total(corrects)),
         compute_seconds=0.0,
         worker=plugin.address,
         device=str(device),
@@ -441,36 +464,75 @@ def _train(
     return result
 
 
-def _batch(
-    plugin: ReplicaPlugin, weights: Weights, share: Share, parts: Mapping[int, Any]
-) -> Batch:
-    """The samples of ``share`` as tensors on the replica's device."""
-    device = plugin.replica.device
-    pids, local = share.pids, share.local
-    got = plugin.gather(pids, local) if pids.size else None
-    if got is None and pids.size:
-        for pid in np.unique(pids):  # load what is not here yet (once)
+def _concat(parts: list[np.ndarray | torch.Tensor]) -> np.ndarray:
+    """Numbers and tensors, concatenated as float64, tensors converted in one go."""
+    if not parts:
+        return np.empty(0)
+    tensors = [p for p in parts if isinstance(p, torch.Tensor)]
+    if len(tensors) == len(parts):
+        return torch.cat([t.detach().reshape(-1) for t in tensors]).cpu().numpy().astype(np.float64)
+    return np.concatenate(
+        [
+            p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p)
+            for p in parts
+        ]
+    ).astype(np.float64)
+
+
+def _total(values: list[Any]) -> float:
+    """The sum of numbers and 0-d tensors (the tensors summed at once, converted once)."""
+    tensors = [v.detach().reshape(()) for v in values if isinstance(v, torch.Tensor)]
+    total = sum(float(v) for v in values if not isinstance(v, torch.Tensor))
+    return total + (float(torch.stack(tensors).double().sum()) if tensors else 0.0)
+
+
+def _mean_grad(replica: Replica, grad: torch.Tensor | None, n: int) -> None:
+    """Give the replica's parameters the mean gradient of a step that sums ``n`` samples.
+
+    ``grad`` is the step's flat gradient sum; ``None``: the gradient is in
+    the parameters' ``.grad`` already, as the mean over ``replica.kept_rows``
+    (the replica's ``keep_grads`` mode), and is rescaled there if ``n`` differs.
+    """
+    if grad is not None:
+        set_flat_grad(replica.params, grad / n)
+    elif n != replica.kept_rows:
+        for p in replica.params:
+            if p.grad is not None:
+                p.grad.mul_(replica.kept_rows / n)
+
+
+def _rows(
+    plugin: ReplicaPlugin, shares: Shares, parts: Mapping[int, PartitionRef | str]
+) -> torch.Tensor:
+    """The rows of the worker's stacked partitions that the round's samples are in.
+
+    Partitions not loaded here yet are loaded first (once).
+    """
+    pids, local = shares.locate()
+    if not pids.size:
+        return torch.empty(0, dtype=torch.int64)
+    rows = plugin.rows(pids, local)
+    if rows is None:
+        for pid in np.unique(pids):
             plugin.partition(int(pid), parts[int(pid)])
-        got = plugin.gather(pids, local)
-    if got is not None:  # one gather over the worker's partitions, in ``indices`` order
-        x_all, y_all = got
-    else:
-        x_all = torch.empty(0, device=device)
-        y_all = torch.empty(0, dtype=torch.int64, device=device)
-    w = (
-        None
-        if share.weights is None
-        else torch.as_tensor(share.weights, dtype=torch.float32, device=device)
-    )
+        rows = plugin.rows(pids, local)
+        assert rows is not None
+    return rows
+
+
+def _batch(plugin: ReplicaPlugin, weights: Weights, share: Share, rows: torch.Tensor) -> Batch:
+    """The samples of ``share`` (at ``rows``) as tensors on the replica's device."""
+    x, y = plugin.take(rows)
+    w = share.weights
     return Batch(
-        x=x_all,
-        y=y_all,
+        x=x,
+        y=y,
         indices=share.indices,
         n_train=share.n_train,
-        weights=w,
+        weights=None if w is None else torch.as_tensor(w, dtype=torch.float32, device=x.device),
         mean_grad=weights.mean_grad,
         extra=share.extra,
-        rng=np.random.default_rng(list(share.seed)),
+        seed=share.seed,
     )
 
 

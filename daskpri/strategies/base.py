@@ -16,6 +16,7 @@ A strategy has two halves, both small:
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -83,23 +84,39 @@ class Batch:
     weights: torch.Tensor | None
     mean_grad: torch.Tensor | None
     extra: dict[str, np.ndarray]
-    rng: np.random.Generator
+    #: the generator of the worker half's random choices, or the seed it is
+    #: made from on first use (most steps draw nothing)
+    seed: np.random.Generator | Sequence[int]
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The generator of the worker half's random choices."""
+        if not isinstance(self.seed, np.random.Generator):
+            self.seed = np.random.default_rng(list(self.seed))
+        return self.seed
 
 
 @dataclass
 class Computed:
     """What a worker returns for its batch."""
 
-    #: ``sum_i w_i grad L_i`` over the samples backpropagated (flat, on the device)
-    grad: torch.Tensor
+    #: ``sum_i w_i grad L_i`` over the samples backpropagated (flat, on the
+    #: device); ``None`` when :meth:`Replica.weighted_grad` left it in the
+    #: module's ``.grad`` (the replica's ``keep_grads`` mode, for local steps)
+    grad: torch.Tensor | None
     #: how many samples the gradient sums (the driver divides by the total)
     n_grad: int
-    #: rows of the batch whose priority was computed, and the priorities
-    rows: np.ndarray
-    priorities: np.ndarray
-    loss_sum: float
+    #: rows of the batch whose priority was computed (``None``: all rows, in
+    #: order), and the priorities
+    rows: np.ndarray | None
+    #: numbers, or a tensor on the device: the worker converts a round's
+    #: tensors at once at its end (each conversion on its own costs a step time)
+    priorities: np.ndarray | torch.Tensor
+    #: the loss summed over the ``n_loss`` train rows (number or 0-d tensor)
+    loss_sum: float | torch.Tensor
     n_loss: int
-    correct: int
+    #: train rows predicted right (number or 0-d tensor)
+    correct: int | torch.Tensor
 
 
 class Strategy(abc.ABC):
@@ -126,20 +143,20 @@ class Strategy(abc.ABC):
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
         """Gradient of the train rows; losses of all rows as priorities."""
-        n = batch.n_train
-        grad, losses, logits = replica.weighted_grad(batch.x[:n], batch.y[:n], batch.weights)
-        all_losses = losses
-        if batch.x.shape[0] > n:
+        n, rows = batch.n_train, batch.x.shape[0]
+        x, y = (batch.x, batch.y) if n == rows else (batch.x[:n], batch.y[:n])
+        grad, losses, logits = replica.weighted_grad(x, y, batch.weights)
+        if rows > n:
             score_losses, _ = replica.losses(batch.x[n:], batch.y[n:])
-            all_losses = torch.cat([losses, score_losses])
+            losses = torch.cat([losses, score_losses])
         return Computed(
             grad=grad,
             n_grad=n,
-            rows=np.arange(batch.x.shape[0]),
-            priorities=all_losses.cpu().numpy(),
-            loss_sum=float(losses.sum()),
+            rows=None,
+            priorities=losses,
+            loss_sum=losses[:n].sum(),
             n_loss=n,
-            correct=int((logits.argmax(1) == batch.y[:n]).sum()),
+            correct=(logits.argmax(1) == y).sum(),
         )
 
     def gradients_per_step(self, batch_size: int, samples: int) -> int:
