@@ -214,8 +214,8 @@ def warmup_task(
 ) -> None:
     """Run ``strategy`` once on a few rows of partition ``pid``; drop the result.
 
-    The first ``torch.func`` transform on a process is slow; this keeps that
-    cost out of the first training step.
+    The first ``torch.func`` transform on a process is slow, and so is the
+    first optimizer; this keeps those costs out of the first training step.
     """
     plugin = _plugin(name)
     replica = plugin.replica
@@ -234,6 +234,14 @@ def warmup_task(
     )
     strategy.compute(replica, batch)
     replica.version = -1  # the warm-up weights are not a training version
+    # The first optimizer a process builds imports torch's compiler stack
+    # (over a second); rounds of local steps build one each.
+    for kind in ("sgd", "adam"):
+        dummy = [torch.nn.Parameter(torch.zeros(1, device=replica.device))]
+        opt = make_optimizer(kind, dummy, {"lr": 0.0})
+        opt.load_state_dict(opt.state_dict())
+        dummy[0].grad = torch.zeros_like(dummy[0])
+        opt.step()
 
 
 @dataclass
