@@ -54,3 +54,33 @@ def test_load_copies_weights_once_per_version():
     assert torch.equal(torch.nn.utils.parameters_to_vector(replica.module.parameters()), params)
     replica.load(Weights(version=3, params=torch.zeros(6)))  # same version: not reloaded
     assert torch.equal(torch.nn.utils.parameters_to_vector(replica.module.parameters()), params)
+
+
+def test_step_messages_carry_tensors_as_numpy_and_arrive_equal_and_writable():
+    from distributed.protocol import dumps, loads
+    from distributed.protocol.serialize import Serialize, to_serialize
+
+    from daskpri.replicas.optim import LocalSteps
+
+    base = torch.arange(200_000.0)
+    weights = Weights(
+        version=3,
+        params=base[::2],  # a strided view: only its 100,000 values travel
+        buffers={"half": torch.ones(2, dtype=torch.bfloat16)},  # numpy has no bfloat16
+    )
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1, momentum=0.9)
+    opt.state[opt.param_groups[0]["params"][0]]["momentum_buffer"] = torch.full((3,), 2.0)
+    local = LocalSteps("sgd", {"lr": 0.1, "momentum": 0.9}, opt.state_dict(), [0.1, 0.05])
+    frames = dumps({"payload": to_serialize((weights, local))})
+    # the view, not its whole storage (which torch's own pickling would send)
+    assert sum(len(memoryview(f)) for f in frames) < 2 * base.numel() + 10_000
+    got = loads(frames)["payload"]
+    w, lo = got.data if isinstance(got, Serialize) else got
+    assert w.version == 3 and torch.equal(w.params, base[::2])
+    assert w.buffers["half"].dtype == torch.bfloat16
+    buf = lo.state["state"][0]["momentum_buffer"]
+    assert torch.equal(buf, torch.full((3,), 2.0)) and lo.rates == [0.1, 0.05]
+    buf.mul_(0.5)  # the optimizer writes into what arrives
+    w.params.add_(1.0)
+    assert float(buf[0]) == 1.0 and float(w.params[0]) == 1.0
+    assert float(base[0]) == 0.0  # the sender's tensor is untouched

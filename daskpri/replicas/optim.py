@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from daskpri._wire import numpy_tensors
+
 
 @dataclass
 class LocalSteps:
@@ -31,6 +33,10 @@ class LocalSteps:
     options: dict[str, Any]
     state: dict[str, Any]
     rates: list[float]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # tensors travel as numpy arrays: out of band, no copy through torch.save
+        return numpy_tensors(self.__dict__)
 
 
 def make_optimizer(

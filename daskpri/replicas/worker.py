@@ -24,6 +24,7 @@ from distributed import WorkerPlugin, get_worker
 from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
+from daskpri._wire import numpy_tensors
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights
@@ -362,6 +363,10 @@ class StepResult:
     #: after a round of local steps: the replica's parameters and optimizer state
     params: torch.Tensor | None = None
     optimizer_state: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # tensors travel as numpy arrays: out of band, no copy through torch.save
+        return numpy_tensors(self.__dict__)
 
 
 def train_task(name: str, *args: Any) -> StepResult:
