@@ -81,3 +81,29 @@ def test_strategies_that_need_last_steps_priorities_refuse_local_rounds():
         daskpri.Trainer(model, strategy="projection", local_steps=4)
     with pytest.raises(ValueError, match="local_steps should be a positive integer"):
         daskpri.Trainer(model, local_steps=0)
+
+
+def test_a_round_packs_weighted_and_unweighted_steps_and_unpacks_each_as_it_was():
+    from daskpri.replicas.worker import Shares
+    from daskpri.strategies.base import Selection
+
+    sels = [
+        Selection(train=np.array([0, 5])),
+        Selection(train=np.array([7, 12, 13]), weights=np.array([0.5, 2.0, 1.5]),
+                  score=np.array([3])),
+        Selection(train=np.array([], dtype=np.int64)),
+        Selection(train=np.array([19]), weights=np.array([4.0])),
+    ]
+    shares = Shares.pack(sels, (9, 100, 1), np.array([0, 10, 20]))
+    assert len(shares) == 4 and shares.weights.size == 4  # only weighted steps carry weights
+    for i, sel in enumerate(sels):
+        share = shares.share(i)
+        assert share.indices.tolist() == np.concatenate([sel.train, sel.score]).tolist()
+        assert share.n_train == sel.train.size
+        assert (share.pids * 10 + share.local).tolist() == share.indices.tolist()
+        assert share.seed == (9, 100 + i, 1)
+        if sel.weights is None:
+            assert share.weights is None
+        else:
+            assert share.weights.tolist() == sel.weights.tolist()
+    assert shares.partitions().tolist() == [0, 1]

@@ -277,7 +277,7 @@ class Shares:
     #: step ``i``'s samples are ``indices[splits[i]:splits[i + 1]]``
     splits: np.ndarray
     n_train: np.ndarray
-    #: train rows' weights, concatenated (1 where a step has none)
+    #: the train rows' weights of the weighted steps, concatenated
     weights: np.ndarray
     #: which steps carry weights
     weighted: np.ndarray
@@ -297,10 +297,7 @@ class Shares:
         """Pack one slot's :class:`~daskpri.strategies.Selection` of each step."""
         parts = [np.concatenate([s.train, s.score]).astype(np.int64) for s in selections]
         n_train = np.array([s.train.size for s in selections], dtype=np.int64)
-        weights = [
-            np.ones(n, dtype=np.float64) if s.weights is None else np.asarray(s.weights, float)
-            for s, n in zip(selections, n_train, strict=True)
-        ]
+        weights = [np.asarray(s.weights, float) for s in selections if s.weights is not None]
         return cls(
             indices=np.concatenate(parts) if parts else np.empty(0, dtype=np.int64),
             splits=np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64),
@@ -329,8 +326,8 @@ class Shares:
     def share(self, i: int) -> Share:
         """Step ``i`` of the round."""
         pids, local = self.locate()
-        if not hasattr(self, "_w0"):
-            self._w0 = np.concatenate([[0], np.cumsum(self.n_train)])
+        if not hasattr(self, "_w0"):  # where each step's weights start
+            self._w0 = np.concatenate([[0], np.cumsum(self.n_train * self.weighted)])
         a, b = self.splits[i], self.splits[i + 1]
         w0, n = int(self._w0[i]), int(self.n_train[i])
         return Share(
