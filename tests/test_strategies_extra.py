@@ -68,6 +68,9 @@ def test_registry_lists_both_with_their_defaults():
         ("infobatch", {"epochs": 0}, "epochs should be a positive integer, but got epochs=0"),
         ("infobatch", {"epochs": 2.5}, "epochs should be a positive integer"),
         ("infobatch", {"batch_size": -1}, "batch_size should be a positive integer"),
+        ("selective-backprop", {"beta": 0}, r"beta should be a finite number > 0, but got beta=0"),
+        ("selective-backprop", {"beta": float("nan")}, "beta should be a finite number > 0"),
+        ("selective-backprop", {"beta": True}, "beta should be a finite number > 0"),
     ],
 )
 def test_parameter_errors_name_the_field(name, options, message):

@@ -16,6 +16,7 @@ A strategy has two halves, both small:
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -186,6 +187,15 @@ def check_fraction(name: str, value: float, *, low_open: bool = False) -> float:
     if not ok:
         interval = "(0, 1]" if low_open else "[0, 1]"
         raise ValueError(f"{name} should be a number in {interval}, but got {name}={value!r}")
+    return float(value)
+
+
+def check_number(name: str, value: Any, low: float, *, low_open: bool = False) -> float:
+    """``value`` if it is a finite number ``>= low`` (``> low`` with ``low_open``)."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and (value > low if low_open else value >= low)):
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        raise ValueError(f"{name} should be a finite number {bound}, but got {name}={value!r}")
     return float(value)
 
 

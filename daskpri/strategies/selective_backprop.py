@@ -15,6 +15,7 @@ from daskpri.strategies.base import (
     Selection,
     Strategy,
     check_fraction,
+    check_number,
     check_positive_int,
     epoch_batches,
 )
@@ -78,11 +79,7 @@ class SelectiveBackprop(Strategy):
         self, fraction: float = 0.5, beta: float | None = None, batch_size: int | None = None
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
-        if beta is not None and (
-            not isinstance(beta, (int, float)) or isinstance(beta, bool) or not beta > 0
-        ):
-            raise ValueError(f"beta should be a positive number or None, but got beta={beta!r}")
-        self.beta = None if beta is None else float(beta)
+        self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
         self.batch_size = check_positive_int("batch_size", batch_size)
 
     def select(self, ctx: SelectContext) -> list[Selection]:

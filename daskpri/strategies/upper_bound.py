@@ -9,7 +9,6 @@ constant, and costs a forward pass only.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +22,7 @@ from daskpri.strategies.base import (
     Selection,
     Strategy,
     check_fraction,
+    check_number,
     check_positive_int,
     epoch_batches,
 )
@@ -90,13 +90,6 @@ def draw_by_scores(
     return importance_sample(p, size, rng)
 
 
-def _check_number(name: str, value: Any, low: float) -> float:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    if not (ok and math.isfinite(value) and value >= low):
-        raise ValueError(f"{name} should be a finite number >= {low:g}, but got {name}={value!r}")
-    return float(value)
-
-
 class UpperBound(Strategy):
     """Importance sampling by the logit-gradient norm, on when it pays.
 
@@ -152,9 +145,9 @@ class UpperBound(Strategy):
         smoothing: float = 0.9,
         batch_size: int | None = None,
     ) -> None:
-        self.presample = _check_number("presample", presample, 1.0)
+        self.presample = check_number("presample", presample, 1.0)
         self.tau_threshold = (
-            None if tau_threshold is None else _check_number("tau_threshold", tau_threshold, 1.0)
+            None if tau_threshold is None else check_number("tau_threshold", tau_threshold, 1.0)
         )
         # The reference code's momentum is 0.9; 1 would freeze the average at 0.
         smooth = check_fraction("smoothing", smoothing)
