@@ -55,6 +55,18 @@ def numpy_tensors(obj: Any) -> Any:
     return obj
 
 
+class TensorsAsNumpy:
+    """Mixin: an object whose tensors pickle as numpy arrays (see `numpy_tensors`).
+
+    For the dataclasses a training step sends between the driver and the workers.
+    """
+
+    __slots__ = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return numpy_tensors(self.__dict__)
+
+
 _NUMPY_DTYPES = {
     torch.float64,
     torch.float32,

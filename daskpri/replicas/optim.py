@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from daskpri._wire import numpy_tensors
+from daskpri._wire import TensorsAsNumpy
 
 
 @dataclass
-class LocalSteps:
+class LocalSteps(TensorsAsNumpy):
     """Several optimizer steps on the worker in one round (local SGD).
 
     The worker builds the driver's optimizer over its replica, loads
@@ -33,10 +33,6 @@ class LocalSteps:
     options: dict[str, Any]
     state: dict[str, Any]
     rates: list[float]
-
-    def __getstate__(self) -> dict[str, Any]:
-        # tensors travel as numpy arrays: out of band, no copy through torch.save
-        return numpy_tensors(self.__dict__)
 
 
 def make_optimizer(

@@ -9,7 +9,6 @@ The replica computes what strategies ask for on a batch: per-sample losses
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,11 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from daskpri._wire import numpy_tensors
+from daskpri._wire import TensorsAsNumpy
 
 
 @dataclass
-class Weights:
+class Weights(TensorsAsNumpy):
     """What the driver ships to the replicas each step (CPU tensors only).
 
     ``params`` is the flat parameter vector; ``buffers`` the module's buffers;
@@ -32,10 +31,6 @@ class Weights:
     params: torch.Tensor
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     mean_grad: torch.Tensor | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # tensors travel as numpy arrays: out of band, no copy through torch.save
-        return numpy_tensors(self.__dict__)
 
 
 class Replica:

@@ -24,7 +24,7 @@ from distributed import WorkerPlugin, get_worker
 from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
-from daskpri._wire import numpy_tensors
+from daskpri._wire import TensorsAsNumpy
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights
@@ -182,7 +182,8 @@ class ReplicaPlugin(WorkerPlugin):
 
     def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` and ``y`` of ``rows`` (from :meth:`rows`), as one gather each."""
-        assert self.stacked is not None
+        if self.stacked is None:
+            raise RuntimeError(f"worker {self.address} holds no partitions to take rows from")
         xs, ys = self.stacked
         return xs.index_select(0, rows), ys.index_select(0, rows)
 
@@ -342,7 +343,7 @@ class Shares:
 
 
 @dataclass
-class StepResult:
+class StepResult(TensorsAsNumpy):
     """What one worker returns for one step or round (CPU tensors and numpy only)."""
 
     #: ``sum_i w_i grad L_i`` of a step (empty after a round of local steps)
@@ -360,10 +361,6 @@ class StepResult:
     #: after a round of local steps: the replica's parameters and optimizer state
     params: torch.Tensor | None = None
     optimizer_state: dict[str, Any] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # tensors travel as numpy arrays: out of band, no copy through torch.save
-        return numpy_tensors(self.__dict__)
 
 
 def train_task(name: str, *args: Any) -> StepResult:
@@ -526,7 +523,10 @@ def _rows(
         for pid in np.unique(pids):
             plugin.partition(int(pid), parts[int(pid)])
         rows = plugin.rows(pids, local)
-        assert rows is not None
+        if rows is None:
+            raise LookupError(
+                f"partitions {np.unique(pids).tolist()} did not load on worker {plugin.address}"
+            )
     return rows
 
 
