@@ -212,12 +212,19 @@ def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
 
 
 def warmup_task(
-    name: str, weights: Weights, strategy: Strategy, pid: int, ref: PartitionRef
+    name: str,
+    weights: Weights,
+    strategy: Strategy,
+    pid: int,
+    ref: PartitionRef,
+    optimizer: str | None = None,
 ) -> None:
     """Run ``strategy`` once on a few rows of partition ``pid``; drop the result.
 
     The first ``torch.func`` transform on a process is slow, and so is the
     first optimizer; this keeps those costs out of the first training step.
+    ``optimizer`` names the one that rounds of local steps build on the
+    worker (``None``: no local steps, no optimizer here).
     """
     plugin = _plugin(name)
     replica = plugin.replica
@@ -236,11 +243,11 @@ def warmup_task(
     )
     strategy.compute(replica, batch)
     replica.version = -1  # the warm-up weights are not a training version
-    # The first optimizer a process builds imports torch's compiler stack
-    # (over a second); rounds of local steps build one each.
-    for kind in ("sgd", "adam"):
+    if optimizer is not None:
+        # The first optimizer a process builds imports torch's compiler stack
+        # (over a second); rounds of local steps build one each.
         dummy = [torch.nn.Parameter(torch.zeros(1, device=replica.device))]
-        opt = make_optimizer(kind, dummy, {"lr": 0.0})
+        opt = make_optimizer(optimizer, dummy, {"lr": 0.0})
         opt.load_state_dict(opt.state_dict())
         dummy[0].grad = torch.zeros_like(dummy[0])
         opt.step()

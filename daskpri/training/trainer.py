@@ -651,6 +651,7 @@ class Trainer:
                 self.strategy,
                 pid,
                 self._parts[pid],
+                self.optimizer if self.local_steps > 1 else None,
                 workers=[addr],
                 allow_other_workers=True,
                 resources=self.resources,
