@@ -52,6 +52,19 @@ def test_rounds_on_two_workers_train_evaluate_and_end_at_max_steps(gpu_client, s
     assert h["loss"].values[-2:].mean() < h["loss"].values[:2].mean()
 
 
+def test_selective_backprop_refresh_scores_afresh_every_other_epoch(gpu_client, small_data):
+    train, _ = small_data
+    with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,
+                  refresh=2) as t:
+        h = t.fit(train, max_steps=40, progress=False)
+    # Each worker walks its 800 samples 64 candidates a step: epoch 0 is steps
+    # 0-12 (fresh, 64 forwarded), epoch 1 steps 13-24 (stale: only the 32 kept,
+    # ranked by the table), epoch 2 steps 25-37 (fresh), epoch 3 from step 38.
+    assert h["grad_samples"].values[-1] == 40 * 2 * 32
+    assert h["samples"].values[-1] == 2 * (26 * 64 + 14 * 32)
+    assert np.isfinite(h["loss"].values).all()
+
+
 def test_a_resumed_run_of_local_rounds_continues_exactly(gpu_client, small_data, tmp_path):
     train, test = small_data
     path = tmp_path / "local.ckpt"

@@ -134,6 +134,39 @@ def test_selective_backprop_keeps_the_high_loss_fraction():
     assert [sel.train.size for sel in sels] == [16, 16]
 
 
+def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():
+    # one worker of 8 samples; candidates of 8 per step (batch 4, fraction 0.5)
+    table = PriorityTable([8])
+    table.update(np.arange(8), np.array([0.1, 0.9, 0.5, 0.2, 0.8, 0.3, 0.7, 0.4]), step=0)
+    ctx = make_ctx([8], [0], batch_size=4, table=table)
+    s = get_strategy("selective-backprop", refresh=2)
+    fresh = s.select(ctx)[0]  # epoch 0 scores all 8 candidates on the worker
+    assert fresh.train.tolist() == list(range(8)) and "stale" not in fresh.extra
+    ctx.step = 1
+    stale = s.select(ctx)[0]  # epoch 1 ranks them by the table: the 4 highest
+    assert stale.train.tolist() == [1, 2, 4, 6] and "stale" in stale.extra
+    ctx.step = 2
+    assert "stale" not in s.select(ctx)[0].extra  # epoch 2: afresh again
+    # unseen samples rank first
+    table.forget(np.array([0, 3]))
+    ctx.step = 3
+    assert s.select(ctx)[0].train.tolist() == [0, 1, 3, 4]
+    with pytest.raises(ValueError, match="refresh should be a positive integer, but got refresh=0"):
+        get_strategy("selective-backprop", refresh=0)
+
+
+def test_selective_backprop_stale_step_backpropagates_every_row():
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Linear(3, 2), "cpu")
+    x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+    batch = _batch(x, y, 4)
+    batch.extra = {"stale": np.ones(0, dtype=bool)}
+    c = get_strategy("selective-backprop", refresh=3).compute(replica, batch)
+    grads, _, _ = replica.per_sample_grads(x, y)
+    torch.testing.assert_close(c.grad, grads.sum(0), rtol=1e-5, atol=1e-6)
+    assert c.n_grad == 4 and len(c.priorities) == 4
+
+
 def _batch(x, y, n_train, weights=None, mean_grad=None):
     return Batch(
         x=x,

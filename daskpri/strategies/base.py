@@ -237,6 +237,15 @@ def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     return np.sort(group[np.concatenate(out)])
 
 
+def walk_epoch(ctx: SelectContext, slot: int) -> int:
+    """The epoch (from 0) of :func:`epoch_batches`'s walk that ``slot``'s next draw starts in."""
+    epoch = int(ctx.state.get("epochs", {}).get(slot, 0))
+    perm = ctx.state.get("perm", {}).get(slot)
+    if perm is not None and perm.size == ctx.groups[slot].size:
+        epoch += int(ctx.state["pos"][slot] >= perm.size)  # this epoch is spent
+    return epoch
+
+
 def round_robin(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     """The next ``size`` samples of ``slot`` in index order, wrapping around."""
     group = ctx.groups[slot]

@@ -18,6 +18,7 @@ from daskpri.strategies.base import (
     check_number,
     check_positive_int,
     epoch_batches,
+    walk_epoch,
 )
 
 
@@ -48,6 +49,10 @@ def keep_by_cdf(
     return np.flatnonzero(rng.random(losses.size) < cdf**beta)
 
 
+#: marks a step selected by stale losses (``Selection.extra`` holds arrays)
+_STALE = np.ones(0, dtype=bool)
+
+
 class SelectiveBackprop(Strategy):
     """Forward a larger candidate batch, backpropagate its high-loss samples.
 
@@ -56,6 +61,13 @@ class SelectiveBackprop(Strategy):
     priorities) and backpropagates either the top ``fraction`` by loss
     (``beta=None``), or each candidate with probability ``CDF(L)^beta``, the
     CDF taken over the table's recent losses (Jiang et al. 2019).
+
+    With ``refresh=k``, only one epoch in ``k`` of each worker's candidate
+    walk scores its candidates with a fresh forward pass; in the others the
+    candidates are ranked by the losses the table holds for them (their last
+    forward pass), and only the kept ones are forwarded and backpropagated,
+    which makes those steps as cheap as a uniform step (the paper's
+    Stale-SB). Unseen samples rank first.
 
     Parameters
     ----------
@@ -66,6 +78,9 @@ class SelectiveBackprop(Strategy):
     batch_size : int, optional
         Samples backpropagated per worker per step (in expectation with
         ``beta``); ``None`` takes the trainer's.
+    refresh : int, optional
+        Score afresh in epochs ``0, k, 2k, ...`` of the candidate walk and by
+        the table's losses in the others; ``None`` (or 1) scores every epoch.
 
     Examples
     --------
@@ -76,11 +91,33 @@ class SelectiveBackprop(Strategy):
     name = "selective-backprop"
 
     def __init__(
-        self, fraction: float = 0.5, beta: float | None = None, batch_size: int | None = None
+        self,
+        fraction: float = 0.5,
+        beta: float | None = None,
+        batch_size: int | None = None,
+        refresh: int | None = None,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
         self.batch_size = check_positive_int("batch_size", batch_size)
+        self.refresh = check_positive_int("refresh", refresh)
+
+    def fresh(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (counted from 0) of the walk scores afresh.
+
+        Examples
+        --------
+        >>> [SelectiveBackprop(refresh=3).fresh(e) for e in range(5)]
+        [True, False, False, True, False]
+        """
+        return self.refresh is None or epoch % self.refresh == 0
+
+    def _keep(
+        self, losses: np.ndarray, extra: dict[str, np.ndarray], rng: np.random.Generator
+    ) -> np.ndarray:
+        if self.beta is None:
+            return keep_top_fraction(losses, self.fraction)
+        return keep_by_cdf(losses, extra["reference"], self.beta, rng)
 
     def select(self, ctx: SelectContext) -> list[Selection]:
         size = self.batch_size or ctx.batch_size
@@ -93,18 +130,23 @@ class SelectiveBackprop(Strategy):
             if losses.size > 1024:
                 losses = ctx.rng.choice(losses, 1024, replace=False)
             extra["reference"] = np.sort(losses)
-        return [
-            Selection(train=epoch_batches(ctx, s, n_cand), extra=extra)
-            for s in range(len(ctx.groups))
-        ]
+        out = []
+        for s in range(len(ctx.groups)):
+            fresh = self.fresh(walk_epoch(ctx, s))
+            cand = epoch_batches(ctx, s, n_cand)
+            if fresh:
+                out.append(Selection(train=cand, extra=extra))
+            else:  # ranked by the table's losses; the worker's step is a plain one
+                kept = cand[self._keep(ctx.table.current[cand], extra, ctx.rng)]
+                out.append(Selection(train=kept, extra={"stale": _STALE}))
+        return out
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
+        if "stale" in batch.extra:
+            return super().compute(replica, batch)
         losses, logits = replica.losses(batch.x, batch.y)
         loss_np = losses.cpu().numpy().astype(np.float64)
-        if self.beta is None:
-            rows = keep_top_fraction(loss_np, self.fraction)
-        else:
-            rows = keep_by_cdf(loss_np, batch.extra["reference"], self.beta, batch.rng)
+        rows = self._keep(loss_np, batch.extra, batch.rng)
         if rows.size:
             sel = torch.as_tensor(rows, device=batch.x.device)
             grad, _, _ = replica.weighted_grad(batch.x[sel], batch.y[sel], None)
