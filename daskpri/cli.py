@@ -19,9 +19,12 @@ Compare selective backprop with uniform sampling for the same time budget::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -291,10 +294,11 @@ def _train(args: argparse.Namespace) -> int:
                 security=True if args.tls else None, **checkpoints, **options,
             )
         print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
-        history = trainer.fit(
-            train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
-            target_accuracy=args.target_accuracy, progress=not args.no_progress,
-        )
+        with _interruptible(trainer):
+            history = trainer.fit(
+                train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
+                target_accuracy=args.target_accuracy, progress=not args.no_progress,
+            )
         print(_summary(history), flush=True)
         if args.output is not None:
             history.attrs.update(dataset=args.dataset, model=args.model)
@@ -306,6 +310,34 @@ def _train(args: argparse.Namespace) -> int:
         if client is not None:
             client.close()
     return 0
+
+
+@contextlib.contextmanager
+def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
+    """Ctrl-C stops ``trainer``'s fit even where its ``KeyboardInterrupt`` is lost.
+
+    Python raises the interrupt in whatever the main thread runs at that
+    moment; inside a finalizer or a callback it is printed and dropped, and
+    the run would go on to its budget. The handler also asks the trainer to
+    stop after its step in flight, and the interrupt is raised again then.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupted = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        interrupted.set()
+        trainer.stop()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler) or signal.default_int_handler
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():  # fit returned: the interrupt was lost on the way
+        raise KeyboardInterrupt
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -329,7 +361,7 @@ def _demo(args: argparse.Namespace) -> int:
                 # The same initial weights for both runs: only the sampling differs.
                 model = daskpri.models.build_model(args.model, train, seed=args.seed)
                 with daskpri.Trainer(model, strategy=strategy, client=client,
-                                     seed=args.seed) as trainer:
+                                     seed=args.seed) as trainer, _interruptible(trainer):
                     histories[strategy] = trainer.fit(train, eval_data=test,
                                                       max_time=args.max_time)
                 print(_summary(histories[strategy]), flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -13,8 +14,10 @@ import pytest
 import xarray as xr
 from _procs import _free_port, _stop
 
+import daskpri
 from daskpri import STRATEGIES
-from daskpri.cli import _parse_value, main
+from daskpri.cli import _interruptible, _parse_value, main
+from daskpri.models import build_model
 
 SMALL = ["--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "20"]
 SUMMARY = re.compile(
@@ -171,6 +174,28 @@ def test_interrupt_closes_the_cluster_and_exits_130() -> None:
         _stop([proc])
     assert proc.returncode == 130
     assert err.endswith("daskpri: interrupted\n") and "Traceback" not in err
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_data):
+    train, _ = small_data
+    before = signal.getsignal(signal.SIGINT)
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+
+    class Finalized:
+        def __del__(self) -> None:
+            # the handler runs, and raises, in here: Python prints and drops it
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+
+    try:
+        with pytest.raises(KeyboardInterrupt), _interruptible(trainer):
+            Finalized()
+            trainer.fit(train, max_steps=200, progress=False)
+        assert trainer.step_ == 0  # the fit ended before its first step
+        assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+    finally:
+        trainer.close()
 
 
 def test_unreachable_scheduler_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

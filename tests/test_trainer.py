@@ -317,6 +317,34 @@ def test_fit_in_background_returns_a_future_of_the_history(gpu_client, small_dat
         trainer.close()
 
 
+def test_stop_ends_a_background_fit_with_its_history_and_allows_another(
+    gpu_client, small_data
+):
+    train, test = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        future = trainer.fit_in_background(train, eval_data=test, max_time=600)
+        deadline = time.monotonic() + 60
+        while trainer.step_ < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert trainer.step_ >= 5, "the background fit made no steps"
+        trainer.stop()
+        history = future.result(timeout=60)  # within a step, not the 600 s budget
+        assert history.sizes["step"] == trainer.step_ >= 5
+        assert float(history["time"][-1]) < 600
+        # the last step is evaluated, as at the end of any fit
+        assert np.isfinite(float(history["accuracy"][-1]))
+        # a stop is spent by the fit it ended: the next fit runs to its end
+        again = trainer.fit(train, max_steps=trainer.step_ + 3, progress=False)
+        assert again.sizes["step"] == history.sizes["step"] + 3
+        # a stop asked between fits ends the next one before its first step
+        trainer.stop()
+        assert trainer.fit(train, max_steps=trainer.step_ + 3, progress=False).sizes[
+            "step"] == again.sizes["step"]
+    finally:
+        trainer.close()
+
+
 def test_both_transports_compute_the_same_run(gpu_client, small_data):
     histories = {}
     for transport in ("tasks", "direct"):

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import math
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -285,6 +286,7 @@ class Trainer:
         self._table: RemoteTable | None = None
         self._resume_state: dict[str, Any] | None = None
         self._background: concurrent.futures.Future[xr.Dataset] | None = None
+        self._stop = threading.Event()
 
     # -- cluster -------------------------------------------------------------
 
@@ -397,6 +399,8 @@ class Trainer:
         start = self._elapsed
         try:
             while True:
+                if self._stop.is_set():
+                    break
                 if max_steps is not None and self.step_ >= max_steps:
                     break
                 if max_time is not None and self._elapsed - start >= max_time:
@@ -425,7 +429,25 @@ class Trainer:
                 self._flush()
         finally:
             bar.close()
+            self._stop.clear()
         return self.history_
+
+    def stop(self) -> None:
+        """End the running :meth:`fit` after the step (or round) in flight.
+
+        That fit evaluates, keeps its history and returns it as if its
+        budget were spent; the trainer can fit again afterwards. Safe to call
+        from any thread or a signal handler, for example while
+        :meth:`fit_in_background` runs. Called when no fit runs, it ends the
+        next one before its first step.
+
+        Examples
+        --------
+        >>> future = trainer.fit_in_background(train, max_time=600)  # doctest: +SKIP
+        >>> trainer.stop()  # doctest: +SKIP
+        >>> history = future.result()  # the steps made so far  # doctest: +SKIP
+        """
+        self._stop.set()
 
     @contextlib.contextmanager
     def _blame_scheduler(self) -> Iterator[None]:
