@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/daskpri demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --doctest-modules tests daskpri
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

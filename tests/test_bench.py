@@ -185,6 +185,29 @@ def test_strategy_options_reach_their_arms_and_the_equal_gradient_baseline():
         _config(local_steps=0)
 
 
+def test_strategy_options_given_for_one_model_reach_only_its_arms():
+    cfg = _config(strategies=("projection",), models=("mlp", "cnn"), workers=(2,),
+                  strategy_options=(("projection", "k", 32), ("projection", "renew", 0.0),
+                                    ("projection", "k", 16, "cnn")))
+    mlp, cnn = make_arms(cfg, 16000, "mlp"), make_arms(cfg, 16000, "cnn")
+    assert [a.label for a in mlp] == ["uniform", "uniform@32", "projection"]
+    assert [a.label for a in cnn] == ["uniform", "uniform@16", "projection"]
+    assert mlp[2].options == (("k", 32), ("renew", 0.0))
+    assert cnn[2].options == (("k", 16), ("renew", 0.0))
+    runs = {(s.model, s.arm.label): s.arm.options
+            for s in next_runs(cfg, {d: 16000 for d in cfg.datasets}, [])}
+    assert runs[("cnn", "projection")] == (("k", 16), ("renew", 0.0))
+    assert ("cnn", "uniform@32") not in runs and ("mlp", "uniform@16") not in runs
+    with pytest.raises(ValueError, match="should name a compared model .*got .*'resnet'"):
+        _config(strategies=("projection",), models=("mlp",),
+                strategy_options=(("projection", "k", 3, "resnet"),))
+    with pytest.raises(ValueError, match="k should be a positive integer"):
+        _config(strategies=("projection",), models=("mlp", "cnn"),
+                strategy_options=(("projection", "k", 0, "cnn"),))
+    with pytest.raises(SystemExit):
+        main(["bench", "--strategy-option", "projection@:k=3", "--out", "x"])
+
+
 def _simulate(cfg: BenchConfig) -> list[RunRecord]:
     """Run the protocol to the end with made-up results (lr 0.1 always best)."""
     records: list[RunRecord] = []
@@ -349,6 +372,7 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
         "--strategies", "uniform,selective-backprop", "--workers", "1", "--budget", "4",
         "--baseline-budget", "1", "--no-ddp", "--no-progress", "--out", str(out),
         "--local-steps", "4", "--strategy-option", "selective-backprop:fraction=0.25",
+        "--strategy-option", "selective-backprop@mlp:refresh=2",
     ])
     assert status == 0
     doc = json.loads((out / "results.json").read_text())
@@ -359,7 +383,8 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     assert "| selective-backprop |" in md
     assert "4 local steps per round trip" in md and "selective-backprop:fraction=0.25" in md
     sb = [r for r in doc["runs"] if r["spec"]["arm"]["label"] == "selective-backprop"]
-    assert sb[0]["spec"]["arm"]["options"] == [["fraction", 0.25]]
+    assert sb[0]["spec"]["arm"]["options"] == [["fraction", 0.25], ["refresh", 2]]
+    assert "selective-backprop@mlp:refresh=2" in md
     for png in ("accuracy_synthetic_mlp.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "results.html").read_text()

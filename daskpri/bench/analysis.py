@@ -204,8 +204,8 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
     }
     main = config.main_workers
     for dataset in config.datasets:
-        arms = make_arms(config, sizes[dataset])
         for model in config.models:
+            arms = make_arms(config, sizes[dataset], model)
             dm = {"dataset": dataset, "model": model}
             goal = targets(records, dataset, model, picks, config.target_fractions)
             best = next(iter(goal.values())) / config.target_fractions[0]

@@ -82,8 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="optimizer steps per worker per round trip (local SGD; default 1) "
                      "in the runs of strategies that allow it")
     how.add_argument("--strategy-option", type=_arm_option, action="append",
-                     metavar="STRATEGY:KEY=VALUE",
-                     help="an option of one strategy's arms, e.g. selective-backprop:fraction=0.33")
+                     metavar="STRATEGY[@MODEL]:KEY=VALUE",
+                     help="an option of one strategy's arms, e.g. selective-backprop:fraction=0.33;"
+                          " with @MODEL only on that model's runs, e.g. "
+                          "selective-backprop@mlp:fraction=0.25")
     where = parser.add_argument_group("cluster")
     where.add_argument("--workers", type=_listof(int, "integers"), metavar="N[,N...]",
                        help="worker counts; the comparison runs on the largest, "
@@ -119,18 +121,24 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
-def _arm_option(text: str) -> tuple[str, str, Any]:
-    """``STRATEGY:KEY=VALUE`` as a triple (the value parsed as ``train`` does)."""
+def _arm_option(text: str) -> tuple[str, str, Any, str | None]:
+    """``STRATEGY[@MODEL]:KEY=VALUE`` as (strategy, key, value, model or None).
+
+    The value is parsed as ``train`` parses it.
+    """
     from daskpri.cli import _parse_value
 
     strategy, sep, rest = text.partition(":")
+    strategy, at, model = strategy.partition("@")
     key, eq, value = rest.partition("=")
-    if not sep or not eq or not strategy or not key.strip().isidentifier():
+    if (not sep or not eq or not strategy.strip() or not key.strip().isidentifier()
+            or (at and not model.strip())):
         raise argparse.ArgumentTypeError(
-            "a strategy option should look like STRATEGY:KEY=VALUE, e.g. "
-            f"selective-backprop:fraction=0.33, but got {text!r}"
+            "a strategy option should look like STRATEGY[@MODEL]:KEY=VALUE, e.g. "
+            f"selective-backprop:fraction=0.33 or selective-backprop@mlp:fraction=0.25, "
+            f"but got {text!r}"
         )
-    return strategy.strip(), key.strip(), _parse_value(value.strip())
+    return strategy.strip(), key.strip(), _parse_value(value.strip()), model.strip() or None
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -143,8 +151,9 @@ def _command_line(args: argparse.Namespace) -> str:
         if value is True:
             parts.append(flag)
         elif key == "strategy_option":
-            for strategy, k, v in value:
-                parts += [flag, f"{strategy}:{k}={v}"]
+            for strategy, k, v, model in value:
+                scope = "" if model is None else f"@{model}"
+                parts += [flag, f"{strategy}{scope}:{k}={v}"]
         elif isinstance(value, tuple):
             parts += [flag, ",".join(f"{v:g}" if isinstance(v, float) else str(v)
                                      for v in value)]

@@ -77,9 +77,11 @@ class BenchConfig:
     local_steps : int
         The trainer's ``local_steps`` in every daskpri run whose strategy
         allows it (``projection`` and ``length`` always take 1).
-    strategy_options : tuple of (strategy, key, value)
+    strategy_options : tuple of (strategy, key, value[, model])
         Options given to a strategy's arms, e.g. ``("selective-backprop",
-        "fraction", 0.33)``.
+        "fraction", 0.33)``; with a fourth element, only on that model's runs
+        (``("selective-backprop", "fraction", 0.25, "mlp")``), which then
+        take it over an option of the same key given for every model.
     quick : bool
         Whether the ``--quick`` defaults were used (said in the report).
     scheduler : str, optional
@@ -113,7 +115,7 @@ class BenchConfig:
     partition_size: int = 1000
     ddp: bool = True
     local_steps: int = 1
-    strategy_options: tuple[tuple[str, str, Any], ...] = ()
+    strategy_options: tuple[tuple[Any, ...], ...] = ()
     quick: bool = False
     scheduler: str | None = field(default=None, compare=False)
 
@@ -133,20 +135,29 @@ class BenchConfig:
         _positive_int("eval_every", self.eval_every)
         _positive_int("partition_size", self.partition_size)
         _positive_int("local_steps", self.local_steps)
+        options = []
         for entry in self.strategy_options:
-            if len(entry) != 3 or entry[0] not in strategies:
+            entry = tuple(entry)
+            if len(entry) == 3:
+                entry = (*entry, None)
+            if len(entry) != 4 or entry[0] not in strategies:
                 raise ValueError(
-                    "strategy_options should be (strategy, key, value) triples naming a "
+                    "strategy_options should be (strategy, key, value[, model]) naming a "
                     f"compared strategy ({', '.join(strategies)}), but got {entry!r}"
                 )
-        object.__setattr__(
-            self, "strategy_options", tuple(tuple(e) for e in self.strategy_options)
-        )
+            if entry[3] is not None and entry[3] not in self.models:
+                raise ValueError(
+                    f"strategy_options should name a compared model ({', '.join(self.models)})"
+                    f" in their fourth place, but got {entry!r}"
+                )
+            options.append(entry)
+        object.__setattr__(self, "strategy_options", tuple(options))
         from daskpri.strategies import check_strategy_options, get_strategy
 
         for name in strategies:  # bad options fail here, before any run
-            check_strategy_options(name, dict(self.options_of(name)))
-            get_strategy(name, **dict(self.options_of(name)))
+            for model in self.models:
+                check_strategy_options(name, dict(self.options_of(name, model)))
+                get_strategy(name, **dict(self.options_of(name, model)))
         if self.n_samples is not None:
             _positive_int("n_samples", self.n_samples)
         workers = tuple(sorted(set(self.workers)))
@@ -205,9 +216,27 @@ class BenchConfig:
             for k, v in asdict(self).items()
         }
 
-    def options_of(self, strategy: str) -> tuple[tuple[str, Any], ...]:
-        """The ``(key, value)`` options given to ``strategy``'s arms."""
-        return tuple((k, v) for name, k, v in self.strategy_options if name == strategy)
+    def options_of(self, strategy: str, model: str | None = None) -> tuple[tuple[str, Any], ...]:
+        """The ``(key, value)`` options of ``strategy``'s arms on ``model``'s runs.
+
+        Options given for the model override those given for every model.
+
+        Examples
+        --------
+        >>> cfg = BenchConfig(strategies=("selective-backprop",), strategy_options=(
+        ...     ("selective-backprop", "fraction", 0.5), ("selective-backprop", "refresh", 4),
+        ...     ("selective-backprop", "fraction", 0.25, "mlp")))
+        >>> cfg.options_of("selective-backprop", "mlp")
+        (('fraction', 0.25), ('refresh', 4))
+        >>> cfg.options_of("selective-backprop", "cnn")
+        (('fraction', 0.5), ('refresh', 4))
+        """
+        chosen: dict[str, Any] = {}
+        for scoped in (False, True):
+            for name, k, v, only in self.strategy_options:
+                if name == strategy and (only is not None) == scoped and only in (None, model):
+                    chosen[k] = v
+        return tuple(chosen.items())
 
 
 def _names(name: str, values: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:

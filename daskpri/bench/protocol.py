@@ -86,8 +86,11 @@ def gradients_per_step(
     return round(float(np.mean([s.gradients_per_step(batch_size, g) for g in samples_per_worker])))
 
 
-def make_arms(config: BenchConfig, n_train: int) -> list[Arm]:
+def make_arms(config: BenchConfig, n_train: int, model: str | None = None) -> list[Arm]:
     """Uniform, the uniform baselines of equal gradient budget, then the strategies.
+
+    The strategies take their options for ``model`` (see
+    :meth:`BenchConfig.options_of`).
 
     Examples
     --------
@@ -97,12 +100,12 @@ def make_arms(config: BenchConfig, n_train: int) -> list[Arm]:
     """
     sizes = group_sizes(n_train, config.main_workers, config.partition_size).tolist()
     b = config.batch_size
-    strategies = [
-        Arm(name, name, b, gradients_per_step(name, b, sizes, **dict(config.options_of(name))),
-            config.options_of(name))
-        for name in config.strategies
-        if name != "uniform"
-    ]
+    strategies = []
+    for name in config.strategies:
+        if name != "uniform":
+            options = config.options_of(name, model)
+            grads = gradients_per_step(name, b, sizes, **dict(options))
+            strategies.append(Arm(name, name, b, grads, options))
     equal = sorted({a.grads_per_step for a in strategies} - {b})
     return [
         Arm("uniform", "uniform", b, b),
@@ -129,8 +132,8 @@ def equal_gradient_label(arm: Arm) -> str:
 def _sweep(config: BenchConfig, sizes: Mapping[str, int]) -> list[RunSpec]:
     out = []
     for dataset in config.datasets:
-        arms = make_arms(config, sizes[dataset])
         for model in config.models:
+            arms = make_arms(config, sizes[dataset], model)
             for seed in range(config.seeds):
                 for lr in config.learning_rates:
                     for arm in arms:  # interleaved: drift hits every arm alike
@@ -144,8 +147,8 @@ def _sweep(config: BenchConfig, sizes: Mapping[str, int]) -> list[RunSpec]:
 def _scaling(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> list[RunSpec]:
     out = []
     for dataset in config.datasets:
-        arms = [a for a in make_arms(config, sizes[dataset]) if "@" not in a.label]
         for model in config.models:
+            arms = [a for a in make_arms(config, sizes[dataset], model) if "@" not in a.label]
             for n in config.workers[:-1]:
                 for seed in range(config.seeds):
                     for arm in arms:

@@ -129,7 +129,8 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         )
         + (
             ", strategy options "
-            + ", ".join(f"{n}:{k}={v}" for n, k, v in config.strategy_options)
+            + ", ".join(f"{n}{'' if m is None else '@' + m}:{k}={v}"
+                        for n, k, v, m in config.strategy_options)
             if config.strategy_options
             else ""
         )

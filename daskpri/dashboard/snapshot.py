@@ -117,7 +117,7 @@ def snapshot_from_run(
     >>> snap["partitions"]["sum"].tolist(), snap["chosen"].tolist()
     ([1.0, 3.0], [0, 1])
     >>> snap["metrics"]["loss"].tolist(), snap["cursor"]
-    ([2.3], {'step': 0, 'index': 1, 'time': 0.1})
+    ([2.3], {'step': 0, 'index': 1, 'time': 0.1, 'samples': nan})
     """
     table = run.table
     summary = dict(table.summaries(max(run.last_step, 0)), owner=run.owner)
