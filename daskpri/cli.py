@@ -321,22 +321,25 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
     the run would go on to its budget. The handler also asks the trainer to
     stop after its step in flight, and the interrupt is raised again then.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
+        yield  # signals go to the main thread; an ignored SIGINT stays ignored
         return
-    interrupted = threading.Event()
+    interrupted = False  # no lock: the handler may run inside anything, itself included
 
     def handler(signum: int, frame: Any) -> None:
-        interrupted.set()
+        nonlocal interrupted
+        interrupted = True
         trainer.stop()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, handler) or signal.default_int_handler
+    signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if interrupted.is_set():  # fit returned: the interrupt was lost on the way
+        # None: a handler not set from Python, which cannot be put back; the default then
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+    if interrupted:  # fit returned: the interrupt was lost on the way
         raise KeyboardInterrupt
 
 

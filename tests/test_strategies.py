@@ -8,7 +8,7 @@ import torch
 
 from daskpri.replicas.replica import Replica
 from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
-from daskpri.strategies.base import Batch
+from daskpri.strategies.base import Batch, walk_epoch
 from daskpri.strategies.loss import importance_sample, sampling_probabilities
 from daskpri.strategies.selective_backprop import keep_by_cdf, keep_top_fraction
 from daskpri.table.table import PriorityTable
@@ -153,6 +153,10 @@ def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():
     assert s.select(ctx)[0].train.tolist() == [0, 1, 3, 4]
     with pytest.raises(ValueError, match="refresh should be a positive integer, but got refresh=0"):
         get_strategy("selective-backprop", refresh=0)
+    # a slot whose samples change (a worker lost) starts a new pass: epoch 4, fresh
+    ctx.groups = [np.arange(6)]
+    assert walk_epoch(ctx, 0) == 4 and "stale" not in s.select(ctx)[0].extra
+    assert ctx.state["epochs"][0] == 4
 
 
 def test_selective_backprop_stale_step_backpropagates_every_row():

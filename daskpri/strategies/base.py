@@ -220,6 +220,9 @@ def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     pos = ctx.state.setdefault("pos", {})
     perm = perms.get(slot)
     if perm is None or perm.size != group.size:
+        if perm is not None:  # the slot's samples changed (a worker lost): a new pass
+            epochs = ctx.state.setdefault("epochs", {})
+            epochs[slot] = epochs.get(slot, 0) + 1
         perm = ctx.rng.permutation(group.size)
         perms[slot], pos[slot] = perm, 0
     take = min(size, group.size)
@@ -241,8 +244,11 @@ def walk_epoch(ctx: SelectContext, slot: int) -> int:
     """The epoch (from 0) of :func:`epoch_batches`'s walk that ``slot``'s next draw starts in."""
     epoch = int(ctx.state.get("epochs", {}).get(slot, 0))
     perm = ctx.state.get("perm", {}).get(slot)
-    if perm is not None and perm.size == ctx.groups[slot].size:
-        epoch += int(ctx.state["pos"][slot] >= perm.size)  # this epoch is spent
+    if perm is not None and (
+        perm.size != ctx.groups[slot].size  # the samples changed: a new pass starts
+        or ctx.state["pos"][slot] >= perm.size  # this epoch is spent
+    ):
+        epoch += 1
     return epoch
 
 

@@ -65,7 +65,8 @@ class SelectiveBackprop(Strategy):
     With ``refresh=k``, only one epoch in ``k`` of each worker's candidate
     walk scores its candidates with a fresh forward pass; in the others the
     candidates are ranked by the losses the table holds for them (their last
-    forward pass), and only the kept ones are forwarded and backpropagated,
+    forward pass, as recorded: the table's staleness model is not applied),
+    and only the kept ones are forwarded and backpropagated,
     which makes those steps as cheap as a uniform step (the paper's
     Stale-SB). Unseen samples rank first.
 

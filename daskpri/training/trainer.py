@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import math
 import os
-import threading
 import time
 import uuid
 import warnings
@@ -286,7 +285,8 @@ class Trainer:
         self._table: RemoteTable | None = None
         self._resume_state: dict[str, Any] | None = None
         self._background: concurrent.futures.Future[xr.Dataset] | None = None
-        self._stop = threading.Event()
+        # a plain flag: set from a signal handler, where a lock could deadlock
+        self._stop_requested = False
 
     # -- cluster -------------------------------------------------------------
 
@@ -362,6 +362,22 @@ class Trainer:
         xarray.Dataset
             The history, also in ``history_``.
         """
+        try:
+            return self._fit(data, eval_data, max_steps=max_steps, max_time=max_time,
+                             target_accuracy=target_accuracy, progress=progress)
+        finally:
+            self._stop_requested = False  # a stop is spent by the fit it ended
+
+    def _fit(
+        self,
+        data: xr.Dataset | str,
+        eval_data: xr.Dataset | str | None,
+        *,
+        max_steps: int | None,
+        max_time: float | None,
+        target_accuracy: float | None,
+        progress: bool,
+    ) -> xr.Dataset:
         if max_steps is None and max_time is None:
             raise ValueError(
                 "fit needs max_steps= or max_time= (target_accuracy= alone may never be reached)"
@@ -399,7 +415,7 @@ class Trainer:
         start = self._elapsed
         try:
             while True:
-                if self._stop.is_set():
+                if self._stop_requested:
                     break
                 if max_steps is not None and self.step_ >= max_steps:
                     break
@@ -429,7 +445,6 @@ class Trainer:
                 self._flush()
         finally:
             bar.close()
-            self._stop.clear()
         return self.history_
 
     def stop(self) -> None:
@@ -439,7 +454,8 @@ class Trainer:
         budget were spent; the trainer can fit again afterwards. Safe to call
         from any thread or a signal handler, for example while
         :meth:`fit_in_background` runs. Called when no fit runs, it ends the
-        next one before its first step.
+        next one before its first step (a stop that lands as a fit ends on
+        its own may so end the next one).
 
         Examples
         --------
@@ -447,7 +463,7 @@ class Trainer:
         >>> trainer.stop()  # doctest: +SKIP
         >>> history = future.result()  # the steps made so far  # doctest: +SKIP
         """
-        self._stop.set()
+        self._stop_requested = True
 
     @contextlib.contextmanager
     def _blame_scheduler(self) -> Iterator[None]:
