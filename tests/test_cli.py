@@ -160,8 +160,17 @@ def test_demo_compares_prioritized_with_uniform(capsys: pytest.CaptureFixture[st
     )
 
 
+# Ctrl-C as a terminal's foreground job gets it. A shell starts background jobs
+# (``make test &``) with SIGINT ignored, their children inherit that, and
+# Python then leaves it ignored: the child is given Python's handler back.
+_FOREGROUND = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'daskpri'; runpy.run_module('daskpri', run_name='__main__')"
+)
+
+
 def test_interrupt_closes_the_cluster_and_exits_130() -> None:
-    argv = [sys.executable, "-m", "daskpri", "train", *SMALL[:4], "--max-time", "60",
+    argv = [sys.executable, "-c", _FOREGROUND, "train", *SMALL[:4], "--max-time", "60",
             "--workers", "1", "--no-progress"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -179,7 +188,7 @@ def test_interrupt_closes_the_cluster_and_exits_130() -> None:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_data):
     train, _ = small_data
-    before = signal.getsignal(signal.SIGINT)
+    outer = signal.getsignal(signal.SIGINT)
     trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
 
     class Finalized:
@@ -189,12 +198,20 @@ def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_
             time.sleep(0.5)
 
     try:
+        # an ignored SIGINT (a background job's) stays ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with _interruptible(trainer):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        # as a foreground job
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         with pytest.raises(KeyboardInterrupt), _interruptible(trainer):
             Finalized()
             trainer.fit(train, max_steps=200, progress=False)
         assert trainer.step_ == 0  # the fit ended before its first step
-        assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+        # the handler is put back
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
+        signal.signal(signal.SIGINT, outer)
         trainer.close()
 
 
