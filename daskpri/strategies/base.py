@@ -216,40 +216,41 @@ def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     continues it.
     """
     group = ctx.groups[slot]
-    perms = ctx.state.setdefault("perm", {})
     pos = ctx.state.setdefault("pos", {})
-    perm = perms.get(slot)
-    if perm is None or perm.size != group.size:
-        if perm is not None:  # the slot's samples changed (a worker lost): a new pass
-            epochs = ctx.state.setdefault("epochs", {})
-            epochs[slot] = epochs.get(slot, 0) + 1
-        perm = ctx.rng.permutation(group.size)
-        perms[slot], pos[slot] = perm, 0
+    _walk(ctx, slot)  # begun even for a draw of none, as the random stream expects
     take = min(size, group.size)
     out = []
     while take > 0:
-        if pos[slot] >= perm.size:
-            perm = ctx.rng.permutation(group.size)
-            perms[slot], pos[slot] = perm, 0
-            epochs = ctx.state.setdefault("epochs", {})
-            epochs[slot] = epochs.get(slot, 0) + 1
+        perm = _walk(ctx, slot)
         n = min(take, perm.size - pos[slot])
         out.append(perm[pos[slot] : pos[slot] + n])
         pos[slot] += n
         take -= n
-    return np.sort(group[np.concatenate(out)])
+    return np.sort(group[np.concatenate(out)]) if out else _EMPTY
 
 
 def walk_epoch(ctx: SelectContext, slot: int) -> int:
     """The epoch (from 0) of :func:`epoch_batches`'s walk that ``slot``'s next draw starts in."""
-    epoch = int(ctx.state.get("epochs", {}).get(slot, 0))
-    perm = ctx.state.get("perm", {}).get(slot)
-    if perm is not None and (
-        perm.size != ctx.groups[slot].size  # the samples changed: a new pass starts
-        or ctx.state["pos"][slot] >= perm.size  # this epoch is spent
-    ):
-        epoch += 1
-    return epoch
+    _walk(ctx, slot)
+    return int(ctx.state.get("epochs", {}).get(slot, 0))
+
+
+def _walk(ctx: SelectContext, slot: int) -> np.ndarray:
+    """``slot``'s permutation, a new one begun (and counted) where the last is spent.
+
+    A slot whose samples changed (a worker lost or added) begins a new pass too.
+    """
+    group = ctx.groups[slot]
+    perms = ctx.state.setdefault("perm", {})
+    pos = ctx.state.setdefault("pos", {})
+    perm = perms.get(slot)
+    if perm is None or perm.size != group.size or (group.size and pos[slot] >= perm.size):
+        if perm is not None:
+            epochs = ctx.state.setdefault("epochs", {})
+            epochs[slot] = epochs.get(slot, 0) + 1
+        perm = ctx.rng.permutation(group.size)
+        perms[slot], pos[slot] = perm, 0
+    return perm
 
 
 def round_robin(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
