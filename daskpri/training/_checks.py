@@ -1,0 +1,200 @@
+"""Validation of the trainer's arguments and data, at the boundary.
+
+Each check raises ``ValueError`` or ``TypeError`` naming the parameter, the
+value received and what is allowed, and returns the value to keep.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from distributed import Client
+from distributed.security import Security
+from torch import nn
+
+from daskpri.data.io import open_dataset, validate_dataset
+from daskpri.strategies import Strategy
+from daskpri.training.evaluation import EvalSet
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int if it is an integer (not a bool) of at least ``minimum``."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} should be {kind}, but got {name}={value!r}")
+    return int(value)
+
+
+def check_real(name: str, value: Any, low: float, high: float) -> float:
+    """``value`` as a float if it is a number in ``[low, high)``."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not low <= float(value) < high:
+        raise ValueError(
+            f"{name} should be a number in [{low:g}, {high:g}), but got {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_float(name: str, value: Any) -> float:
+    """``value`` as a float if it is a positive finite number."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise ValueError(f"{name} should be a positive finite number, but got {name}={value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, allowed: Sequence[str]) -> Any:
+    """``value`` if it is one of ``allowed``."""
+    if value not in allowed:
+        choices = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{name} should be one of {choices}, but got {value!r}")
+    return value
+
+
+def check_types(model: Any, client: Any) -> None:
+    """``model`` should be a module, ``client`` a Client or None."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model should be a torch.nn.Module, but got {type(model).__name__}")
+    if client is not None and not isinstance(client, Client):
+        raise TypeError(
+            f"client should be a distributed.Client, but got {type(client).__name__}"
+        )
+
+
+def check_local_steps(local_steps: Any, strategy: Strategy) -> int:
+    """``local_steps``, if ``strategy`` can select a round of that many steps at once."""
+    local_steps = check_int("local_steps", local_steps, 1)
+    if local_steps > 1 and strategy.needs_fresh_priorities:
+        raise ValueError(
+            f"strategy {strategy.name!r} selects by the priorities of the previous "
+            f"step, which a round of local_steps={local_steps} does not refresh; "
+            "use local_steps=1 with it, or a strategy that selects within the step "
+            "(uniform, loss, selective-backprop, ...)"
+        )
+    return local_steps
+
+
+def check_device(device: str | None) -> str | None:
+    """``device`` if it names a torch device (or is None)."""
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(
+                f"device should name a torch device like 'cpu' or 'cuda:0', but got "
+                f"device={device!r}"
+            ) from None
+    return device
+
+
+def check_checkpoint(
+    checkpoint_path: str | os.PathLike[str] | None, checkpoint_every: int | None
+) -> str | None:
+    """The checkpoint file as a string, checked with ``checkpoint_every``."""
+    if checkpoint_every is not None:
+        check_int("checkpoint_every", checkpoint_every, 1)
+        if checkpoint_path is None:
+            raise ValueError("checkpoint_every= needs checkpoint_path=, the file to write")
+    if checkpoint_path is not None and not isinstance(checkpoint_path, (str, os.PathLike)):
+        raise TypeError(
+            f"checkpoint_path should be a path, but got {type(checkpoint_path).__name__}"
+        )
+    return None if checkpoint_path is None else os.fspath(checkpoint_path)
+
+
+def check_security(
+    security: Security | bool | None, client: Client | None
+) -> Security | bool | None:
+    """``security``, which only a cluster the trainer starts can use."""
+    if security is not None and client is not None:
+        raise ValueError(
+            "security= applies to the LocalCluster the trainer starts; a client brings "
+            "its own: Client(address, security=Security(...))"
+        )
+    if security is not None and not isinstance(security, (bool, Security)):
+        raise TypeError(
+            "security should be a distributed.security.Security or True, but got "
+            f"{type(security).__name__}"
+        )
+    return security
+
+
+def check_budget(
+    max_steps: int | None,
+    max_time: float | None,
+    target_accuracy: float | None,
+    eval_data: xr.Dataset | str | None,
+) -> None:
+    """A fit's stopping rules: one that is bound to end, each valid."""
+    if max_steps is None and max_time is None:
+        raise ValueError(
+            "fit needs max_steps= or max_time= (target_accuracy= alone may never be reached)"
+        )
+    if max_steps is not None:
+        check_int("max_steps", max_steps, 0)
+    if max_time is not None:
+        check_float("max_time", max_time)
+    if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
+        raise ValueError(f"target_accuracy should be in (0, 1], but got {target_accuracy!r}")
+    if target_accuracy is not None and eval_data is None:
+        raise ValueError("target_accuracy= needs eval_data= to measure accuracy on")
+
+
+def open_data(
+    data: xr.Dataset | str, eval_data: xr.Dataset | str | None
+) -> tuple[xr.Dataset, dict[str, Any], EvalSet | None]:
+    """A fit's training data with its summary, and its evaluation set if any."""
+    ds = open_dataset(data, name="data")
+    info = validate_dataset(ds, name="data")
+    evalset = None
+    if eval_data is not None:
+        eds = open_dataset(eval_data, name="eval_data")
+        einfo = validate_dataset(eds, name="eval_data")
+        if einfo["x_shape"] != info["x_shape"]:
+            raise ValueError(
+                f"eval_data.x should have per-sample shape {info['x_shape']} like data.x, "
+                f"but got {einfo['x_shape']}"
+            )
+        evalset = EvalSet(eds)
+    return ds, info, evalset
+
+
+def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
+    """Classes the labels need, checked against the model's output."""
+    n_classes = info.get("n_classes")
+    y_max = int(ds["y"].max().compute()) if n_classes is None else None
+    x0 = torch.as_tensor(np.asarray(ds["x"].isel(sample=slice(0, 2)).values, dtype=np.float32))
+    try:
+        with torch.no_grad():
+            out = model(x0)
+    except Exception as e:
+        raise ValueError(
+            f"the model could not run on data.x of per-sample shape {info['x_shape']}: {e}"
+        ) from e
+    if out.ndim != 2:
+        raise ValueError(
+            "the model should output (batch, n_classes) logits, but got shape "
+            f"{tuple(out.shape)}"
+        )
+    width = int(out.shape[1])
+    if n_classes is None:
+        if width <= (y_max or 0):
+            raise ValueError(
+                f"the model outputs {width} classes, but data.y holds label {y_max}; "
+                f"labels should lie in [0, {width})"
+            )
+        return width
+    if width != n_classes:
+        raise ValueError(
+            f"the model outputs {width} classes, but data has n_classes={n_classes}"
+        )
+    return int(n_classes)

@@ -1,0 +1,368 @@
+"""The trainer's run in the cluster: set up for a data set, driven step by step.
+
+A mixin of :class:`~daskpri.training.trainer.Trainer`. Preparing a data set
+creates the run's table and :class:`~daskpri.training.deployment.Deployment`
+(partitions and replicas on the workers) and the master's optimizer; each
+step (or round of local steps) selects samples in the table, runs the
+workers' shares, retrying on the workers left after losing some, and updates
+the master model from the combined results (:mod:`~daskpri.training.rounds`).
+
+It is a mixin, not a separate object, because these methods read the
+trainer's settings (``learning_rate``, ``local_steps``, ``resources``, ...)
+as they are at each step, and update its counters (``step_``, the history).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import xarray as xr
+from distributed import Client, LocalCluster
+from distributed.protocol import pickle
+from torch import nn
+
+from daskpri import _config
+from daskpri._warnings import DaskpriWarning
+from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, set_flat_grad
+from daskpri.replicas.replica import Weights
+from daskpri.replicas.worker import ReplicaPlugin, StepResult
+from daskpri.strategies import Selection, Strategy
+from daskpri.table.plugin import RemoteTable
+from daskpri.training._checks import check_model
+from daskpri.training.deployment import Deployment
+from daskpri.training.history import HistoryRecorder
+from daskpri.training.placement import assign_owners, eligible_workers, partition_bounds
+from daskpri.training.recovery import LOST, check_scheduler
+from daskpri.training.rounds import combine, fresh_priorities, nonfinite, step_record
+from daskpri.training.schedule import scheduled_rate
+from daskpri.training.transport import StepTimeout
+
+
+class RunMixin:
+    """The run in the cluster and its steps, for :class:`~daskpri.training.trainer.Trainer`."""
+
+    # The trainer's settings and state, which Trainer.__init__ sets.
+    model: nn.Module
+    strategy: Strategy
+    seed: int
+    n_workers: int | None
+    resources: dict[str, float] | None
+    batch_size: int
+    learning_rate: float
+    momentum: float
+    weight_decay: float
+    optimizer: str
+    lr_schedule: str
+    schedule_steps: int | None
+    local_steps: int
+    partition_size: int | None
+    staleness: str
+    device: str | None
+    checkpoint_path: str | None
+    on_nonfinite: str
+    transport: str
+    run_id: str
+    step_: int
+    skipped_steps_: int
+    _client: Client | None
+    _own_cluster: LocalCluster | None
+    _excluded: set[str]
+    _recorder: HistoryRecorder
+    _opt: torch.optim.Optimizer | None
+    _mean_grad: torch.Tensor | None
+    _pending: list[tuple[np.ndarray, np.ndarray, int]]
+    _data_key: tuple[Any, ...] | None
+    _elapsed: float
+    _deployment: Deployment | None
+    _table: RemoteTable | None
+    _resume_state: dict[str, Any] | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def client(self) -> Client: ...
+
+        def save(self, path: str | os.PathLike[str]) -> str: ...
+
+    # -- the run in the cluster ---------------------------------------------------------
+
+    def _prepare(self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str) -> None:
+        client = self.client
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        if (
+            self.resources is None
+            and workers
+            and all(w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values())
+        ):
+            self.resources = {"GPU": 1.0}
+        addrs = eligible_workers(workers, self.resources, client.scheduler.address)
+        if self.n_workers is not None and self._own_cluster is None:
+            if len(addrs) < self.n_workers:
+                raise ValueError(
+                    f"n_workers={self.n_workers} but the cluster has {len(addrs)} suitable workers"
+                )
+            addrs = addrs[: self.n_workers]
+        bounds = partition_bounds(ds, self.partition_size, len(addrs))
+        key = (
+            str(source) if not isinstance(source, xr.Dataset) else id(source),
+            tuple(bounds.tolist()),
+        )
+        if key == self._data_key:
+            return
+        if self._data_key is not None:
+            self._release()  # new data: a new table, partitions and replicas
+        self._n_classes = check_model(self.model, ds, info)
+        sizes = np.diff(bounds)
+        owner = assign_owners(len(sizes), len(addrs))
+        self._plugin = ReplicaPlugin(
+            self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
+        )
+        client.register_plugin(self._plugin)
+        RemoteTable.ensure_plugin(client)
+        self._table = RemoteTable(client, self.run_id)
+        self._deployment = Deployment(
+            client,
+            self.run_id,
+            self._plugin.name,
+            self._table,
+            bounds,
+            slots=addrs,
+            owner_addr=[addrs[s] for s in owner],
+            source=source,
+            ds=ds,
+        )
+        self._table.create(
+            sizes,
+            owner,
+            self.strategy,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            staleness=self.staleness,
+            n_bins=int(_config.get("table.histogram-bins")),
+            info={
+                "strategy": self.strategy.name,
+                "params": repr(self.strategy),
+                "n_workers": len(addrs),
+                "n_samples": int(bounds[-1]),
+            },
+        )
+        self._deployment.set_up(
+            self._weights(version=-2),
+            self.strategy,
+            self.optimizer if self.local_steps > 1 else None,
+            resources=self.resources,
+            excluded=self._excluded,
+            check_scheduler=self._check_scheduler,
+        )
+        self._data_key = key
+        self._init_optimizer()
+        if self._resume_state is not None:
+            slot_of = {a: i for i, a in enumerate(self._deployment.slots)}
+            self._restore(
+                self._resume_state,
+                np.array([slot_of[a] for a in self._deployment.owner_addr], dtype=np.int64),
+            )
+            self._resume_state = None
+
+    def _release(self) -> None:
+        """Drop the run's table, replicas and partitions from the cluster."""
+        if self._client is not None and self._table is not None:
+            try:
+                self._table.close()
+                self._client.unregister_worker_plugin(self._plugin.name)
+            except Exception:  # the cluster may be gone already
+                pass
+        self._data_key = None
+        self._table = None
+        if self._deployment is not None:
+            # dropping the futures frees the scattered partitions; the layout
+            # stays, for the history's n_workers
+            self._deployment.parts = {}
+
+    def _restore(self, state: dict[str, Any], owner: np.ndarray) -> None:
+        assert self._opt is not None
+        self._opt.load_state_dict(state["optimizer"])
+        self._mean_grad = state["mean_grad"]
+        self._remote.load_state_dict(state["table"])
+        # the cluster may have another size now: partitions go where they are
+        self._remote.set_owner(owner)
+
+    @property
+    def _remote(self) -> RemoteTable:
+        if self._table is None:
+            raise RuntimeError("the trainer has no table in the cluster yet: call fit first")
+        return self._table
+
+    def _check_scheduler(self) -> None:
+        """Raise :class:`SchedulerLostError` if the scheduler does not answer.
+
+        Waits ``daskpri.trainer.scheduler-timeout`` for an answer; the message
+        names the checkpoint to resume from.
+        """
+        check_scheduler(self.client, self.checkpoint_path)
+
+    # -- one step -----------------------------------------------------------------------
+
+    def _step(self, limit: int | None = None) -> dict[str, Any]:
+        """One step, or one round of ``local_steps`` steps (at most ``limit``)."""
+        step = self.step_
+        count = self.local_steps if limit is None else max(1, min(self.local_steps, limit))
+        t_start = time.perf_counter()
+        for attempt in range(int(_config.get("trainer.max-retries")) + 1):
+            t0 = time.perf_counter()
+            # The last step's metrics ride along, for the dashboard in the cluster.
+            last = self._recorder.records[-1] if self._recorder.records else None
+            rounds = self._remote.step(step, self._pending, metrics=last, count=count)
+            self._pending = []
+            t_select = time.perf_counter() - t0
+            try:
+                results = self._run_tasks(step, rounds)
+                break
+            except (*LOST, StepTimeout) as e:
+                if attempt == int(_config.get("trainer.max-retries")):
+                    raise RuntimeError(
+                        f"step {step} failed {attempt + 1} times after losing workers: {e}"
+                    ) from e
+                if isinstance(e, StepTimeout):
+                    # alive but stuck: train on without it rather than wait
+                    warnings.warn(
+                        f"step {step}: {e}; training goes on without them",
+                        DaskpriWarning,
+                        stacklevel=4,
+                    )
+                    self._excluded.update(e.addresses)
+                self._recover()
+        t1 = time.perf_counter()
+        total = combine(results, self.local_steps)
+        problem = nonfinite(total, step, count, self.local_steps)
+        if problem is not None and self.on_nonfinite == "raise":
+            raise FloatingPointError(problem + "; " + self._save_last_good())
+        skipped = problem is not None
+        rate = self._rate() if total.n_grad and not skipped else 0.0
+        if total.n_grad and not skipped:
+            if self.local_steps > 1:
+                self._apply_round(total.update, [r.optimizer_state for r in results])
+            else:
+                self._apply_gradient(total.update / total.n_grad, rate)
+        t_opt = time.perf_counter() - t1
+        self.step_ += count
+        self.skipped_steps_ += count if skipped else 0
+        self._pending.extend(fresh_priorities(results, step + count - 1))
+        step_time = time.perf_counter() - t_start
+        self._elapsed += step_time
+        return step_record(
+            total,
+            [s for sel in rounds for s in sel],
+            step=self.step_ - 1,
+            skipped=skipped,
+            elapsed=self._elapsed,
+            rate=rate,
+            prev=self._recorder.records[-1] if self._recorder.records else {},
+            step_time=step_time,
+            selection_time=t_select,
+            optimizer_time=t_opt,
+        )
+
+    def _run_tasks(self, step: int, rounds: list[list[Selection]]) -> list[StepResult]:
+        """Each worker's share of a step (or round), as tasks or as direct RPCs."""
+        weights = self._weights(version=step)
+        local = None
+        if self.local_steps > 1:
+            assert self._opt is not None
+            local = LocalSteps(
+                optimizer=self.optimizer,
+                options=self._optimizer_options(),
+                state=self._opt.state_dict(),
+                rates=[
+                    scheduled_rate(self.learning_rate, self.lr_schedule, s, self.schedule_steps)
+                    for s in range(step, step + len(rounds))
+                ],
+            )
+        assert self._deployment is not None
+        return self._deployment.run(
+            weights,
+            rounds,
+            step=step,
+            strategy=self.strategy,
+            seed=self.seed,
+            local=local,
+            transport=self.transport,
+            resources=self.resources,
+        )
+
+    def _recover(self) -> None:
+        """Re-plan after losing workers: move their partitions to live ones."""
+        assert self._deployment is not None
+        self._deployment.recover(
+            resources=self.resources,
+            excluded=self._excluded,
+            check_scheduler=self._check_scheduler,
+        )
+
+    def _save_last_good(self) -> str:
+        """Checkpoint the model before the failed step, where a path is set."""
+        if self.checkpoint_path is None:
+            return "the model was not updated with it (no checkpoint_path= to save it to)"
+        self.save(self.checkpoint_path)
+        return (
+            f"the model was not updated with it; its last good state (step {self.step_}) "
+            f"is checkpointed to {self.checkpoint_path!r}"
+        )
+
+    def _flush(self) -> None:
+        if self._pending:
+            last = self._recorder.records[-1] if self._recorder.records else None
+            self._remote.update(self._pending, metrics=last)
+            self._pending = []
+
+    # -- the master model ---------------------------------------------------------------
+
+    def _rate(self) -> float:
+        """This step's learning rate under the schedule."""
+        return scheduled_rate(self.learning_rate, self.lr_schedule, self.step_, self.schedule_steps)
+
+    def _optimizer_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"lr": self.learning_rate, "weight_decay": self.weight_decay}
+        if self.optimizer == "sgd":
+            options["momentum"] = self.momentum
+        return options
+
+    def _apply_gradient(self, grad: torch.Tensor, rate: float) -> None:
+        set_flat_grad(list(self.model.parameters()), grad)
+        assert self._opt is not None
+        for group in self._opt.param_groups:
+            group["lr"] = rate
+        self._opt.step()
+        if self.strategy.uses_mean_grad:
+            decay = float(getattr(self.strategy, "mean_grad_decay", 0.9))
+            if self._mean_grad is None:
+                self._mean_grad = grad.clone()
+            else:
+                self._mean_grad.mul_(decay).add_(grad, alpha=1.0 - decay)
+
+    def _apply_round(self, params: torch.Tensor, states: list[dict[str, Any] | None]) -> None:
+        """Take the workers' mean parameters and mean optimizer state after a round."""
+        assert self._opt is not None
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(params, self.model.parameters())
+        self._opt.load_state_dict(average_states([s for s in states if s is not None]))
+
+    def _weights(self, version: int) -> Weights:
+        """The master's current weights as CPU tensors, for the replicas."""
+        return Weights(
+            version=version,
+            params=torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone(),
+            buffers={k: v.detach().clone() for k, v in self.model.named_buffers()},
+            mean_grad=self._mean_grad if self.strategy.uses_mean_grad else None,
+        )
+
+    def _init_optimizer(self) -> None:
+        self._opt = make_optimizer(
+            self.optimizer, list(self.model.parameters()), self._optimizer_options()
+        )
+        self._mean_grad = None

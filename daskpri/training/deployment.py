@@ -1,0 +1,315 @@
+"""The run's partitions and replicas on its workers, kept in place as workers come and go.
+
+A :class:`Deployment` knows which worker owns which partition, places the
+partitions (scattered from memory or read from a store) and warms the
+replicas up, sends each step's work to the workers, and re-plans after
+losing workers: their partitions move to the workers left.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from distributed import Client, Future
+
+from daskpri.replicas.optim import LocalSteps
+from daskpri.replicas.replica import Weights
+from daskpri.replicas.worker import (
+    ArrayPart,
+    Shares,
+    StepResult,
+    StoreRef,
+    load_task,
+    train_task,
+    warmup_task,
+)
+from daskpri.strategies import Selection, Strategy
+from daskpri.table.plugin import RemoteTable
+from daskpri.training.placement import eligible_workers, reassign_owners
+from daskpri.training.recovery import LOST, dask_timeout, is_lost, responsive, step_timeout
+from daskpri.training.transport import run_direct, wait_tasks
+
+
+class Deployment:
+    """Where a run's partitions live and how its steps reach the workers.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The run's cluster.
+    run_id : str
+        The run's name, in the keys of its tasks.
+    plugin : str
+        Name of the run's registered :class:`~daskpri.replicas.worker.ReplicaPlugin`.
+    table : RemoteTable
+        The run's table, told the owner of each partition after a re-plan.
+    bounds : numpy.ndarray
+        Partition ``p`` holds samples ``bounds[p]:bounds[p + 1]``.
+    slots : list of str
+        The workers in use, one per slot.
+    owner_addr : list of str
+        The worker of each partition.
+    source : xarray.Dataset or str
+        The data: in memory (scattered) or a path (read by the workers).
+    ds : xarray.Dataset
+        The data, opened.
+
+    Attributes
+    ----------
+    parts : dict
+        Each placed partition's scattered future or store reference.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        run_id: str,
+        plugin: str,
+        table: RemoteTable,
+        bounds: np.ndarray,
+        slots: list[str],
+        owner_addr: list[str],
+        source: xr.Dataset | str,
+        ds: xr.Dataset,
+    ) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.plugin = plugin
+        self.table = table
+        self.bounds = bounds
+        self.slots = slots
+        self.owner_addr = owner_addr
+        self.source = source
+        self.ds = ds
+        self.parts: dict[int, StoreRef | Future] = {}
+
+    def set_up(
+        self,
+        weights: Weights,
+        strategy: Strategy,
+        optimizer: str | None,
+        *,
+        resources: dict[str, float] | None,
+        excluded: set[str],
+        check_scheduler: Callable[[], None],
+    ) -> None:
+        """Place every partition and warm the replicas up, despite workers dying meanwhile.
+
+        A worker lost during set-up is handled as during training: its
+        partitions move to the workers left (bounded by ``no-workers-timeout``).
+        """
+        n_partitions = len(self.bounds) - 1
+        deadline = time.monotonic() + dask_timeout()
+        while True:
+            try:
+                missing = [p for p in range(n_partitions) if p not in self.parts]
+                if missing:
+                    self.place(missing, resources)
+                self.warm_up(weights, strategy, optimizer, resources)
+                return
+            except (KeyError, *LOST):
+                if time.monotonic() > deadline:
+                    raise
+                self.recover(
+                    resources=resources, excluded=excluded, check_scheduler=check_scheduler
+                )
+
+    def place(self, pids: list[int], resources: dict[str, float] | None) -> None:
+        """Make partitions ``pids`` available on their owners and check them."""
+        client = self.client
+        by_worker: dict[str, list[int]] = {}
+        for pid in pids:
+            by_worker.setdefault(self.owner_addr[pid], []).append(pid)
+        path = None if isinstance(self.source, xr.Dataset) else str(self.source)
+        for addr, mine in by_worker.items():
+            if path is not None:
+                for pid in mine:
+                    self.parts[pid] = StoreRef(
+                        path, int(self.bounds[pid]), int(self.bounds[pid + 1])
+                    )
+            else:
+                arrays = [
+                    ArrayPart(
+                        np.asarray(self.ds["x"].isel(sample=slice(a, b)).values),
+                        np.asarray(self.ds["y"].isel(sample=slice(a, b)).values),
+                        int(a),
+                    )
+                    for a, b in ((self.bounds[p], self.bounds[p + 1]) for p in mine)
+                ]
+                futures = client.scatter(arrays, workers=[addr], hash=False)
+                self.parts.update(zip(mine, futures, strict=True))
+        checks = [
+            client.submit(
+                load_task,
+                self.plugin,
+                pid,
+                self.parts[pid],
+                pure=False,
+                workers=[self.owner_addr[pid]],
+                allow_other_workers=True,
+                resources=resources,
+                key=f"daskpri-load-{self.run_id}-{pid}",
+            )
+            for pid in pids
+        ]
+        client.gather(checks)
+
+    def warm_up(
+        self,
+        weights: Weights,
+        strategy: Strategy,
+        optimizer: str | None,
+        resources: dict[str, float] | None,
+    ) -> None:
+        """Run the strategy once per worker on a few samples, results dropped.
+
+        The first ``torch.func`` call on a fresh worker takes seconds; paying
+        it here keeps it out of the history's training time. ``optimizer``
+        is that of a round of local steps (None for one step).
+        """
+        first: dict[str, int] = {}
+        for pid, addr in enumerate(self.owner_addr):
+            first.setdefault(addr, pid)
+        futures = [
+            self.client.submit(
+                warmup_task,
+                self.plugin,
+                weights,
+                strategy,
+                pid,
+                self.parts[pid],
+                optimizer,
+                workers=[addr],
+                allow_other_workers=True,
+                resources=resources,
+                pure=False,
+                key=f"daskpri-warmup-{self.run_id}-{pid}",
+            )
+            for addr, pid in first.items()
+        ]
+        self.client.gather(futures)
+
+    # -- one step --------------------------------------------------------------------
+
+    def run(
+        self,
+        weights: Weights,
+        rounds: list[list[Selection]],
+        *,
+        step: int,
+        strategy: Strategy,
+        seed: int,
+        local: LocalSteps | None,
+        transport: str,
+        resources: dict[str, float] | None,
+    ) -> list[StepResult]:
+        """Each worker's share of a step (or round), as tasks or as direct RPCs."""
+        args = []
+        for slot in range(len(rounds[0])):
+            shares = Shares.pack(
+                [selections[slot] for selections in rounds], (seed, step, slot), self.bounds
+            )
+            parts = {int(p): self.parts[int(p)] for p in shares.partitions()}
+            args.append([strategy, shares, parts, local])
+        if transport == "direct":
+            return self._run_direct(weights, args)
+        client = self.client
+        [wfut] = client.scatter([weights], hash=False)
+        futures = [
+            client.submit(
+                train_task,
+                self.plugin,
+                wfut,
+                *a,
+                key=f"daskpri-step-{self.run_id}-{step}-{slot}-{uuid.uuid4().hex[:6]}",
+                workers=[self.slots[slot]],
+                allow_other_workers=True,
+                resources=resources,
+                pure=False,
+            )
+            for slot, a in enumerate(args)
+        ]
+        return wait_tasks(client, futures, self.slots, resources, dask_timeout(), step_timeout())
+
+    def _run_direct(self, weights: Weights, args: list[list[Any]]) -> list[StepResult]:
+        """One RPC per worker, past the scheduler's task machinery.
+
+        Partitions are named by their scattered key (or store reference): the
+        worker has them loaded already. A worker that dies mid-call closes its
+        connection, which the step's retry treats as a lost worker.
+        """
+        calls = []
+        for slot, a in enumerate(args):
+            a[2] = {p: (r.key if isinstance(r, Future) else r) for p, r in a[2].items()}
+            calls.append((self.slots[slot], (weights, *a)))
+        return run_direct(self.client, calls, self.plugin, step_timeout())
+
+    # -- lost workers ----------------------------------------------------------------
+
+    def recover(
+        self,
+        *,
+        resources: dict[str, float] | None,
+        excluded: set[str],
+        check_scheduler: Callable[[], None],
+    ) -> None:
+        """Re-plan after losing workers: move their partitions to live ones.
+
+        More workers may die while this runs (their address then vanishes
+        under a scatter, a ``KeyError``): it starts over until the plan holds
+        or ``no-workers-timeout`` passes. Workers in ``excluded`` are left
+        out; ``check_scheduler`` raises if the scheduler is gone.
+        """
+        deadline = time.monotonic() + dask_timeout()
+        while True:
+            try:
+                self._replan(deadline, resources, excluded, check_scheduler)
+                return
+            except (KeyError, *LOST):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _replan(
+        self,
+        deadline: float,
+        resources: dict[str, float] | None,
+        excluded: set[str],
+        check_scheduler: Callable[[], None],
+    ) -> None:
+        client = self.client
+        while True:
+            check_scheduler()
+            workers = client.scheduler_info(n_workers=-1)["workers"]
+            try:
+                live = eligible_workers(workers, resources, client.scheduler.address)
+                live = [a for a in live if a not in excluded]
+                # The scheduler may still list a worker that just died; data
+                # scattered to it would wait for the connect timeout.
+                live = responsive(client, live)
+                if not live:
+                    raise RuntimeError("no suitable worker answers")
+                break
+            except (RuntimeError, ValueError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        old = self.owner_addr
+        self.owner_addr = reassign_owners([a if a in live else None for a in old], live)
+        self.slots = sorted(set(self.owner_addr))
+        slot_of = {a: i for i, a in enumerate(self.slots)}
+        moved = [
+            pid
+            for pid, (a, b) in enumerate(zip(old, self.owner_addr, strict=True))
+            if a != b or pid not in self.parts or is_lost(self.parts[pid])
+        ]
+        for pid in moved:
+            self.parts.pop(pid, None)
+        if moved:
+            self.place(moved, resources)
+        self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64))

@@ -1,0 +1,115 @@
+"""Failures of the cluster: lost workers, the timeouts, a lost scheduler.
+
+What counts as a lost worker (after which a step is re-planned on the
+workers left), how long the trainer waits for workers and steps, and how a
+scheduler that stopped answering is told apart from any other error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
+
+from distributed import Client, Future
+from distributed.comm import CommClosedError
+from distributed.scheduler import KilledWorker
+
+from daskpri import _config
+from daskpri.replicas.worker import StoreRef
+from daskpri.training import checkpoint
+
+# Failures that mean "a worker (and what it held) is gone", after which a step
+# is re-planned on the workers left; anything else is the user's error.
+LOST = (CancelledError, KilledWorker, CommClosedError, OSError)
+
+
+class SchedulerLostError(RuntimeError):
+    """The scheduler stopped answering: the run cannot go on in this cluster."""
+
+
+def seconds(value: str | float) -> float:
+    """A duration from the config (seconds, or a string like ``"30s"``), in seconds."""
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(value, default="s"))
+
+
+def step_timeout() -> float:
+    """The step timeout of the ``daskpri.trainer`` config, in seconds."""
+    return seconds(_config.get("trainer.step-timeout"))
+
+
+def dask_timeout() -> float:
+    """The no-workers timeout of the ``daskpri.trainer`` config, in seconds."""
+    return seconds(_config.get("trainer.no-workers-timeout"))
+
+
+def is_lost(ref: StoreRef | Future | None) -> bool:
+    """Whether a partition's scattered data is gone (a store is never lost)."""
+    return isinstance(ref, Future) and ref.status != "finished"
+
+
+def responsive(client: Client, addresses: list[str], timeout: float = 2.0) -> list[str]:
+    """Those of ``addresses`` whose worker answers an RPC within ``timeout``."""
+
+    async def answers(address: str) -> bool:
+        try:
+            await asyncio.wait_for(client.rpc(address).identity(), timeout)
+            return True
+        except Exception:
+            return False
+
+    async def probe() -> list[bool]:
+        return list(await asyncio.gather(*(answers(a) for a in addresses)))
+
+    return [a for a, ok in zip(addresses, client.sync(probe), strict=True) if ok]
+
+
+def check_scheduler(client: Client, checkpoint_path: str | None) -> None:
+    """Raise :class:`SchedulerLostError` if the scheduler does not answer.
+
+    Waits ``daskpri.trainer.scheduler-timeout`` for an answer; the message
+    names the checkpoint to resume from (``checkpoint_path``, if written).
+    """
+    timeout = seconds(_config.get("trainer.scheduler-timeout"))
+    try:
+        client.sync(client.scheduler.identity, callback_timeout=timeout)
+        return
+    except Exception as e:
+        cause: BaseException = e
+    where = checkpoint_path
+    if where is not None and os.path.exists(where):
+        step = checkpoint.read(where)["step"]
+        hint = (
+            f"the last checkpoint is {where!r} (step {step}): resume with "
+            f"daskpri.Trainer.resume({where!r}, client=...) on a new cluster"
+        )
+    else:
+        hint = (
+            "no checkpoint was written: pass checkpoint_path= and checkpoint_every= "
+            "to be able to resume"
+        )
+    raise SchedulerLostError(
+        f"lost the scheduler at {client.scheduler.address}: no answer within "
+        f"{timeout:g} s (daskpri.trainer.scheduler-timeout); {hint}"
+    ) from cause
+
+
+@contextlib.contextmanager
+def blame_scheduler(check: Callable[[], None]) -> Iterator[None]:
+    """Turn a failure of the cluster into :class:`SchedulerLostError` if the scheduler is gone.
+
+    ``check`` raises it (see :func:`check_scheduler`). The user's errors
+    (``ValueError``, ``TypeError``, ``FloatingPointError``) pass as they are.
+    """
+    try:
+        yield
+    except (ValueError, TypeError, FloatingPointError):
+        raise  # the user's input: the scheduler is not to blame
+    except Exception:
+        check()
+        raise
+

@@ -1,0 +1,142 @@
+"""One step (or round of local steps) as the driver sees it: the workers' results combined.
+
+Pure functions of the workers' :class:`~daskpri.replicas.worker.StepResult`
+objects: their sums, the model update, the check for NaN or infinite values,
+the priorities to send back to the table, and the step's history record.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from daskpri.replicas.worker import StepResult
+from daskpri.strategies import Selection
+
+
+@dataclass
+class Combined:
+    """The workers' results of one step or round, added up.
+
+    Attributes
+    ----------
+    results : list of StepResult
+        One per worker slot, in slot order.
+    n_grad, loss_sum, n_loss : int, float, int
+        Samples in the gradient, and the summed loss over ``n_loss`` samples.
+    update : torch.Tensor
+        The summed gradient (one step), or the workers' mean parameters (a
+        round of local steps).
+    """
+
+    results: list[StepResult]
+    n_grad: int
+    loss_sum: float
+    n_loss: int
+    update: torch.Tensor
+
+
+def combine(results: list[StepResult], local_steps: int) -> Combined:
+    """Add up the workers' results of a step (``local_steps == 1``) or a round."""
+    n_grad = sum(r.n_grad for r in results)
+    loss_sum = sum(r.loss_sum for r in results)
+    n_loss = sum(r.n_loss for r in results)
+    if local_steps > 1:
+        update = torch.stack([r.params for r in results if r.params is not None]).mean(0)
+    else:
+        update = torch.zeros_like(results[0].grad)
+        for r in results:
+            update += r.grad
+    return Combined(results, n_grad, loss_sum, n_loss, update)
+
+
+def nonfinite(total: Combined, step: int, count: int, local_steps: int) -> str | None:
+    """What became NaN or infinite in the ``count`` steps from ``step``, or None."""
+    results, loss_sum = total.results, total.loss_sum
+    where = f"step {step}" if count == 1 else f"steps {step}-{step + count - 1}"
+    if not math.isfinite(loss_sum):
+        bad = np.concatenate([r.indices[~np.isfinite(r.priorities)] for r in results])
+        return f"the training loss became {loss_sum} at {where}" + (
+            f"; non-finite priorities for samples {bad[:10].tolist()}" if bad.size else ""
+        )
+    if not bool(torch.isfinite(total.update).all()):
+        what = "gradient" if local_steps == 1 else "parameters"
+        return f"the {what} became non-finite at {where} (loss {loss_sum / max(total.n_loss, 1)})"
+    return None
+
+
+def fresh_priorities(
+    results: list[StepResult], version: int
+) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The finite priorities the workers computed, for the table, as of step ``version``."""
+    pending = []
+    for r in results:
+        ok = np.isfinite(r.priorities)
+        if ok.any():
+            pending.append((r.indices[ok], r.priorities[ok], version))
+    return pending
+
+
+def step_record(
+    total: Combined,
+    selections: list[Selection],
+    *,
+    step: int,
+    skipped: bool,
+    elapsed: float,
+    rate: float,
+    prev: dict[str, Any],
+    step_time: float,
+    selection_time: float,
+    optimizer_time: float,
+) -> dict[str, Any]:
+    """The history record of a step (or round) that ended at ``step``.
+
+    ``prev`` is the record before it (``{}`` for the first), from which the
+    sample counts go on; ``elapsed`` is the training time so far.
+    """
+    results = total.results
+    n_loss = total.n_loss
+    prio = np.concatenate([r.priorities for r in results]) if results else np.empty(0)
+    compute = max(r.compute_seconds for r in results)
+    n_samples = sum(r.indices.size for r in results)
+    return {
+        "step": step,
+        "selection_digest": digest(selections),
+        "skipped": float(skipped),
+        "time": elapsed,
+        "loss": total.loss_sum / max(n_loss, 1),
+        "lr": rate,
+        "train_accuracy": sum(r.correct for r in results) / max(n_loss, 1),
+        "samples": prev.get("samples", 0) + n_samples,
+        "grad_samples": prev.get("grad_samples", 0) + total.n_grad,
+        "samples_per_second": n_samples / step_time,
+        "step_time": step_time,
+        "compute_time": compute,
+        "selection_time": selection_time,
+        "optimizer_time": optimizer_time,
+        "communication_time": max(0.0, step_time - selection_time - compute - optimizer_time),
+        "n_workers": len(results),
+        "priority_mean": float(prio.mean()) if prio.size else math.nan,
+        "priority_max": float(prio.max()) if prio.size else math.nan,
+        "worker_samples": [r.indices.size for r in results],
+        "worker_compute_time": [r.compute_seconds for r in results],
+    }
+
+
+def crossed(before: int, after: int, every: int) -> bool:
+    """Whether a multiple of ``every`` lies in ``(before, after]``."""
+    return after // every > before // every
+
+
+def digest(selections: list[Selection]) -> float:
+    """CRC-32 of a step's selected samples (exact in a float64 history)."""
+    crc = 0
+    for s in selections:
+        crc = zlib.crc32(np.ascontiguousarray(s.train, dtype=np.int64).tobytes(), crc)
+    return float(crc)
