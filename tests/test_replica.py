@@ -47,6 +47,37 @@ def test_weighted_grad_is_the_weighted_sum_of_per_sample_grads():
     torch.testing.assert_close(g, (w[:, None] * per).sum(0), rtol=1e-5, atol=1e-6)
 
 
+def test_weighted_grad_every_path_gives_the_sum_or_mean_and_the_losses():
+    # unweighted rows take a fused loss and recompute the losses without a graph;
+    # weighted rows reduce the per-sample losses: both give the same numbers
+    torch.manual_seed(2)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    replica = Replica(module, "cpu")
+    x, y = torch.randn(7, 4), torch.randint(0, 3, (7,))
+    per, want_losses, _ = replica.per_sample_grads(x, y)
+    for w in (None, torch.ones(7), torch.rand(7)):
+        want = per.sum(0) if w is None else (w[:, None] * per).sum(0)
+        replica.keep_grads = False
+        g, losses, logits = replica.weighted_grad(x, y, w)
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(losses, want_losses)
+        assert not losses.requires_grad and not logits.requires_grad
+        replica.keep_grads = True
+        g, losses, _ = replica.weighted_grad(x, y, w)
+        assert g is None and replica.kept_rows == 7
+        kept = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+        torch.testing.assert_close(kept, want / 7, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(losses, want_losses)
+    # no rows: a zero gradient, not the nan of a mean over nothing
+    replica.keep_grads = False
+    g, losses, _ = replica.weighted_grad(x[:0], y[:0], None)
+    assert torch.equal(g, torch.zeros_like(g)) and losses.shape == (0,)
+    replica.keep_grads = True
+    g, _, _ = replica.weighted_grad(x[:0], y[:0], None)
+    kept = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+    assert replica.kept_rows == 0 and torch.equal(kept, torch.zeros_like(kept))
+
+
 def test_load_copies_weights_once_per_version():
     replica = Replica(torch.nn.Linear(2, 2), "cpu")
     params = torch.arange(6, dtype=torch.float32)

@@ -126,3 +126,32 @@ def test_forget_makes_samples_unseen():
     t.update(np.arange(3), np.ones(3), step=0)
     t.forget(np.array([1]))
     assert np.isinf(t.estimate(1)[1]) and t.version[1] == -1
+
+
+def test_a_round_of_selections_travels_packed_and_arrives_equal():
+    import msgpack
+
+    from daskpri.strategies.base import Selection
+    from daskpri.table.plugin import _pack_round, _unpack_round
+
+    steps = [
+        Selection(train=np.array([3, 1, 2])),
+        Selection(train=np.array([5, 4]), weights=np.array([0.5, 2.0]), score=np.array([7])),
+        Selection(train=np.array([], dtype=np.int64), extra={"stale": np.empty(0)}),
+        Selection(train=np.array([9]), weights=np.array([1.5]), extra={"ref": np.arange(3.0)}),
+    ]
+    # through msgpack, as the scheduler's RPC sends it
+    wire = msgpack.unpackb(msgpack.packb(_pack_round(steps), use_bin_type=True))
+    got = _unpack_round(wire)
+    assert len(got) == len(steps)
+    for g, s in zip(got, steps, strict=True):
+        assert g.train.tolist() == s.train.tolist() and g.train.dtype == np.int64
+        assert g.score.tolist() == s.score.tolist()
+        if s.weights is None:
+            assert g.weights is None
+        else:
+            assert g.weights.tolist() == s.weights.tolist() and g.weights.dtype == np.float64
+        assert g.extra.keys() == s.extra.keys()
+        for key in s.extra:
+            assert np.array_equal(g.extra[key], s.extra[key])
+    assert _unpack_round(_pack_round([])) == []

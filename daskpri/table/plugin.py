@@ -181,26 +181,19 @@ class TablePlugin(SchedulerPlugin):
         updates: list | None = None,
         metrics: dict | None = None,
         count: int = 1,
-    ) -> list[list[dict]]:
-        """Apply ``updates``; the selections of steps ``step .. step + count - 1``."""
+    ) -> list[dict]:
+        """Apply ``updates``; the selections of steps ``step .. step + count - 1``.
+
+        One packed round per worker slot (see :func:`_pack_round`).
+        """
         tr = self._run(run)
         self._apply(tr, updates, metrics)
         t0 = time.perf_counter()
         rounds = [tr.select(step + i) for i in range(count)]
         tr.selection_seconds = time.perf_counter() - t0
         tr.last_step = step + count - 1
-        return [
-            [
-                {
-                    "train": pack(s.train.astype(np.int64)),
-                    "weights": None if s.weights is None else pack(s.weights.astype(np.float64)),
-                    "score": pack(s.score.astype(np.int64)),
-                    "extra": pack_tree(s.extra),
-                }
-                for s in selections
-            ]
-            for selections in rounds
-        ]
+        n_slots = len(rounds[0]) if rounds else 0
+        return [_pack_round([selections[slot] for selections in rounds]) for slot in range(n_slots)]
 
     def _update(self, run: str, updates: list, metrics: dict | None = None) -> None:
         self._apply(self._run(run), updates, metrics)
@@ -313,18 +306,8 @@ class RemoteTable:
             metrics=metrics,
             count=count,
         )
-        return [
-            [
-                Selection(
-                    train=unpack(s["train"]),
-                    weights=None if s["weights"] is None else unpack(s["weights"]),
-                    score=unpack(s["score"]),
-                    extra=unpack_tree(s["extra"]),
-                )
-                for s in selections
-            ]
-            for selections in out
-        ]
+        slots = [_unpack_round(packed) for packed in out]
+        return [list(selections) for selections in zip(*slots, strict=True)] if slots else []
 
     def update(
         self,
@@ -364,3 +347,45 @@ def _pack_updates(updates: list[tuple[np.ndarray, np.ndarray, int]]) -> list[dic
         }
         for i, p, s in updates
     ]
+
+
+def _pack_round(selections: list[Selection]) -> dict[str, Any]:
+    """One slot's selections of a round's steps, as a few concatenated arrays.
+
+    A round of local steps selects hundreds of steps; an array each would
+    cost more to pack, send and unpack than selecting them.
+    """
+    weighted = [s.weights is not None for s in selections]
+    return {
+        "train": pack(_cat([s.train for s in selections], np.int64)),
+        "n_train": pack(np.array([s.train.size for s in selections], dtype=np.int64)),
+        "score": pack(_cat([s.score for s in selections], np.int64)),
+        "n_score": pack(np.array([s.score.size for s in selections], dtype=np.int64)),
+        "weighted": pack(np.array(weighted, dtype=bool)),
+        "weights": pack(_cat([s.weights for s in selections if s.weights is not None], np.float64)),
+        "extra": [pack_tree(s.extra) for s in selections],
+    }
+
+
+def _unpack_round(packed: dict[str, Any]) -> list[Selection]:
+    """Invert :func:`_pack_round` (each step's arrays are views of the round's)."""
+    n_train, n_score = unpack(packed["n_train"]), unpack(packed["n_score"])
+    if not n_train.size:
+        return []
+    trains = np.split(unpack(packed["train"]), np.cumsum(n_train)[:-1])
+    scores = np.split(unpack(packed["score"]), np.cumsum(n_score)[:-1])
+    weighted = unpack(packed["weighted"])
+    weights = iter(np.split(unpack(packed["weights"]), np.cumsum(n_train[weighted])[:-1]))
+    return [
+        Selection(
+            train=train,
+            weights=next(weights) if w else None,
+            score=score,
+            extra=unpack_tree(extra),
+        )
+        for train, score, w, extra in zip(trains, scores, weighted, packed["extra"], strict=True)
+    ]
+
+
+def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
