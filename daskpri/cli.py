@@ -14,6 +14,10 @@ Train on a running cluster, on workers started with ``--resources GPU=1``::
 Compare selective backprop with uniform sampling for the same time budget::
 
     daskpri demo --max-time 45
+
+or with rounds of 16 local steps, keeping a quarter of the candidates::
+
+    daskpri demo --local-steps 16 --strategy-option fraction=0.25
 """
 
 from __future__ import annotations
@@ -118,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--target-accuracy", type=float, metavar="A",
                      help="stop once the test accuracy reaches A, in (0, 1]")
     run.add_argument("--batch-size", type=int, metavar="N", help="samples per worker per step")
+    run.add_argument("--local-steps", type=int, default=1, metavar="K",
+                     help="optimizer steps each worker takes per round trip (local SGD; "
+                     "default 1: synchronous)")
     run.add_argument("--learning-rate", type=float, metavar="LR")
     run.add_argument("--optimizer", choices=("sgd", "adam"))
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
@@ -162,6 +169,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", choices=MODELS, default="mlp")
     demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--local-steps", type=int, default=1, metavar="K",
+                      help="optimizer steps each worker takes per round trip, for both runs "
+                      "(default 1: synchronous)")
+    demo.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
+                      metavar="KEY=VALUE",
+                      help=f"a {_DEMO_STRATEGY} parameter, e.g. fraction=0.25 (repeatable)")
 
     dash = sub.add_parser("dashboard", help="serve the live /daskpri page of a scheduler")
     dash.set_defaults(run=_dashboard_command)
@@ -289,6 +302,7 @@ def _train(args: argparse.Namespace) -> int:
                 model, strategy=args.strategy, client=client, seed=args.seed,
                 n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
                 learning_rate=args.learning_rate, optimizer=args.optimizer,
+                local_steps=args.local_steps,
                 lr_schedule=args.lr_schedule, schedule_steps=schedule_steps,
                 eval_every=args.eval_every, transport=args.transport,
                 security=True if args.tls else None, **checkpoints, **options,
@@ -351,6 +365,13 @@ def _demo(args: argparse.Namespace) -> int:
         raise ValueError(
             f"max_time should be a positive finite number, but got max_time={args.max_time}"
         )
+    if args.local_steps < 1:
+        raise ValueError(
+            f"local_steps should be a positive integer, but got local_steps={args.local_steps}"
+        )
+    options = dict(args.strategy_option)
+    check_strategy_options(_DEMO_STRATEGY, options)
+    get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
     train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
     histories: dict[str, xr.Dataset] = {}
     cluster = LocalCluster(
@@ -360,11 +381,18 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         with Client(cluster) as client:
             print(f"dashboard: {_dashboard(client)}", flush=True)
+            given = ", ".join(f"{k}={v}" for k, v in options.items())
+            print(f"{_DEMO_STRATEGY}" + (f" ({given})" if given else "")
+                  + f" against uniform, {args.local_steps} local step"
+                  + ("s" if args.local_steps > 1 else "") + f" per round, {args.max_time:g} s each",
+                  flush=True)
             for strategy in (_DEMO_STRATEGY, "uniform"):
                 # The same initial weights for both runs: only the sampling differs.
                 model = daskpri.models.build_model(args.model, train, seed=args.seed)
-                with daskpri.Trainer(model, strategy=strategy, client=client,
-                                     seed=args.seed) as trainer, _interruptible(trainer):
+                with daskpri.Trainer(model, strategy=strategy, client=client, seed=args.seed,
+                                     local_steps=args.local_steps,
+                                     **(options if strategy == _DEMO_STRATEGY else {}),
+                                     ) as trainer, _interruptible(trainer):
                     histories[strategy] = trainer.fit(train, eval_data=test,
                                                       max_time=args.max_time)
                 print(_summary(histories[strategy]), flush=True)
@@ -428,10 +456,11 @@ def _dashboard(client: Client) -> str:
 
 def _summary(history: xr.Dataset) -> str:
     """One line: strategy, steps, final and best accuracy, time, samples/s."""
-    steps = history.sizes["step"]
     name = history.attrs.get("strategy", "run")
-    if steps == 0:
+    if history.sizes["step"] == 0:
         return f"{name}: 0 steps"
+    # a record per step, or per round of local steps: its last step is numbered
+    steps = int(history["step"].values[-1]) + 1
     acc = history["accuracy"].values
     seen = acc[~np.isnan(acc)]
     final = seen[-1] if seen.size else math.nan

@@ -69,6 +69,8 @@ def test_bad_argument_exits_2_naming_what_is_allowed(
         (["--root", "/data"], "root is only used by datasets 'mnist', 'cifar10'"),
         (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint PATH"),
         (["--resume", "/nonexistent/run.ckpt"], "no checkpoint at '/nonexistent/run.ckpt'"),
+        (["--local-steps", "0"], "local_steps should be a positive integer, but got local_steps=0"),
+        (["--local-steps", "4"], "strategy 'projection' selects by the priorities of the previous"),
     ],
 )
 def test_library_error_is_one_line_with_exit_2(
@@ -150,14 +152,49 @@ def test_demo_compares_prioritized_with_uniform(capsys: pytest.CaptureFixture[st
     assert main(["demo", "--dataset", "synthetic", "--max-time", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status", lines[0])
-    assert lines[1].startswith("selective-backprop: ") and lines[2].startswith("uniform: ")
+    assert lines[1] == "selective-backprop against uniform, 1 local step per round, 1 s each"
+    for name, line in (("selective-backprop", lines[2]), ("uniform", lines[3])):
+        assert re.match(rf"{name}: \d+ steps, final accuracy 0\.\d{{4}}, ", line), line
     assert re.fullmatch(
         r"target 0\.\d{4} \(97% of uniform's best 0\.\d{4}\): "
         r"selective-backprop accuracy 0\.\d{4}, time to target ([\d.]+ s|not reached); "
         r"uniform accuracy 0\.\d{4}, time to target [\d.]+ s; "
         r"speedup (\d+\.\d\dx|not reached by selective-backprop)",
-        lines[3],
+        lines[4],
     )
+
+
+def test_demo_takes_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--dataset", "synthetic", "--max-time", "0.5", "--local-steps", "16",
+            "--strategy-option", "fraction=0.25", "--strategy-option", "refresh=2"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (
+        "selective-backprop (fraction=0.25, refresh=2) against uniform, "
+        "16 local steps per round, 0.5 s each"
+    )
+    # steps counted in steps, not in rounds of 16
+    for name, line in (("selective-backprop", lines[2]), ("uniform", lines[3])):
+        steps = re.match(rf"{name}: (\d+) steps, ", line)
+        assert steps is not None and int(steps.group(1)) % 16 == 0 and int(steps.group(1)), line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--local-steps", "0"], "local_steps should be a positive integer, but got local_steps=0"),
+        (["--strategy-option", "fraction=2"],
+         "fraction should be a number in (0, 1], but got fraction=2"),
+        (["--strategy-option", "k=3"], "strategy 'selective-backprop' takes the options"),
+    ],
+)
+def test_demo_bad_option_fails_before_a_cluster_starts(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--dataset", "synthetic", "--max-time", "1", *args]) == 2
+    captured = capsys.readouterr()
+    assert "dashboard:" not in captured.out  # no cluster was started
+    assert captured.err.startswith(f"daskpri: error: {message}")
 
 
 # Ctrl-C as a terminal's foreground job gets it. A shell starts background jobs
