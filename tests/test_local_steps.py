@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 import torch
 
 import daskpri
 from daskpri.models import build_model
+from daskpri.table.plugin import RemoteTable
 
 
 def _trainer(client, train, **kw):
@@ -65,10 +67,13 @@ def test_selective_backprop_refresh_scores_afresh_every_other_epoch(gpu_client, 
     assert np.isfinite(h["loss"].values).all()
 
 
-def test_a_resumed_run_of_local_rounds_continues_exactly(gpu_client, small_data, tmp_path):
+@pytest.mark.parametrize("strategy", ["loss", "uniform"])  # uniform selects rounds ahead
+def test_a_resumed_run_of_local_rounds_continues_exactly(
+    gpu_client, small_data, tmp_path, strategy
+):
     train, test = small_data
     path = tmp_path / "local.ckpt"
-    a = _trainer(gpu_client, train, strategy="loss", local_steps=4)
+    a = _trainer(gpu_client, train, strategy=strategy, local_steps=4)
     try:
         a.fit(train, max_steps=12, progress=False)
         a.save(path)
@@ -120,3 +125,63 @@ def test_a_round_packs_weighted_and_unweighted_steps_and_unpacks_each_as_it_was(
         else:
             assert share.weights.tolist() == sel.weights.tolist()
     assert shares.partitions().tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "selective-backprop"])
+def test_selecting_the_next_round_ahead_changes_no_selection(
+    gpu_client, small_data, tmp_path, monkeypatch, strategy
+):
+    train, test = small_data
+    ahead: list[int] = []  # the first step of each round selected ahead
+    step_ahead = RemoteTable.step_ahead
+
+    def counted(self, step, *args, **kwargs):
+        ahead.append(step)
+        return step_ahead(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(RemoteTable, "step_ahead", counted)
+    runs = {}
+    for prefetch in (False, True):
+        ahead.clear()
+        with dask.config.set({"daskpri.trainer.prefetch": prefetch}):
+            with _trainer(gpu_client, train, strategy=strategy, local_steps=4, eval_every=4,
+                          checkpoint_path=str(tmp_path / f"{prefetch}.ckpt"),
+                          checkpoint_every=12) as t:
+                t.fit(train, max_steps=14, progress=False)  # its last round is cut to 2 steps
+                # one round (14-18), ended by the target at its evaluation
+                t.fit(train, eval_data=test, max_steps=40, target_accuracy=0.01, progress=False)
+                assert t.step_ == 18
+                h = t.fit(train, max_steps=30, progress=False)
+                assert t._prefetched is None
+                params = torch.nn.utils.parameters_to_vector(t.model.parameters()).detach()
+                runs[prefetch] = (h, params.clone(), list(ahead))
+    (h0, p0, none), (h1, p1, some) = runs[False], runs[True]
+    assert (h1["step"].values + 1).tolist() == [4, 8, 12, 14, 18, 22, 26, 30]
+    # Selected ahead: not the round after a checkpoint (rounds ending past 12
+    # and 24), nor one past a fit's max_steps (14, 30). The round from 18,
+    # selected while the second fit's last round ran, was taken back when the
+    # target ended it, and selected again by the third fit.
+    assert none == [] and some == [4, 8, 18, 22]
+    np.testing.assert_array_equal(h0["step"], h1["step"])
+    np.testing.assert_array_equal(h0["selection_digest"], h1["selection_digest"])
+    assert torch.equal(p0, p1), "bitwise equal parameters on CPU"
+
+
+def test_the_table_takes_back_a_selection_made_ahead():
+    from daskpri.strategies import get_strategy
+    from daskpri.table.plugin import TablePlugin, TableRun
+    from daskpri.table.table import PriorityTable
+
+    tr = TableRun(table=PriorityTable([50, 50]), strategy=get_strategy("uniform"),
+                  rng=np.random.default_rng(0), owner=np.zeros(0, np.int64), batch_size=16,
+                  info={})
+    tr.set_owner(np.array([0, 1]))
+    plugin = TablePlugin()
+    plugin.runs["r"] = tr
+    first = plugin._step("r", 0, count=3, undo=True)
+    plugin._unselect("r")
+    assert plugin._step("r", 0, count=3) == first  # as if never selected
+    second = plugin._step("r", 3, count=3)
+    assert second != first
+    plugin._unselect("r")  # nothing kept to take back: no change
+    assert plugin._step("r", 6, count=2) != second

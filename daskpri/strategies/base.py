@@ -137,6 +137,10 @@ class Strategy(abc.ABC):
     #: selection reads the priorities of the previous step (top-k): it cannot
     #: select several steps at once for a round of local steps
     needs_fresh_priorities: ClassVar[bool] = False
+    #: :meth:`select` reads the table (priorities, versions). ``False`` lets the
+    #: driver select the next round while the workers compute this one, before
+    #: this round's priorities reach the table.
+    reads_table: bool = True
 
     @abc.abstractmethod
     def select(self, ctx: SelectContext) -> list[Selection]:

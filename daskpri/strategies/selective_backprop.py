@@ -102,6 +102,9 @@ class SelectiveBackprop(Strategy):
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.refresh = check_positive_int("refresh", refresh)
+        # candidates come from the shuffled walk alone, unless ranked by the
+        # table's losses (refresh) or drawn against their distribution (beta)
+        self.reads_table = self.beta is not None or self.refresh is not None
 
     def fresh(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) of the walk scores afresh.

@@ -30,6 +30,7 @@ class Uniform(Strategy):
 
     name = "uniform"
     unbiased = True
+    reads_table = False
 
     def __init__(self, batch_size: int | None = None) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)

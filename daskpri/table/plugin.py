@@ -13,7 +13,10 @@ registers it.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -47,6 +50,8 @@ class TableRun:
     metrics: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100_000))
     last_step: int = -1
     selection_seconds: float = 0.0
+    #: the selection state before the last selection made ahead (``undo=True``)
+    undo: tuple[dict[str, Any], dict[str, Any], int] | None = None
 
     def set_owner(self, owner: np.ndarray) -> None:
         owner = np.asarray(owner, dtype=np.int64)
@@ -110,6 +115,7 @@ class TablePlugin(SchedulerPlugin):
         for op in (
             "create",
             "step",
+            "unselect",
             "update",
             "set_owner",
             "state",
@@ -168,26 +174,34 @@ class TablePlugin(SchedulerPlugin):
         tr.set_owner(unpack(owner))
         self.runs[run] = tr
 
-    def _apply(self, tr: TableRun, updates: list | None, metrics: dict | None) -> None:
+    def _apply(self, tr: TableRun, updates: list | None, metrics: list | dict | None) -> None:
         for u in updates or ():
             tr.table.update(unpack(u["indices"]), unpack(u["priorities"]), int(u["step"]))
-        if metrics and (not tr.metrics or tr.metrics[-1].get("step") != metrics.get("step")):
-            tr.metrics.append(metrics)
+        # history records, one or a list (each record once, by its step)
+        for record in [metrics] if isinstance(metrics, dict) else metrics or ():
+            if not tr.metrics or tr.metrics[-1].get("step") != record.get("step"):
+                tr.metrics.append(record)
 
     def _step(
         self,
         run: str,
         step: int,
         updates: list | None = None,
-        metrics: dict | None = None,
+        metrics: list | dict | None = None,
         count: int = 1,
+        undo: bool = False,
     ) -> list[dict]:
         """Apply ``updates``; the selections of steps ``step .. step + count - 1``.
 
-        One packed round per worker slot (see :func:`_pack_round`).
+        One packed round per worker slot (see :func:`_pack_round`). With
+        ``undo`` the selection state before it is kept, for :meth:`_unselect`.
         """
         tr = self._run(run)
         self._apply(tr, updates, metrics)
+        tr.undo = None
+        if undo:
+            tr.undo = (copy.deepcopy(dict(tr.rng.bit_generator.state)), copy.deepcopy(tr.state),
+                       tr.last_step)
         t0 = time.perf_counter()
         rounds = [tr.select(step + i) for i in range(count)]
         tr.selection_seconds = time.perf_counter() - t0
@@ -195,7 +209,14 @@ class TablePlugin(SchedulerPlugin):
         n_slots = len(rounds[0]) if rounds else 0
         return [_pack_round([selections[slot] for selections in rounds]) for slot in range(n_slots)]
 
-    def _update(self, run: str, updates: list, metrics: dict | None = None) -> None:
+    def _unselect(self, run: str) -> None:
+        """Take back the last selection made with ``undo`` (a round selected ahead, unused)."""
+        tr = self._run(run)
+        if tr.undo is not None:
+            tr.rng.bit_generator.state, tr.state, tr.last_step = tr.undo
+            tr.undo = None
+
+    def _update(self, run: str, updates: list, metrics: list | dict | None = None) -> None:
         self._apply(self._run(run), updates, metrics)
 
     def _set_owner(self, run: str, owner: dict) -> None:
@@ -205,7 +226,9 @@ class TablePlugin(SchedulerPlugin):
         return pack_tree(self._run(run).state_dict())
 
     def _load(self, run: str, state: dict) -> None:
-        self._run(run).load_state_dict(unpack_tree(state))
+        tr = self._run(run)
+        tr.load_state_dict(unpack_tree(state))
+        tr.undo = None
 
     def _summary(self, run: str, step: int | None = None) -> dict:
         tr = self._run(run)
@@ -291,7 +314,7 @@ class RemoteTable:
         self,
         step: int,
         updates: list[tuple[np.ndarray, np.ndarray, int]],
-        metrics: dict[str, Any] | None = None,
+        metrics: list[dict[str, Any]] | dict[str, Any] | None = None,
         count: int = 1,
     ) -> list[list[Selection]]:
         """Apply ``updates``; the selections of ``count`` steps from ``step`` on.
@@ -306,13 +329,40 @@ class RemoteTable:
             metrics=metrics,
             count=count,
         )
-        slots = [_unpack_round(packed) for packed in out]
-        return [list(selections) for selections in zip(*slots, strict=True)] if slots else []
+        return _unpack_rounds(out)
+
+    def step_ahead(
+        self,
+        step: int,
+        updates: list[tuple[np.ndarray, np.ndarray, int]],
+        metrics: list[dict[str, Any]] | dict[str, Any] | None = None,
+        count: int = 1,
+    ) -> Ahead:
+        """:meth:`step`, sent now and answered in the background.
+
+        The table keeps its selection state from before, so that
+        :meth:`unselect` can take the selection back if it goes unused.
+        """
+        call = self.client.scheduler.daskpri_step(
+            run=self.run,
+            step=step,
+            updates=_pack_updates(updates),
+            metrics=metrics,
+            count=count,
+            undo=True,
+        )
+        loop = self.client.loop
+        assert loop is not None
+        return Ahead(asyncio.run_coroutine_threadsafe(call, loop.asyncio_loop))  # type: ignore[attr-defined]
+
+    def unselect(self) -> None:
+        """Take back the selection of the last :meth:`step_ahead`."""
+        self._call("unselect", run=self.run)
 
     def update(
         self,
         updates: list[tuple[np.ndarray, np.ndarray, int]],
-        metrics: dict[str, Any] | None = None,
+        metrics: list[dict[str, Any]] | dict[str, Any] | None = None,
     ) -> None:
         self._call("update", run=self.run, updates=_pack_updates(updates), metrics=metrics)
 
@@ -347,6 +397,23 @@ def _pack_updates(updates: list[tuple[np.ndarray, np.ndarray, int]]) -> list[dic
         }
         for i, p, s in updates
     ]
+
+
+class Ahead:
+    """The answer of :meth:`RemoteTable.step_ahead`, to be waited for."""
+
+    def __init__(self, future: concurrent.futures.Future) -> None:
+        self._future = future
+
+    def result(self, timeout: float | None = None) -> list[list[Selection]]:
+        """The selections, as :meth:`RemoteTable.step` returns them."""
+        return _unpack_rounds(self._future.result(timeout))
+
+
+def _unpack_rounds(out: list[dict[str, Any]]) -> list[list[Selection]]:
+    """One list per step of one :class:`Selection` per slot, from packed slots."""
+    slots = [_unpack_round(packed) for packed in out]
+    return [list(selections) for selections in zip(*slots, strict=True)] if slots else []
 
 
 def _pack_round(selections: list[Selection]) -> dict[str, Any]:

@@ -14,9 +14,11 @@ as they are at each step, and update its counters (``step_``, the history).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,13 +34,13 @@ from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, s
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin, StepResult
 from daskpri.strategies import Selection, Strategy
-from daskpri.table.plugin import RemoteTable
+from daskpri.table.plugin import Ahead, RemoteTable
 from daskpri.training._checks import check_model
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import assign_owners, eligible_workers, partition_bounds
-from daskpri.training.recovery import LOST, check_scheduler
-from daskpri.training.rounds import combine, fresh_priorities, nonfinite, step_record
+from daskpri.training.recovery import LOST, check_scheduler, dask_timeout
+from daskpri.training.rounds import combine, crossed, fresh_priorities, nonfinite, step_record
 from daskpri.training.schedule import scheduled_rate
 from daskpri.training.transport import StepTimeout
 
@@ -64,6 +66,7 @@ class RunMixin:
     staleness: str
     device: str | None
     checkpoint_path: str | None
+    checkpoint_every: int | None
     on_nonfinite: str
     transport: str
     run_id: str
@@ -76,8 +79,13 @@ class RunMixin:
     _opt: torch.optim.Optimizer | None
     _mean_grad: torch.Tensor | None
     _pending: list[tuple[np.ndarray, np.ndarray, int]]
+    #: (first step, steps, answer) of the next round, selected ahead
+    _prefetched: tuple[int, int, Ahead] | None
     _data_key: tuple[Any, ...] | None
     _elapsed: float
+    _stop_requested: bool
+    #: how many of the history's records the table has been sent
+    _metrics_sent: int
     _deployment: Deployment | None
     _table: RemoteTable | None
     _resume_state: dict[str, Any] | None
@@ -215,15 +223,23 @@ class RunMixin:
         t_start = time.perf_counter()
         for attempt in range(int(_config.get("trainer.max-retries")) + 1):
             t0 = time.perf_counter()
-            # The last step's metrics ride along, for the dashboard in the cluster.
-            last = self._recorder.records[-1] if self._recorder.records else None
-            rounds = self._remote.step(step, self._pending, metrics=last, count=count)
-            self._pending = []
+            ahead = self._take_prefetched(step, count)
+            if ahead is not None:
+                rounds = ahead
+            else:
+                rounds = self._remote.step(
+                    step, self._pending, metrics=self._new_metrics(), count=count
+                )
+                self._pending = []
             t_select = time.perf_counter() - t0
+            following = None if limit is None else limit - count
             try:
-                results = self._run_tasks(step, rounds)
+                results = self._run_tasks(
+                    step, rounds, then=functools.partial(self._prefetch, step + count, following)
+                )
                 break
             except (*LOST, StepTimeout) as e:
+                self._drop_prefetched()  # selected for the workers lost
                 if attempt == int(_config.get("trainer.max-retries")):
                     raise RuntimeError(
                         f"step {step} failed {attempt + 1} times after losing workers: {e}"
@@ -268,8 +284,16 @@ class RunMixin:
             optimizer_time=t_opt,
         )
 
-    def _run_tasks(self, step: int, rounds: list[list[Selection]]) -> list[StepResult]:
-        """Each worker's share of a step (or round), as tasks or as direct RPCs."""
+    def _run_tasks(
+        self,
+        step: int,
+        rounds: list[list[Selection]],
+        then: Callable[[], None] | None = None,
+    ) -> list[StepResult]:
+        """Each worker's share of a step (or round), as tasks or as direct RPCs.
+
+        ``then`` is called once the work is on its way to the workers.
+        """
         weights = self._weights(version=step)
         local = None
         if self.local_steps > 1:
@@ -293,7 +317,56 @@ class RunMixin:
             local=local,
             transport=self.transport,
             resources=self.resources,
+            then=then,
         )
+
+    def _prefetch(self, step: int, limit: int | None) -> None:
+        """Select the round from ``step`` on while the workers compute the current one.
+
+        Only for strategies whose selection does not read the table, which
+        then has not received the current round's priorities yet (they go
+        with the next request), and only for a round that will run: not past
+        ``limit``, nor after a checkpoint (the table must be saved as it is).
+        Called once the current round is on its way to the workers (with the
+        direct transport, on the client's event loop while the driver waits):
+        in a LocalCluster the scheduler shares the driver's process, and a
+        selection made earlier would hold up sending the round.
+        """
+        count = self.local_steps if limit is None else min(self.local_steps, limit)
+        if (
+            count < 1
+            or self.strategy.reads_table
+            or not _config.get("trainer.prefetch")
+            or self._stop_requested
+            or (self.checkpoint_every and crossed(self.step_, step, self.checkpoint_every))
+        ):
+            return
+        ahead = self._remote.step_ahead(step, self._pending, self._new_metrics(), count)
+        self._prefetched = (step, count, ahead)
+        self._pending = []
+
+    def _take_prefetched(self, step: int, count: int) -> list[list[Selection]] | None:
+        """The round selected ahead, if it is the round from ``step`` of ``count`` steps."""
+        if self._prefetched is None:
+            return None
+        if self._prefetched[:2] != (step, count):
+            self._drop_prefetched()
+            return None
+        ahead = self._prefetched[2]
+        self._prefetched = None
+        return ahead.result(timeout=dask_timeout())
+
+    def _drop_prefetched(self) -> None:
+        """Take back a round selected ahead and not run: the table selects as if it never was."""
+        if self._prefetched is None:
+            return
+        ahead = self._prefetched[2]
+        self._prefetched = None
+        try:
+            ahead.result(timeout=dask_timeout())
+        except Exception:  # it never reached the table, or the scheduler is gone
+            return
+        self._remote.unselect()
 
     def _recover(self) -> None:
         """Re-plan after losing workers: move their partitions to live ones."""
@@ -315,10 +388,18 @@ class RunMixin:
         )
 
     def _flush(self) -> None:
-        if self._pending:
-            last = self._recorder.records[-1] if self._recorder.records else None
-            self._remote.update(self._pending, metrics=last)
+        """Send the table the priorities and history records it has not had yet."""
+        metrics = self._new_metrics()
+        if self._pending or metrics:
+            self._remote.update(self._pending, metrics=metrics)
             self._pending = []
+
+    def _new_metrics(self) -> list[dict[str, Any]]:
+        """The history records not sent to the table yet (for the dashboard in the cluster)."""
+        records = self._recorder.records
+        new = records[self._metrics_sent :]
+        self._metrics_sent = len(records)
+        return new
 
     # -- the master model ---------------------------------------------------------------
 

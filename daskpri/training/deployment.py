@@ -207,8 +207,12 @@ class Deployment:
         local: LocalSteps | None,
         transport: str,
         resources: dict[str, float] | None,
+        then: Callable[[], None] | None = None,
     ) -> list[StepResult]:
-        """Each worker's share of a step (or round), as tasks or as direct RPCs."""
+        """Each worker's share of a step (or round), as tasks or as direct RPCs.
+
+        ``then`` is called once they are sent, while the workers compute.
+        """
         args = []
         for slot in range(len(rounds[0])):
             shares = Shares.pack(
@@ -217,7 +221,7 @@ class Deployment:
             parts = {int(p): self.parts[int(p)] for p in shares.partitions()}
             args.append([strategy, shares, parts, local])
         if transport == "direct":
-            return self._run_direct(weights, args)
+            return self._run_direct(weights, args, then)
         client = self.client
         [wfut] = client.scatter([weights], hash=False)
         futures = [
@@ -234,9 +238,13 @@ class Deployment:
             )
             for slot, a in enumerate(args)
         ]
+        if then is not None:
+            then()
         return wait_tasks(client, futures, self.slots, resources, dask_timeout(), step_timeout())
 
-    def _run_direct(self, weights: Weights, args: list[list[Any]]) -> list[StepResult]:
+    def _run_direct(
+        self, weights: Weights, args: list[list[Any]], then: Callable[[], None] | None = None
+    ) -> list[StepResult]:
         """One RPC per worker, past the scheduler's task machinery.
 
         Partitions are named by their scattered key (or store reference): the
@@ -247,7 +255,7 @@ class Deployment:
         for slot, a in enumerate(args):
             a[2] = {p: (r.key if isinstance(r, Future) else r) for p, r in a[2].items()}
             calls.append((self.slots[slot], (weights, *a)))
-        return run_direct(self.client, calls, self.plugin, step_timeout())
+        return run_direct(self.client, calls, self.plugin, step_timeout(), then)
 
     # -- lost workers ----------------------------------------------------------------
 

@@ -247,6 +247,8 @@ class Trainer(RunMixin):
         self._background: concurrent.futures.Future[xr.Dataset] | None = None
         # a plain flag: set from a signal handler, where a lock could deadlock
         self._stop_requested = False
+        self._prefetched = None
+        self._metrics_sent = 0
 
     # -- cluster -------------------------------------------------------------
 
@@ -329,6 +331,8 @@ class Trainer(RunMixin):
         check_budget(max_steps, max_time, target_accuracy, eval_data)
         ds, info, evalset = open_data(data, eval_data)
         t_setup = time.perf_counter()
+        with self._blame_scheduler():
+            self._drop_prefetched()  # left by a fit that raised
         self._prepare(ds, info, data)
         self._setup_time += time.perf_counter() - t_setup
         if evalset is not None:
@@ -368,6 +372,7 @@ class Trainer(RunMixin):
                 if math.isnan(last.get("accuracy", math.nan)):
                     self._evaluate(evalset, last)
             with self._blame_scheduler():
+                self._drop_prefetched()  # the round after the last: the table forgets it
                 self._flush()
         finally:
             bar.close()
@@ -457,6 +462,7 @@ class Trainer(RunMixin):
         """
         if self._table is None or self._opt is None:
             raise RuntimeError("nothing to save yet: call fit first")
+        self._drop_prefetched()
         self._flush()
         return checkpoint.write(
             {
@@ -507,6 +513,7 @@ class Trainer(RunMixin):
         trainer.step_ = int(state["step"])
         trainer._elapsed = float(state["elapsed"])
         trainer._recorder.records = list(state["history"])
+        trainer._metrics_sent = len(trainer._recorder.records)  # not sent again
         trainer._resume_state = {
             "optimizer": state["optimizer"],
             "mean_grad": state["mean_grad"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from distributed import Client, Future
@@ -33,12 +33,17 @@ class StepTimeout(TimeoutError):
 
 
 def run_direct(
-    client: Client, calls: Sequence[tuple[str, tuple[Any, ...]]], name: str, timeout: float
+    client: Client,
+    calls: Sequence[tuple[str, tuple[Any, ...]]],
+    name: str,
+    timeout: float,
+    then: Callable[[], None] | None = None,
 ) -> list[StepResult]:
     """One ``daskpri_train`` RPC per ``(address, payload)``, concurrently.
 
     The first failure (a worker that died closes its connection) is raised
     at once; workers still busy after ``timeout`` raise :class:`StepTimeout`.
+    ``then`` is called on the event loop once the calls have started.
     """
 
     async def dispatch() -> list[StepResult]:
@@ -48,6 +53,9 @@ def run_direct(
             )
             for addr, payload in calls
         ]
+        if then is not None:
+            await asyncio.sleep(0)  # the calls start (and send) first
+            then()
         done, pending = await asyncio.wait(
             tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
         )
