@@ -41,6 +41,7 @@ from daskpri.data.datasets import DATASETS
 from daskpri.data.io import to_store
 from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
+from daskpri.training._checks import check_float, check_int
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 from daskpri.training.schedule import SCHEDULES
@@ -359,16 +360,9 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
 
 def _demo(args: argparse.Namespace) -> int:
     # Checked here, as argparse leaves them, so that bad values fail before a cluster starts.
-    if args.workers < 1:
-        raise ValueError(f"workers should be a positive integer, but got workers={args.workers}")
-    if not (math.isfinite(args.max_time) and args.max_time > 0):
-        raise ValueError(
-            f"max_time should be a positive finite number, but got max_time={args.max_time}"
-        )
-    if args.local_steps < 1:
-        raise ValueError(
-            f"local_steps should be a positive integer, but got local_steps={args.local_steps}"
-        )
+    check_int("workers", args.workers, 1)
+    check_float("max_time", args.max_time)
+    check_int("local_steps", args.local_steps, 1)
     options = dict(args.strategy_option)
     check_strategy_options(_DEMO_STRATEGY, options)
     get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts

@@ -321,15 +321,8 @@ class RemoteTable:
 
         One list per step, of one :class:`Selection` per worker slot.
         """
-        out = self._call(
-            "step",
-            run=self.run,
-            step=step,
-            updates=_pack_updates(updates),
-            metrics=metrics,
-            count=count,
-        )
-        return _unpack_rounds(out)
+        message = self._step_message(step, updates, metrics, count)
+        return _unpack_rounds(self._call("step", **message))
 
     def step_ahead(
         self,
@@ -343,17 +336,26 @@ class RemoteTable:
         The table keeps its selection state from before, so that
         :meth:`unselect` can take the selection back if it goes unused.
         """
-        call = self.client.scheduler.daskpri_step(
-            run=self.run,
-            step=step,
-            updates=_pack_updates(updates),
-            metrics=metrics,
-            count=count,
-            undo=True,
-        )
+        message = self._step_message(step, updates, metrics, count)
+        call = self.client.scheduler.daskpri_step(**message, undo=True)
         loop = self.client.loop
         assert loop is not None
         return Ahead(asyncio.run_coroutine_threadsafe(call, loop.asyncio_loop))  # type: ignore[attr-defined]
+
+    def _step_message(
+        self,
+        step: int,
+        updates: list[tuple[np.ndarray, np.ndarray, int]],
+        metrics: list[dict[str, Any]] | dict[str, Any] | None,
+        count: int,
+    ) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "step": step,
+            "updates": _pack_updates(updates),
+            "metrics": metrics,
+            "count": count,
+        }
 
     def unselect(self) -> None:
         """Take back the selection of the last :meth:`step_ahead`."""
