@@ -39,8 +39,9 @@ def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, 
                                   checkpoint_path=ckpt, checkpoint_every=5)
 
         def kill_scheduler() -> None:
+            # steps take a few ms: look often, or the run reaches the checkpoint at 15
             while trainer.step_ < 12:
-                time.sleep(0.02)
+                time.sleep(0.001)
             scheduler.kill()
             killed_at.append(time.monotonic())
 
