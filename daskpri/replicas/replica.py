@@ -52,6 +52,7 @@ class Replica:
         self.module.train()
         self.version = -1
         self.params = list(self.module.parameters())
+        self.has_buffers = any(True for _ in self.module.buffers())
         self.n_params = sum(p.numel() for p in self.params)
         #: leave :meth:`weighted_grad`'s gradient in the parameters' ``.grad``
         #: for an optimizer on this replica (local steps) instead of flattening it
@@ -60,13 +61,17 @@ class Replica:
         self.kept_rows = 0
 
     def load(self, weights: Weights) -> None:
-        """Copy ``weights`` into the module unless they are loaded already."""
-        if weights.version == self.version:
-            return
+        """Copy ``weights`` into the module; the parameters unless loaded already.
+
+        The buffers are copied every time: forward passes in training mode
+        change them (batch norm's running statistics), so a step computed
+        again after a failure starts from the driver's.
+        """
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(
-                weights.params.to(self.device, non_blocking=True), self.params
-            )
+            if weights.version != self.version:
+                torch.nn.utils.vector_to_parameters(
+                    weights.params.to(self.device, non_blocking=True), self.params
+                )
             if weights.buffers:
                 named = dict(self.module.named_buffers())
                 for name, value in weights.buffers.items():

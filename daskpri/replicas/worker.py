@@ -368,6 +368,9 @@ class StepResult(TensorsAsNumpy):
     #: after a round of local steps: the replica's parameters and optimizer state
     params: torch.Tensor | None = None
     optimizer_state: dict[str, Any] | None = None
+    #: the module's buffers after its forward passes (batch norm's running
+    #: statistics), when it has any and ran a forward pass
+    buffers: dict[str, torch.Tensor] | None = None
 
 
 def train_task(name: str, *args: Any) -> StepResult:
@@ -474,6 +477,11 @@ def _train(
         with torch.no_grad():
             result.params = torch.nn.utils.parameters_to_vector(params).detach().to("cpu")
         result.optimizer_state = _to_cpu(opt.state_dict())
+    if out_idx and replica.has_buffers:
+        # copies: the replica goes on updating its own
+        result.buffers = {
+            k: v.detach().to("cpu", copy=True) for k, v in replica.module.named_buffers()
+        }
     result.compute_seconds = time.perf_counter() - t0
     return result
 

@@ -137,6 +137,9 @@ class Strategy(abc.ABC):
     #: selection reads the priorities of the previous step (top-k): it cannot
     #: select several steps at once for a round of local steps
     needs_fresh_priorities: ClassVar[bool] = False
+    #: :meth:`compute` takes per-sample gradients (``torch.func.vmap``, one
+    #: sample at a time): modules that normalize over the batch cannot
+    per_sample_grads: ClassVar[bool] = False
     #: :meth:`select` reads the table (priorities, versions). ``False`` lets the
     #: driver select the next round while the workers compute this one, before
     #: this round's priorities reach the table.

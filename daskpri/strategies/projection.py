@@ -52,6 +52,7 @@ class Projection(Strategy):
     name = "projection"
     uses_mean_grad = True
     needs_fresh_priorities = True
+    per_sample_grads = True
 
     def __init__(
         self,

@@ -168,18 +168,49 @@ def open_data(
     return ds, info, evalset
 
 
+def check_strategy_model(strategy: Strategy, model: nn.Module) -> None:
+    """Refuse a strategy that takes per-sample gradients on a model with batch norm.
+
+    ``torch.func`` computes each sample's gradient on a batch of one, which
+    batch norm in training mode cannot normalize (and would not be the
+    batch's statistics if it could).
+    """
+    if not strategy.per_sample_grads:
+        return
+    norms = [
+        f"{name or 'the model'} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
+    if norms:
+        raise ValueError(
+            f"strategy {strategy.name!r} takes per-sample gradients, one sample at a time, "
+            f"which batch norm cannot normalize (layer {', '.join(norms[:5])}); "
+            "use a strategy that does not (uniform, loss, selective-backprop, upper-bound, "
+            "infobatch), or a normalization over each sample (GroupNorm, LayerNorm)"
+        )
+
+
 def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
-    """Classes the labels need, checked against the model's output."""
+    """Classes the labels need, checked against the model's output.
+
+    The check runs the model in evaluation mode, so that it leaves batch
+    norm's running statistics as they were.
+    """
     n_classes = info.get("n_classes")
     y_max = int(ds["y"].max().compute()) if n_classes is None else None
     x0 = torch.as_tensor(np.asarray(ds["x"].isel(sample=slice(0, 2)).values, dtype=np.float32))
+    was_training = model.training
     try:
+        model.eval()
         with torch.no_grad():
             out = model(x0)
     except Exception as e:
         raise ValueError(
             f"the model could not run on data.x of per-sample shape {info['x_shape']}: {e}"
         ) from e
+    finally:
+        model.train(was_training)
     if out.ndim != 2:
         raise ValueError(
             "the model should output (batch, n_classes) logits, but got shape "

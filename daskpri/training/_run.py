@@ -35,7 +35,7 @@ from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin, StepResult
 from daskpri.strategies import Selection, Strategy
 from daskpri.table.plugin import Ahead, RemoteTable
-from daskpri.training._checks import check_model
+from daskpri.training._checks import check_model, check_strategy_model
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import assign_owners, eligible_workers, partition_bounds
@@ -124,6 +124,7 @@ class RunMixin:
             return
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
+        check_strategy_model(self.strategy, self.model)
         self._n_classes = check_model(self.model, ds, info)
         sizes = np.diff(bounds)
         owner = assign_owners(len(sizes), len(addrs))
@@ -265,6 +266,8 @@ class RunMixin:
                 self._apply_round(total.update, [r.optimizer_state for r in results])
             else:
                 self._apply_gradient(total.update / total.n_grad, rate)
+        if total.buffers is not None and not skipped:
+            self._apply_buffers(total.buffers)
         t_opt = time.perf_counter() - t1
         self.step_ += count
         self.skipped_steps_ += count if skipped else 0
@@ -432,6 +435,13 @@ class RunMixin:
         with torch.no_grad():
             torch.nn.utils.vector_to_parameters(params, self.model.parameters())
         self._opt.load_state_dict(average_states([s for s in states if s is not None]))
+
+    def _apply_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
+        """Take the workers' buffers after a step (batch norm's running statistics)."""
+        named = dict(self.model.named_buffers())
+        with torch.no_grad():
+            for name, value in buffers.items():
+                named[name].copy_(value)
 
     def _weights(self, version: int) -> Weights:
         """The master's current weights as CPU tensors, for the replicas."""

@@ -32,6 +32,10 @@ class Combined:
     update : torch.Tensor
         The summed gradient (one step), or the workers' mean parameters (a
         round of local steps).
+    buffers : dict or None
+        The module's buffers after the step, combined over the workers that
+        ran a forward pass (see :func:`mean_buffers`); None for a module
+        without buffers.
     """
 
     results: list[StepResult]
@@ -39,6 +43,7 @@ class Combined:
     loss_sum: float
     n_loss: int
     update: torch.Tensor
+    buffers: dict[str, torch.Tensor] | None = None
 
 
 def combine(results: list[StepResult], local_steps: int) -> Combined:
@@ -52,7 +57,37 @@ def combine(results: list[StepResult], local_steps: int) -> Combined:
         update = torch.zeros_like(results[0].grad)
         for r in results:
             update += r.grad
-    return Combined(results, n_grad, loss_sum, n_loss, update)
+    return Combined(results, n_grad, loss_sum, n_loss, update, mean_buffers(results))
+
+
+def mean_buffers(results: list[StepResult]) -> dict[str, torch.Tensor] | None:
+    """The workers' buffers after a step, as the master's next ones.
+
+    Floating buffers (batch norm's running mean and variance) are averaged
+    over the workers that ran a forward pass, as their parameters are after
+    a round; with equal shares the running mean then moves towards the mean
+    of the step's whole batch. Counters (``num_batches_tracked``) take the
+    largest. None when no worker returned buffers.
+
+    Examples
+    --------
+    >>> def result(v):
+    ...     buffers = {"mean": torch.tensor([float(v)]), "n": torch.tensor(v)}
+    ...     return StepResult(torch.empty(0), 0, np.empty(0), np.empty(0), 0.0, 0, 0, 0.0,
+    ...                       "", "", 0, buffers=buffers)
+    >>> r = [result(1), result(3)]
+    >>> b = mean_buffers(r)
+    >>> b["mean"].tolist(), int(b["n"])
+    ([2.0], 3)
+    """
+    buffers = [r.buffers for r in results if r.buffers is not None]
+    if not buffers:
+        return None
+    out = {}
+    for name, first in buffers[0].items():
+        stacked = torch.stack([b[name] for b in buffers])
+        out[name] = stacked.mean(0) if first.is_floating_point() else stacked.amax(0)
+    return out
 
 
 def nonfinite(total: Combined, step: int, count: int, local_steps: int) -> str | None:
@@ -67,6 +102,9 @@ def nonfinite(total: Combined, step: int, count: int, local_steps: int) -> str |
     if not bool(torch.isfinite(total.update).all()):
         what = "gradient" if local_steps == 1 else "parameters"
         return f"the {what} became non-finite at {where} (loss {loss_sum / max(total.n_loss, 1)})"
+    for name, value in (total.buffers or {}).items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"the buffer {name!r} became non-finite at {where}"
     return None
 
 

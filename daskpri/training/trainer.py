@@ -49,6 +49,7 @@ from daskpri.training._checks import (
     check_local_steps,
     check_real,
     check_security,
+    check_strategy_model,
     check_types,
     open_data,
 )
@@ -215,6 +216,7 @@ class Trainer(RunMixin):
         )
         self.lr_schedule, self.schedule_steps = validate_schedule(lr_schedule, schedule_steps)
         self.local_steps = check_local_steps(local_steps, self.strategy)
+        check_strategy_model(self.strategy, model)
         self.eval_every = check_int("eval_every", _config.get("trainer.eval-every", eval_every), 1)
         self.partition_size = (
             None if partition_size is None else check_int("partition_size", partition_size, 1)
