@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+
 import dask
 import numpy as np
 import pytest
 import torch
+from distributed.protocol import pickle
 
 import daskpri
 from daskpri.models import build_model
+from daskpri.replicas.optim import LocalSteps, make_optimizer
+from daskpri.replicas.replica import Replica, Weights
+from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, Shares, _train
+from daskpri.strategies import get_strategy
+from daskpri.strategies.base import Batch, Selection
 from daskpri.table.plugin import RemoteTable
 
 
@@ -102,9 +110,6 @@ def test_strategies_that_need_last_steps_priorities_refuse_local_rounds():
 
 
 def test_a_round_packs_weighted_and_unweighted_steps_and_unpacks_each_as_it_was():
-    from daskpri.replicas.worker import Shares
-    from daskpri.strategies.base import Selection
-
     sels = [
         Selection(train=np.array([0, 5])),
         Selection(train=np.array([7, 12, 13]), weights=np.array([0.5, 2.0, 1.5]),
@@ -168,7 +173,6 @@ def test_selecting_the_next_round_ahead_changes_no_selection(
 
 
 def test_the_table_takes_back_a_selection_made_ahead():
-    from daskpri.strategies import get_strategy
     from daskpri.table.plugin import TablePlugin, TableRun
     from daskpri.table.table import PriorityTable
 
@@ -185,3 +189,65 @@ def test_the_table_takes_back_a_selection_made_ahead():
     assert second != first
     plugin._unselect("r")  # nothing kept to take back: no change
     assert plugin._step("r", 6, count=2) != second
+
+
+def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():
+    """The worker derives a round's losses, loss sum and hits from its logits at the end.
+
+    Against each step computed on its own (the strategy's full result):
+    plain steps, a weighted one, one with scored-only rows and an empty one,
+    on the same weights and on weights that move with local steps.
+    """
+    torch.manual_seed(0)
+    x = torch.randn(30, 5)
+    y = torch.randint(0, 3, (30,))
+    module = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    sels = [
+        Selection(train=np.array([0, 5, 11])),
+        Selection(train=np.array([7, 12, 13]), weights=np.array([0.5, 2.0, 1.5])),
+        Selection(train=np.array([2, 21]), score=np.array([3, 25, 29])),
+        Selection(train=np.array([], dtype=np.int64)),
+        Selection(train=np.array([1, 4, 8, 9, 28])),
+    ]
+    bounds = np.array([0, 10, 20, 30])
+    parts = {p: ArrayPart(x[a:b].numpy(), y[a:b].numpy(), int(a))
+             for p, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))}
+    strategy = get_strategy("uniform")
+    params = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+
+    class _Worker:
+        address, handlers, state = "inproc://test", {}, None
+
+    for local in (None, LocalSteps("sgd", {"lr": 0.1, "momentum": 0.9}, {}, [0.1] * 5)):
+        plugin = ReplicaPlugin("t", pickle.dumps(module), 3)
+        plugin.setup(_Worker())
+        if local is not None:
+            opt = make_optimizer("sgd", list(module.parameters()), {"lr": 0.1, "momentum": 0.9})
+            local.state = opt.state_dict()
+        # (a copy: in one process the replica's parameters become views of it)
+        shares = Shares.pack(sels, (0, 0, 0), bounds)
+        result = _train(plugin, Weights(0, params.clone()), strategy, shares, parts, local)
+        # the same steps, one at a time, each computing its own losses
+        replica = Replica(copy.deepcopy(module), "cpu")
+        replica.load(Weights(0, params))
+        opt = make_optimizer("sgd", replica.params, {"lr": 0.1, "momentum": 0.9})
+        replica.keep_grads = local is not None
+        prios, loss_sum, correct = [], 0.0, 0
+        for sel in sels:
+            rows = np.concatenate([sel.train, sel.score]).astype(np.int64)
+            if not rows.size:
+                continue
+            w = None if sel.weights is None else torch.as_tensor(sel.weights, dtype=torch.float32)
+            c = strategy.compute(replica, Batch(x[rows], y[rows], rows, sel.train.size, w, None,
+                                                {}, (0,)))
+            prios.append(c.priorities.numpy())
+            loss_sum += float(c.loss_sum)
+            correct += int(c.correct)
+            if local is not None:
+                opt.step()
+        np.testing.assert_allclose(result.priorities, np.concatenate(prios), rtol=1e-6)
+        assert result.indices.tolist() == np.concatenate(
+            [np.concatenate([s.train, s.score]) for s in sels]).tolist()
+        assert result.loss_sum == pytest.approx(loss_sum, rel=1e-6)
+        assert result.correct == correct
+        assert result.n_loss == 13 and result.n_grad == 13

@@ -84,6 +84,11 @@ class Replica:
             logits = self.module(x)
             return F.cross_entropy(logits, y, reduction="none"), logits
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The module's output, forward only."""
+        with torch.no_grad():
+            return self.module(x)
+
     def weighted_grad(
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -93,16 +98,37 @@ class Replica:
         ``len(x)``, ready for an optimizer step) stays in the parameters'
         ``.grad``, and ``None`` takes the flat vector's place.
         """
+        grad, losses, logits = self._backward(x, y, w, need_losses=True)
+        assert losses is not None
+        return grad, losses, logits
+
+    def grad_and_logits(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """:meth:`weighted_grad` without the per-sample losses: the gradient and logits.
+
+        Without weights the losses are not computed at all (a caller that
+        needs them takes them from the detached logits, perhaps later and
+        for many steps at once).
+        """
+        grad, _, logits = self._backward(x, y, w, need_losses=False)
+        return grad, logits
+
+    def _backward(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None, need_losses: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
         for p in self.params:
             p.grad = None
         logits = self.module(x)
         n = x.shape[0]
+        losses: torch.Tensor | None = None
         if w is None and n:
             # The fused reduction backpropagates about 40 us a step faster than
             # one over per-sample losses; those are computed again, graph-free.
             F.cross_entropy(logits, y, reduction="mean" if self.keep_grads else "sum").backward()
             logits = logits.detach()
-            losses = F.cross_entropy(logits, y, reduction="none")
+            if need_losses:
+                losses = F.cross_entropy(logits, y, reduction="none")
         else:
             losses = F.cross_entropy(logits, y, reduction="none")
             total = losses.sum() if w is None else (losses * w).sum()

@@ -20,6 +20,7 @@ from typing import Any
 import dask.config
 import numpy as np
 import torch
+import torch.nn.functional as F
 from distributed import WorkerPlugin, get_worker
 from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
@@ -28,7 +29,7 @@ from daskpri._wire import TensorsAsNumpy
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights
-from daskpri.strategies.base import Batch, Strategy
+from daskpri.strategies.base import Batch, Computed, Strategy
 
 
 @dataclass(frozen=True)
@@ -423,7 +424,9 @@ def _train(
         opt.load_state_dict(local.state)
         replica.version = -1  # the replica's weights leave the driver's version
     grad: torch.Tensor | None = None  # a step's gradient sum (no local steps)
-    out_idx, out_prio = [], []
+    out_idx: list[np.ndarray] = []
+    out_prio: list[Any] = []
+    deferred: list[tuple[int, Computed]] = []  # (place in out_prio, step)
     loss_sums: list[Any] = []  # each step's, numbers or 0-d tensors
     corrects: list[Any] = []
     n_loss, n_grad = 0, 0
@@ -439,9 +442,13 @@ def _train(
             batch = _batch(plugin, weights, share, rows[a:b])
             c = strategy.compute(replica, batch)
             out_idx.append(share.indices if c.rows is None else share.indices[c.rows])
-            out_prio.append(c.priorities)
-            loss_sums.append(c.loss_sum)
-            corrects.append(c.correct)
+            if c.logits is not None:
+                deferred.append((len(out_prio), c))
+                out_prio.append(None)
+            else:
+                out_prio.append(c.priorities)
+                loss_sums.append(c.loss_sum)
+                corrects.append(c.correct)
             n_loss += int(c.n_loss)
             n_grad += int(c.n_grad)
             if opt is None:
@@ -454,6 +461,10 @@ def _train(
                 opt.step()
     finally:
         replica.keep_grads = False
+    if deferred:
+        loss_sum, correct = _finish_deferred(deferred, out_prio)
+        loss_sums.append(loss_sum)
+        corrects.append(correct)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if opt is not None:
@@ -484,6 +495,33 @@ def _train(
         }
     result.compute_seconds = time.perf_counter() - t0
     return result
+
+
+def _finish_deferred(
+    deferred: list[tuple[int, Computed]], out_prio: list[Any]
+) -> tuple[float, int]:
+    """The losses of a round's deferred steps, from their logits, all at once.
+
+    Each step's per-sample losses take its place in ``out_prio``; returns
+    the loss summed over the train rows (in float64) and the train rows
+    predicted right. One cross-entropy over the round's rows costs what one
+    step's did: a step's kernels are small, their launches are the cost.
+    """
+    steps = [c for _, c in deferred]
+    logits = torch.cat([c.logits for c in steps])  # type: ignore[misc]
+    labels = torch.cat([c.labels for c in steps])  # type: ignore[misc]
+    losses = F.cross_entropy(logits, labels, reduction="none")
+    hits = logits.argmax(1) == labels
+    sizes = [int(c.labels.shape[0]) for c in steps]  # type: ignore[union-attr]
+    if all(c.n_loss == size for c, size in zip(steps, sizes, strict=True)):
+        train_losses, train_hits = losses, hits
+    else:  # scored-only rows follow each step's train rows
+        rows = [np.arange(size) < c.n_loss for c, size in zip(steps, sizes, strict=True)]
+        mask = torch.as_tensor(np.concatenate(rows), device=losses.device)
+        train_losses, train_hits = losses[mask], hits[mask]
+    for (place, _), part in zip(deferred, losses.split(sizes), strict=True):
+        out_prio[place] = part
+    return float(train_losses.double().sum()), int(train_hits.sum())
 
 
 def _concat(parts: list[np.ndarray | torch.Tensor]) -> np.ndarray:
@@ -558,6 +596,7 @@ def _batch(plugin: ReplicaPlugin, weights: Weights, share: Share, rows: torch.Te
         mean_grad=weights.mean_grad,
         extra=share.extra,
         seed=share.seed,
+        defer=True,
     )
 
 

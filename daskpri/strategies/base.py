@@ -88,6 +88,10 @@ class Batch:
     #: the generator of the worker half's random choices, or the seed it is
     #: made from on first use (most steps draw nothing)
     seed: np.random.Generator | Sequence[int]
+    #: the worker derives the losses, loss sum and hits of this step from its
+    #: logits later, for a whole round at once: :meth:`Strategy.compute` may
+    #: return a :class:`Computed` that carries ``logits`` instead
+    defer: bool = False
 
     @property
     def rng(self) -> np.random.Generator:
@@ -112,12 +116,17 @@ class Computed:
     rows: np.ndarray | None
     #: numbers, or a tensor on the device: the worker converts a round's
     #: tensors at once at its end (each conversion on its own costs a step time)
-    priorities: np.ndarray | torch.Tensor
+    priorities: np.ndarray | torch.Tensor | None
     #: the loss summed over the ``n_loss`` train rows (number or 0-d tensor)
-    loss_sum: float | torch.Tensor
+    loss_sum: float | torch.Tensor | None
     n_loss: int
     #: train rows predicted right (number or 0-d tensor)
-    correct: int | torch.Tensor
+    correct: int | torch.Tensor | None
+    #: deferred (:attr:`Batch.defer`): the logits of every row (detached),
+    #: whose cross-entropy losses are the priorities; ``priorities``,
+    #: ``loss_sum`` and ``correct`` are then None, and the worker computes them
+    logits: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
 
 
 class Strategy(abc.ABC):
@@ -153,6 +162,21 @@ class Strategy(abc.ABC):
         """Gradient of the train rows; losses of all rows as priorities."""
         n, rows = batch.n_train, batch.x.shape[0]
         x, y = (batch.x, batch.y) if n == rows else (batch.x[:n], batch.y[:n])
+        if batch.defer and batch.weights is None:
+            grad, logits = replica.grad_and_logits(x, y)
+            if rows > n:
+                logits = torch.cat([logits, replica.logits(batch.x[n:])])
+            return Computed(
+                grad=grad,
+                n_grad=n,
+                rows=None,
+                priorities=None,
+                loss_sum=None,
+                n_loss=n,
+                correct=None,
+                logits=logits,
+                labels=batch.y,
+            )
         grad, losses, logits = replica.weighted_grad(x, y, batch.weights)
         if rows > n:
             score_losses, _ = replica.losses(batch.x[n:], batch.y[n:])

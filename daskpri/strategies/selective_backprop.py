@@ -153,7 +153,7 @@ class SelectiveBackprop(Strategy):
         rows = self._keep(loss_np, batch.extra, batch.rng)
         if rows.size:
             sel = torch.as_tensor(rows, device=batch.x.device)
-            grad, _, _ = replica.weighted_grad(batch.x[sel], batch.y[sel], None)
+            grad, _ = replica.grad_and_logits(batch.x[sel], batch.y[sel])
         else:
             grad = torch.zeros(replica.n_params, device=batch.x.device)
         return Computed(

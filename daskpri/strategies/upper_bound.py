@@ -221,7 +221,7 @@ class UpperBound(Strategy):
         pos, w = draw_by_scores(scores, int(batch.extra["draws"][0]), batch.rng)
         sel = torch.as_tensor(pos, device=batch.x.device)
         weights = torch.as_tensor(w, dtype=torch.float32, device=batch.x.device)
-        grad, _, _ = replica.weighted_grad(batch.x[sel], batch.y[sel], weights)
+        grad, _ = replica.grad_and_logits(batch.x[sel], batch.y[sel], weights)
         return Computed(
             grad=grad,
             n_grad=int(pos.size),
