@@ -251,3 +251,90 @@ def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():
         assert result.loss_sum == pytest.approx(loss_sum, rel=1e-6)
         assert result.correct == correct
         assert result.n_loss == 13 and result.n_grad == 13
+
+
+def _record_sends(monkeypatch, corrupt_call: int | None = None) -> list[str]:
+    """Record how each round reaches the workers: "full", or "resume" from kept state.
+
+    ``corrupt_call``: that call's resume names a state no worker holds.
+    """
+    from daskpri.training.deployment import Deployment
+
+    sends: list[str] = []
+    run = Deployment.run
+
+    def recorded(self, weights, rounds, *, local=None, **kwargs):
+        if local is not None and local.resume is not None:
+            assert weights.params.numel() == 0 and not local.state
+            if len(sends) == corrupt_call:
+                local.resume = "not-kept"
+                sends.append("lost")
+                return run(self, weights, rounds, local=local, **kwargs)
+            sends.append("resume")
+        else:
+            assert weights.params.numel() > 0
+            sends.append("full")
+        return run(self, weights, rounds, local=local, **kwargs)
+
+    monkeypatch.setattr(Deployment, "run", recorded)
+    return sends
+
+
+def _fit_one_worker(client, train, keep: bool, steps=(20, 8)):
+    with dask.config.set({"daskpri.trainer.keep-state": keep}):
+        with _trainer(client, train, strategy="uniform", n_workers=1, local_steps=4,
+                      momentum=0.9) as t:
+            for n in steps:
+                t.fit(train, max_steps=t.step_ + n, progress=False)
+            params = torch.nn.utils.parameters_to_vector(t.model.parameters()).detach()
+            return params, t._opt.state_dict()["state"]
+
+
+def test_one_worker_keeps_its_state_and_rounds_resume_from_it(gpu_client, small_data,
+                                                              monkeypatch):
+    train, _ = small_data
+    sends = _record_sends(monkeypatch)
+    p_off, s_off = _fit_one_worker(gpu_client, train, keep=False)
+    assert sends == ["full"] * 7
+    sends.clear()
+    p_on, s_on = _fit_one_worker(gpu_client, train, keep=True)
+    # each fit sends the first round in full (the model may have changed between fits)
+    assert sends == ["full"] + ["resume"] * 4 + ["full", "resume"]
+    assert torch.equal(p_on, p_off)
+    for key in s_off:
+        assert torch.equal(s_on[key]["momentum_buffer"], s_off[key]["momentum_buffer"])
+
+
+def test_a_worker_that_lost_its_kept_state_gets_the_round_in_full(gpu_client, small_data,
+                                                                  monkeypatch):
+    train, _ = small_data
+    p_off, _ = _fit_one_worker(gpu_client, train, keep=False, steps=(20,))
+    sends = _record_sends(monkeypatch, corrupt_call=2)
+    p_on, _ = _fit_one_worker(gpu_client, train, keep=True, steps=(20,))
+    assert sends == ["full", "resume", "lost", "full", "resume", "resume"]
+    assert torch.equal(p_on, p_off)
+
+
+def test_two_workers_always_get_the_averaged_state(gpu_client, small_data, monkeypatch):
+    train, _ = small_data
+    sends = _record_sends(monkeypatch)
+    with _trainer(gpu_client, train, strategy="uniform", local_steps=2) as t:
+        t.fit(train, max_steps=8, progress=False)
+    assert sends == ["full"] * 4
+
+
+def test_a_round_resuming_from_state_the_worker_does_not_hold_is_refused():
+    from daskpri.replicas.worker import ReplicaStateLost
+
+    class _Worker:
+        address, handlers, state = "inproc://test", {}, None
+
+    module = torch.nn.Linear(3, 2)
+    plugin = ReplicaPlugin("t", pickle.dumps(module), 2)
+    plugin.setup(_Worker())
+    bounds = np.array([0, 4])
+    parts = {0: ArrayPart(np.zeros((4, 3), np.float32), np.zeros(4, np.int64), 0)}
+    shares = Shares.pack([Selection(train=np.array([0, 1]))], (0, 0, 0), bounds)
+    local = LocalSteps("sgd", {"lr": 0.1}, {}, [0.1], resume="abc")
+    with pytest.raises(ReplicaStateLost, match=r"does not hold the state .*\(abc\); it holds none"):
+        _train(plugin, Weights(-1, torch.empty(0)), get_strategy("uniform"), shares, parts, local)

@@ -26,13 +26,22 @@ class LocalSteps(TensorsAsNumpy):
 
     The worker builds the driver's optimizer over its replica, loads
     ``state`` (the driver's, averaged over the workers after each round) and
-    takes one step per share, at ``rates[i]``.
+    takes one step per share, at ``rates[i]``. With one worker the driver's
+    state after a round is the worker's own: the worker keeps it (``keep``)
+    and the next round starts from it (``resume``), so the parameters and
+    optimizer state travel one way per round, not both.
     """
 
     optimizer: str
     options: dict[str, Any]
     state: dict[str, Any]
     rates: list[float]
+    #: keep the replica's state after the round under this name (one worker:
+    #: the driver's state is then the worker's, and need not travel back)
+    keep: str | None = None
+    #: start from the state kept under this name instead: ``state`` is empty
+    #: and the weights carry no parameters
+    resume: str | None = None
 
 
 def make_optimizer(

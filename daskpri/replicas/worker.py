@@ -32,6 +32,14 @@ from daskpri.replicas.replica import Replica, Weights
 from daskpri.strategies.base import Batch, Computed, Strategy
 
 
+class ReplicaStateLost(LookupError):
+    """The worker no longer holds the state a round was to resume from.
+
+    The driver then sends the round again with the parameters and optimizer
+    state in full.
+    """
+
+
 @dataclass(frozen=True)
 class StoreRef:
     """A partition read from a zarr store or netCDF file by the worker."""
@@ -102,6 +110,9 @@ class ReplicaPlugin(WorkerPlugin):
         self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None
         self.offset = np.full(0, -1, dtype=np.int64)
         self._lock = threading.Lock()
+        #: (name, optimizer) of the state a round of local steps left in the
+        #: replica, for the next round to resume from (see :class:`LocalSteps`)
+        self.kept: tuple[str, torch.optim.Optimizer] | None = None
         self.address = worker.address
         self.worker = worker
         # The direct transport: steps arrive as RPCs from the driver, past the
@@ -231,6 +242,7 @@ def warmup_task(
     replica = plugin.replica
     x, y = plugin.partition(pid, ref)
     n = min(4, int(x.shape[0]))
+    plugin.kept = None
     replica.load(weights)
     batch = Batch(
         x=x[:n],
@@ -372,6 +384,8 @@ class StepResult(TensorsAsNumpy):
     #: the module's buffers after its forward passes (batch norm's running
     #: statistics), when it has any and ran a forward pass
     buffers: dict[str, torch.Tensor] | None = None
+    #: the name under which the worker keeps its state after the round
+    kept: str | None = None
 
 
 def train_task(name: str, *args: Any) -> StepResult:
@@ -415,13 +429,24 @@ def _train(
     """
     t0 = time.perf_counter()
     replica = plugin.replica
-    replica.load(weights)
     device = replica.device
     params = replica.params
     opt = None
-    if local is not None:
-        opt = make_optimizer(local.optimizer, params, local.options)
-        opt.load_state_dict(local.state)
+    kept, plugin.kept = plugin.kept, None  # a round that fails leaves nothing to resume
+    if local is not None and local.resume is not None:
+        if kept is None or kept[0] != local.resume:
+            raise ReplicaStateLost(
+                f"worker {plugin.address} does not hold the state of the round it was "
+                f"to resume from ({local.resume}); it holds "
+                + ("none" if kept is None else kept[0])
+            )
+        opt = kept[1]
+    else:
+        replica.load(weights)
+        if local is not None:
+            opt = make_optimizer(local.optimizer, params, local.options)
+            opt.load_state_dict(local.state)
+    if opt is not None:
         replica.version = -1  # the replica's weights leave the driver's version
     grad: torch.Tensor | None = None  # a step's gradient sum (no local steps)
     out_idx: list[np.ndarray] = []
@@ -488,6 +513,9 @@ def _train(
         with torch.no_grad():
             result.params = torch.nn.utils.parameters_to_vector(params).detach().to("cpu")
         result.optimizer_state = _to_cpu(opt.state_dict())
+        if local is not None and local.keep is not None:
+            plugin.kept = (local.keep, opt)
+            result.kept = local.keep
     if out_idx and replica.has_buffers:
         # copies: the replica goes on updating its own
         result.buffers = {
@@ -601,9 +629,9 @@ def _batch(plugin: ReplicaPlugin, weights: Weights, share: Share, rows: torch.Te
 
 
 def _to_cpu(tree: Any) -> Any:
-    """``tree`` with every tensor moved to the CPU."""
+    """``tree`` with every tensor copied to the CPU (the optimizer may be kept, and go on)."""
     if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu")
+        return tree.detach().to("cpu", copy=True)
     if isinstance(tree, dict):
         return {k: _to_cpu(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from daskpri import _config
 from daskpri._warnings import DaskpriWarning
 from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Weights
-from daskpri.replicas.worker import ReplicaPlugin, StepResult
+from daskpri.replicas.worker import ReplicaPlugin, ReplicaStateLost, StepResult
 from daskpri.strategies import Selection, Strategy
 from daskpri.table.plugin import Ahead, RemoteTable
 from daskpri.training._checks import check_model, check_strategy_model
@@ -81,6 +82,7 @@ class RunMixin:
     _pending: list[tuple[np.ndarray, np.ndarray, int]]
     #: (first step, steps, answer) of the next round, selected ahead
     _prefetched: tuple[int, int, Ahead] | None
+    _kept: tuple[str, str] | None
     _data_key: tuple[Any, ...] | None
     _elapsed: float
     _stop_requested: bool
@@ -268,6 +270,8 @@ class RunMixin:
                 self._apply_gradient(total.update / total.n_grad, rate)
         if total.buffers is not None and not skipped:
             self._apply_buffers(total.buffers)
+        if total.n_grad and not skipped and len(results) == 1 and results[0].kept:
+            self._kept = (results[0].worker, results[0].kept)
         t_opt = time.perf_counter() - t1
         self.step_ += count
         self.skipped_steps_ += count if skipped else 0
@@ -297,31 +301,46 @@ class RunMixin:
 
         ``then`` is called once the work is on its way to the workers.
         """
-        weights = self._weights(version=step)
+        assert self._deployment is not None
+        slots = self._deployment.slots
+        # One worker: its state after a round is the master's (the mean of
+        # one), so it keeps it and the next round resumes from it.
+        keep = self.local_steps > 1 and len(slots) == 1 and _config.get("trainer.keep-state")
+        resume = self._kept[1] if keep and self._kept and self._kept[0] == slots[0] else None
+        self._kept = None  # until this round's results are applied
+        if resume is None:
+            weights = self._weights(version=step)
+        else:
+            weights = Weights(-1, torch.empty(0), mean_grad=self._weights_mean_grad())
         local = None
         if self.local_steps > 1:
             assert self._opt is not None
             local = LocalSteps(
                 optimizer=self.optimizer,
                 options=self._optimizer_options(),
-                state=self._opt.state_dict(),
+                state={} if resume else self._opt.state_dict(),
                 rates=[
                     scheduled_rate(self.learning_rate, self.lr_schedule, s, self.schedule_steps)
                     for s in range(step, step + len(rounds))
                 ],
+                keep=uuid.uuid4().hex[:12] if keep else None,
+                resume=resume,
             )
-        assert self._deployment is not None
-        return self._deployment.run(
-            weights,
-            rounds,
-            step=step,
-            strategy=self.strategy,
-            seed=self.seed,
-            local=local,
-            transport=self.transport,
-            resources=self.resources,
-            then=then,
-        )
+        try:
+            return self._deployment.run(
+                weights,
+                rounds,
+                step=step,
+                strategy=self.strategy,
+                seed=self.seed,
+                local=local,
+                transport=self.transport,
+                resources=self.resources,
+                then=then,
+            )
+        except ReplicaStateLost:
+            # restarted, say: the round goes again in full (selected ahead already, if it was)
+            return self._run_tasks(step, rounds, then=None)
 
     def _prefetch(self, step: int, limit: int | None) -> None:
         """Select the round from ``step`` on while the workers compute the current one.
@@ -449,8 +468,11 @@ class RunMixin:
             version=version,
             params=torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone(),
             buffers={k: v.detach().clone() for k, v in self.model.named_buffers()},
-            mean_grad=self._mean_grad if self.strategy.uses_mean_grad else None,
+            mean_grad=self._weights_mean_grad(),
         )
+
+    def _weights_mean_grad(self) -> torch.Tensor | None:
+        return self._mean_grad if self.strategy.uses_mean_grad else None
 
     def _init_optimizer(self) -> None:
         self._opt = make_optimizer(

@@ -251,6 +251,9 @@ class Trainer(RunMixin):
         self._stop_requested = False
         self._prefetched = None
         self._metrics_sent = 0
+        # (worker, name) of the state that a lone worker kept after the last
+        # round, equal to the master's; None when the master's must be sent
+        self._kept = None
 
     # -- cluster -------------------------------------------------------------
 
@@ -335,6 +338,7 @@ class Trainer(RunMixin):
         t_setup = time.perf_counter()
         with self._blame_scheduler():
             self._drop_prefetched()  # left by a fit that raised
+        self._kept = None  # the model may have changed since the last fit
         self._prepare(ds, info, data)
         self._setup_time += time.perf_counter() - t_setup
         if evalset is not None:
