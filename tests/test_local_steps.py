@@ -8,6 +8,7 @@ import dask
 import numpy as np
 import pytest
 import torch
+from distributed import Client, LocalCluster
 from distributed.protocol import pickle
 
 import daskpri
@@ -338,3 +339,26 @@ def test_a_round_resuming_from_state_the_worker_does_not_hold_is_refused():
     local = LocalSteps("sgd", {"lr": 0.1}, {}, [0.1], resume="abc")
     with pytest.raises(ReplicaStateLost, match=r"does not hold the state .*\(abc\); it holds none"):
         _train(plugin, Weights(-1, torch.empty(0)), get_strategy("uniform"), shares, parts, local)
+
+
+def test_a_cluster_of_threads_trains_as_one_of_processes(gpu_client, small_data):
+    """In one process no message is copied: each replica must still own its tensors.
+
+    Before, every replica's parameters were views of the driver's one weight
+    vector and the workers' optimizers shared the driver's momentum, so two
+    threads trained one tensor (parameters 0.1 apart after 24 steps).
+    """
+    train, _ = small_data
+
+    def run(client):
+        with _trainer(client, train, strategy="uniform", local_steps=4, momentum=0.9) as t:
+            t.fit(train, max_steps=24, progress=False)
+            return torch.nn.utils.parameters_to_vector(t.model.parameters()).detach()
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                     resources={"GPU": 1}, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as threads,
+    ):
+        in_threads = run(threads)
+    torch.testing.assert_close(in_threads, run(gpu_client), rtol=1e-4, atol=1e-5)

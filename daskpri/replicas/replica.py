@@ -69,9 +69,13 @@ class Replica:
         """
         with torch.no_grad():
             if weights.version != self.version:
-                torch.nn.utils.vector_to_parameters(
-                    weights.params.to(self.device, non_blocking=True), self.params
-                )
+                # copied, not viewed (``vector_to_parameters``): in a cluster of
+                # threads every replica would otherwise train the driver's one tensor
+                flat = weights.params.to(self.device, non_blocking=True)
+                offset = 0
+                for p in self.params:
+                    p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
             if weights.buffers:
                 named = dict(self.module.named_buffers())
                 for name, value in weights.buffers.items():

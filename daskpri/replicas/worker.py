@@ -445,7 +445,9 @@ def _train(
         replica.load(weights)
         if local is not None:
             opt = make_optimizer(local.optimizer, params, local.options)
-            opt.load_state_dict(local.state)
+            # copies: ``load_state_dict`` keeps tensors already on the device,
+            # which in a cluster of threads are the driver's (and shared by all)
+            opt.load_state_dict(_copied(local.state))
     if opt is not None:
         replica.version = -1  # the replica's weights leave the driver's version
     grad: torch.Tensor | None = None  # a step's gradient sum (no local steps)
@@ -512,7 +514,7 @@ def _train(
     if opt is not None:
         with torch.no_grad():
             result.params = torch.nn.utils.parameters_to_vector(params).detach().to("cpu")
-        result.optimizer_state = _to_cpu(opt.state_dict())
+        result.optimizer_state = _copied(opt.state_dict(), "cpu")
         if local is not None and local.keep is not None:
             plugin.kept = (local.keep, opt)
             result.kept = local.keep
@@ -628,12 +630,16 @@ def _batch(plugin: ReplicaPlugin, weights: Weights, share: Share, rows: torch.Te
     )
 
 
-def _to_cpu(tree: Any) -> Any:
-    """``tree`` with every tensor copied to the CPU (the optimizer may be kept, and go on)."""
+def _copied(tree: Any, device: str | None = None) -> Any:
+    """``tree`` with every tensor copied (to ``device``, if given).
+
+    The optimizer that a result's state comes from may be kept and go on;
+    in a cluster of threads a driver's tensors arrive as they are.
+    """
     if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
+        return tree.detach().to(device or tree.device, copy=True)
     if isinstance(tree, dict):
-        return {k: _to_cpu(v) for k, v in tree.items()}
+        return {k: _copied(v, device) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_cpu(v) for v in tree)
+        return type(tree)(_copied(v, device) for v in tree)
     return tree
