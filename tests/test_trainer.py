@@ -345,6 +345,30 @@ def test_stop_ends_a_background_fit_with_its_history_and_allows_another(
         trainer.close()
 
 
+def test_a_background_fit_is_read_but_not_saved_from_another_thread(
+    gpu_client, small_data, tmp_path
+):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        future = trainer.fit_in_background(train, max_time=600)
+        deadline = time.monotonic() + 60
+        while trainer.step_ < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert trainer.step_ >= 3, "the background fit made no steps"
+        assert trainer.table_.sizes["sample"] == train.sizes["sample"]
+        with pytest.raises(RuntimeError, match=r"save\(\) while a fit runs in another thread"):
+            trainer.save(tmp_path / "run.ckpt")
+        trainer.stop()
+        history = future.result(timeout=60)
+        assert trainer.save(tmp_path / "run.ckpt") == str(tmp_path / "run.ckpt")
+        # every step's record reached the table once, reads from this thread or not
+        steps = [m["step"] for m in trainer._table.metrics()]
+        assert steps == history["step"].values.tolist()
+    finally:
+        trainer.close()
+
+
 def test_both_transports_compute_the_same_run(gpu_client, small_data):
     histories = {}
     for transport in ("tasks", "direct"):

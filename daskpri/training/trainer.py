@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -251,6 +252,7 @@ class Trainer(RunMixin):
         self._stop_requested = False
         self._prefetched = None
         self._metrics_sent = 0
+        self._fit_thread: int | None = None  # the thread running a fit, if one does
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
         self._kept = None
@@ -317,10 +319,12 @@ class Trainer(RunMixin):
         xarray.Dataset
             The history, also in ``history_``.
         """
+        self._fit_thread = threading.get_ident()
         try:
             return self._fit(data, eval_data, max_steps=max_steps, max_time=max_time,
                              target_accuracy=target_accuracy, progress=progress)
         finally:
+            self._fit_thread = None
             self._stop_requested = False  # a stop is spent by the fit it ended
 
     def _fit(
@@ -468,6 +472,12 @@ class Trainer(RunMixin):
         """
         if self._table is None or self._opt is None:
             raise RuntimeError("nothing to save yet: call fit first")
+        if self._fit_elsewhere():
+            raise RuntimeError(
+                "save() while a fit runs in another thread (fit_in_background) could "
+                "checkpoint a step half-applied; stop() it and wait for its future first, "
+                "or pass checkpoint_path= and checkpoint_every= to checkpoint as it runs"
+            )
         self._drop_prefetched()
         self._flush()
         return checkpoint.write(
@@ -550,12 +560,21 @@ class Trainer(RunMixin):
             }
         )
 
+    def _fit_elsewhere(self) -> bool:
+        """A fit runs in another thread (:meth:`fit_in_background`)."""
+        return self._fit_thread not in (None, threading.get_ident())
+
     @property
     def table_(self) -> xr.DataArray:
-        """The current priorities along ``sample`` (fetched from the cluster)."""
+        """The current priorities along ``sample`` (fetched from the cluster).
+
+        During a background fit, the table as the fit last sent it (it sends
+        with every step): only the fit's own thread sends what it holds.
+        """
         if self._data_key is None:
             raise RuntimeError("table_ is available after fit")
-        self._flush()
+        if not self._fit_elsewhere():
+            self._flush()
         p = self._remote.priorities()
         assert self._deployment is not None
         bounds = self._deployment.bounds
