@@ -321,7 +321,7 @@ def test_report_is_written_from_records_alone(tmp_path: Path):
 def test_config_names_the_bad_value():
     with pytest.raises(ValueError, match="strategies should be among .* but got 'nope'"):
         BenchConfig(strategies=("nope",))
-    with pytest.raises(ValueError, match="budget should be positive finite numbers"):
+    with pytest.raises(ValueError, match="budget should be a positive finite number"):
         BenchConfig(budget=-1.0)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from daskpri.training._checks import check_float, check_int
 
 __all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig"]
 
@@ -130,11 +131,11 @@ class BenchConfig:
         if "uniform" not in strategies:
             strategies = ("uniform", *strategies)
         object.__setattr__(self, "strategies", strategies)
-        _positive_int("seeds", self.seeds)
-        _positive_int("batch_size", self.batch_size)
-        _positive_int("eval_every", self.eval_every)
-        _positive_int("partition_size", self.partition_size)
-        _positive_int("local_steps", self.local_steps)
+        check_int("seeds", self.seeds, 1)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("eval_every", self.eval_every, 1)
+        check_int("partition_size", self.partition_size, 1)
+        check_int("local_steps", self.local_steps, 1)
         options = []
         for entry in self.strategy_options:
             entry = tuple(entry)
@@ -159,24 +160,24 @@ class BenchConfig:
                 check_strategy_options(name, dict(self.options_of(name, model)))
                 get_strategy(name, **dict(self.options_of(name, model)))
         if self.n_samples is not None:
-            _positive_int("n_samples", self.n_samples)
+            check_int("n_samples", self.n_samples, 1)
         workers = tuple(sorted(set(self.workers)))
         if not workers:
             raise ValueError("workers should name at least one worker count, but got none")
         for n in workers:
-            _positive_int("workers", n)
+            check_int("workers", n, 1)
         object.__setattr__(self, "workers", workers)
         if not self.learning_rates:
             raise ValueError("learning_rates should hold at least one value, but got none")
         for lr in self.learning_rates:
-            _positive_float("learning_rates", lr)
+            check_float("learning_rates", lr)
         object.__setattr__(self, "learning_rates", tuple(sorted(set(self.learning_rates))))
-        _positive_float("budget", self.budget)
+        check_float("budget", self.budget)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum should be in [0, 1), but got momentum={self.momentum!r}")
-        _positive_float("baseline_eval_seconds", self.baseline_eval_seconds)
+        check_float("baseline_eval_seconds", self.baseline_eval_seconds)
         if self.baseline_budget is not None:
-            _positive_float("baseline_budget", self.baseline_budget)
+            check_float("baseline_budget", self.baseline_budget)
         for name in ("target_fractions", "budget_fractions"):
             values = getattr(self, name)
             if not values or any(not (0.0 < float(v) <= 1.0) for v in values):
@@ -248,17 +249,3 @@ def _names(name: str, values: Sequence[str], allowed: Sequence[str]) -> tuple[st
             f"{name} should be among {', '.join(map(repr, allowed))}, but got {bad[0]!r}"
         )
     return tuple(dict.fromkeys(values))
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} should be a positive integer, but got {name}={value!r}")
-
-
-def _positive_float(name: str, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (math.isfinite(value) and value > 0)
-    ):
-        raise ValueError(f"{name} should be positive finite numbers, but got {name}={value!r}")
