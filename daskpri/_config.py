@@ -26,6 +26,17 @@ def get(key: str, value: Any = None) -> Any:
     return dask.config.get(f"daskpri.{key}")
 
 
+def get_bool(key: str) -> bool:
+    """The configured ``daskpri.<key>``, which should be true or false."""
+    value = dask.config.get(f"daskpri.{key}")
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"daskpri.{key} should be true or false, but got {value!r} "
+            f"(set it with dask.config.set({{'daskpri.{key}': False}}) or in a YAML file)"
+        )
+    return value
+
+
 def cache_dir() -> str:
     """The directory where generated datasets are cached."""
     path = dask.config.get("daskpri.cache-dir")

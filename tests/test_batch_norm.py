@@ -15,6 +15,10 @@ def _bn_model(train, seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(d, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
 
 
+def _trainer(model: nn.Module, client, strategy: str, **kw) -> daskpri.Trainer:
+    return daskpri.Trainer(model, strategy=strategy, client=client, batch_size=32, seed=3, **kw)
+
+
 def _state(model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     params = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
     return params, {k: v.clone() for k, v in model.named_buffers()}
@@ -25,15 +29,7 @@ def test_running_statistics_reach_the_master_alike_in_steps_and_rounds(gpu_clien
     runs = {}
     for k in (1, 4):
         model = _bn_model(train)
-        with daskpri.Trainer(
-            model,
-            strategy="uniform",
-            client=gpu_client,
-            n_workers=1,
-            local_steps=k,
-            batch_size=32,
-            seed=3,
-        ) as t:
+        with _trainer(model, gpu_client, "uniform", n_workers=1, local_steps=k) as t:
             t.fit(train, max_steps=24, progress=False)
         runs[k] = _state(model)
     (p1, b1), (p4, b4) = runs[1], runs[4]
@@ -50,15 +46,7 @@ def test_running_statistics_reach_the_master_alike_in_steps_and_rounds(gpu_clien
 def test_two_workers_average_their_statistics_and_evaluation_uses_them(gpu_client, small_data):
     train, test = small_data
     model = _bn_model(train)
-    with daskpri.Trainer(
-        model,
-        strategy="selective-backprop",
-        client=gpu_client,
-        local_steps=2,
-        batch_size=32,
-        eval_every=10,
-        seed=3,
-    ) as t:
+    with _trainer(model, gpu_client, "selective-backprop", local_steps=2, eval_every=10) as t:
         h = t.fit(train, eval_data=test, max_steps=20, progress=False)
     buffers = dict(model.named_buffers())
     assert int(buffers["1.num_batches_tracked"]) > 0

@@ -362,3 +362,16 @@ def test_a_cluster_of_threads_trains_as_one_of_processes(gpu_client, small_data)
     ):
         in_threads = run(threads)
     torch.testing.assert_close(in_threads, run(gpu_client), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("key", ["keep-state", "prefetch"])
+def test_a_switch_that_is_not_a_boolean_stops_the_fit_before_it_starts(gpu_client, small_data,
+                                                                       key):
+    train, _ = small_data
+    with _trainer(gpu_client, train, strategy="uniform", local_steps=4) as t:
+        with dask.config.set({f"daskpri.trainer.{key}": "no"}):
+            with pytest.raises(ValueError, match=rf"daskpri.trainer.{key} should be true or "
+                                                 r"false, but got 'no'"):
+                t.fit(train, max_steps=8, progress=False)
+        assert t.step_ == 0
+        assert t.fit(train, max_steps=8, progress=False).sizes["step"] == 2

@@ -84,9 +84,8 @@ class Replica:
 
     def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample losses and logits, forward only."""
-        with torch.no_grad():
-            logits = self.module(x)
-            return F.cross_entropy(logits, y, reduction="none"), logits
+        logits = self.logits(x)
+        return F.cross_entropy(logits, y, reduction="none"), logits
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The module's output, forward only."""

@@ -83,6 +83,8 @@ class RunMixin:
     #: (first step, steps, answer) of the next round, selected ahead
     _prefetched: tuple[int, int, Ahead] | None
     _kept: tuple[str, str] | None
+    _prefetch_rounds: bool
+    _keep_state: bool
     _data_key: tuple[Any, ...] | None
     _elapsed: float
     _stop_requested: bool
@@ -305,7 +307,7 @@ class RunMixin:
         slots = self._deployment.slots
         # One worker: its state after a round is the master's (the mean of
         # one), so it keeps it and the next round resumes from it.
-        keep = self.local_steps > 1 and len(slots) == 1 and _config.get("trainer.keep-state")
+        keep = self.local_steps > 1 and len(slots) == 1 and self._keep_state
         resume = self._kept[1] if keep and self._kept and self._kept[0] == slots[0] else None
         self._kept = None  # until this round's results are applied
         if resume is None:
@@ -358,7 +360,7 @@ class RunMixin:
         if (
             count < 1
             or self.strategy.reads_table
-            or not _config.get("trainer.prefetch")
+            or not self._prefetch_rounds
             or self._stop_requested
             or (self.checkpoint_every and crossed(self.step_, step, self.checkpoint_every))
         ):

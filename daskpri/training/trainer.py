@@ -256,6 +256,8 @@ class Trainer(RunMixin):
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
         self._kept = None
+        self._prefetch_rounds = True
+        self._keep_state = True
 
     # -- cluster -------------------------------------------------------------
 
@@ -343,6 +345,9 @@ class Trainer(RunMixin):
         with self._blame_scheduler():
             self._drop_prefetched()  # left by a fit that raised
         self._kept = None  # the model may have changed since the last fit
+        # read once per fit, so a bad value stops it before any work is sent
+        self._prefetch_rounds = _config.get_bool("trainer.prefetch")
+        self._keep_state = _config.get_bool("trainer.keep-state")
         self._prepare(ds, info, data)
         self._setup_time += time.perf_counter() - t_setup
         if evalset is not None:
