@@ -49,6 +49,9 @@ def keep_by_cdf(
     return np.flatnonzero(rng.random(losses.size) < cdf**beta)
 
 
+#: how many of the table's losses make the CDF of the probabilistic rule
+_REFERENCE_SIZE = 1024
+
 #: marks a step selected by stale losses (``Selection.extra`` holds arrays)
 _STALE = np.ones(0, dtype=bool)
 
@@ -129,10 +132,10 @@ class SelectiveBackprop(Strategy):
         n_cand = math.ceil(size / keep)
         extra: dict[str, np.ndarray] = {}
         if self.beta is not None:
-            seen = ctx.table.version >= 0
-            losses = ctx.table.current[seen]
-            if losses.size > 1024:
-                losses = ctx.rng.choice(losses, 1024, replace=False)
+            losses = ctx.table.current[ctx.table.version >= 0]
+            if losses.size > _REFERENCE_SIZE:
+                # drawn with replacement: a draw without permutes all the losses
+                losses = losses[ctx.rng.integers(0, losses.size, _REFERENCE_SIZE)]
             extra["reference"] = np.sort(losses)
         out = []
         for s in range(len(ctx.groups)):
