@@ -281,10 +281,10 @@ def _record_sends(monkeypatch, corrupt_call: int | None = None) -> list[str]:
     return sends
 
 
-def _fit_one_worker(client, train, keep: bool, steps=(20, 8)):
+def _fit_one_worker(client, train, keep: bool, steps=(20, 8), transport="direct"):
     with dask.config.set({"daskpri.trainer.keep-state": keep}):
         with _trainer(client, train, strategy="uniform", n_workers=1, local_steps=4,
-                      momentum=0.9) as t:
+                      momentum=0.9, transport=transport) as t:
             for n in steps:
                 t.fit(train, max_steps=t.step_ + n, progress=False)
             params = torch.nn.utils.parameters_to_vector(t.model.parameters()).detach()
@@ -306,14 +306,47 @@ def test_one_worker_keeps_its_state_and_rounds_resume_from_it(gpu_client, small_
         assert torch.equal(s_on[key]["momentum_buffer"], s_off[key]["momentum_buffer"])
 
 
+def _install_log_recorder(dask_worker):
+    """Keep every warning or error any ``distributed`` logger of this worker writes."""
+    import logging
+
+    class Recorder(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines: list[str] = []
+
+        def emit(self, record):
+            self.lines.append(self.format(record))  # with the traceback, if any
+
+    dask_worker._daskpri_test_log = Recorder()
+    logging.getLogger("distributed").addHandler(dask_worker._daskpri_test_log)
+
+
+def _take_log_recorder(dask_worker):
+    import logging
+
+    recorder = dask_worker._daskpri_test_log
+    logging.getLogger("distributed").removeHandler(recorder)
+    return recorder.lines
+
+
+@pytest.mark.parametrize("transport", ["direct", "tasks"])
 def test_a_worker_that_lost_its_kept_state_gets_the_round_in_full(gpu_client, small_data,
-                                                                  monkeypatch):
+                                                                  monkeypatch, transport):
     train, _ = small_data
-    p_off, _ = _fit_one_worker(gpu_client, train, keep=False, steps=(20,))
+    p_off, _ = _fit_one_worker(gpu_client, train, keep=False, steps=(20,), transport=transport)
     sends = _record_sends(monkeypatch, corrupt_call=2)
-    p_on, _ = _fit_one_worker(gpu_client, train, keep=True, steps=(20,))
+    gpu_client.run(_install_log_recorder)
+    try:
+        p_on, _ = _fit_one_worker(gpu_client, train, keep=True, steps=(20,),
+                                  transport=transport)
+    finally:
+        logs = [line for lines in gpu_client.run(_take_log_recorder).values()
+                for line in lines]
     assert sends == ["full", "resume", "lost", "full", "resume", "resume"]
     assert torch.equal(p_on, p_off)
+    # an expected answer, not a failure: the worker logs no error or traceback for it
+    assert not [line for line in logs if "not-kept" in line or "ReplicaStateLost" in line]
 
 
 def test_two_workers_always_get_the_averaged_state(gpu_client, small_data, monkeypatch):

@@ -36,8 +36,19 @@ class ReplicaStateLost(LookupError):
     """The worker no longer holds the state a round was to resume from.
 
     The driver then sends the round again with the parameters and optimizer
-    state in full.
+    state in full. The worker answers ``{STATE_LOST: message}`` rather than
+    raising; :func:`raise_state_lost` turns that back into this error.
     """
+
+
+#: the key of a worker's answer to a round it could not resume
+STATE_LOST = "daskpri-replica-state-lost"
+
+
+def raise_state_lost(result: Any) -> None:
+    """Raise :class:`ReplicaStateLost` if ``result`` is a worker's answer that it lost its state."""
+    if isinstance(result, dict) and STATE_LOST in result:
+        raise ReplicaStateLost(result[STATE_LOST])
 
 
 @dataclass(frozen=True)
@@ -388,13 +399,16 @@ class StepResult(TensorsAsNumpy):
     kept: str | None = None
 
 
-def train_task(name: str, *args: Any) -> StepResult:
+def train_task(name: str, *args: Any) -> StepResult | dict[str, str]:
     """One worker's share of a step, as a Dask task (the ``tasks`` transport).
 
     ``args`` are those of :func:`_train` after the plugin, which is looked
     up by ``name`` on the worker running the task.
     """
-    return _train(_plugin(name), *args)
+    try:
+        return _train(_plugin(name), *args)
+    except ReplicaStateLost as e:
+        return {STATE_LOST: str(e)}  # not a failed task in the worker's log
 
 
 def _train_handler(worker: Any) -> Any:
@@ -405,7 +419,12 @@ def _train_handler(worker: Any) -> Any:
         if plugin is None:
             raise RuntimeError(f"worker {worker.address} has no daskpri replica {name!r}")
         # compute off the event loop, so the worker keeps answering heartbeats
-        result = await asyncio.to_thread(_train, plugin, *payload)
+        try:
+            result = await asyncio.to_thread(_train, plugin, *payload)
+        except ReplicaStateLost as e:
+            # expected (a restarted worker): answered, not raised, so that the
+            # worker does not log it as a failed call
+            return {STATE_LOST: str(e)}
         return to_serialize(result)
 
     return daskpri_train

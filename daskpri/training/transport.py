@@ -16,7 +16,7 @@ from typing import Any
 from distributed import Client, Future
 from distributed.protocol.serialize import Serialize, to_serialize
 
-from daskpri.replicas.worker import StepResult
+from daskpri.replicas.worker import StepResult, raise_state_lost
 from daskpri.training.placement import eligible_workers
 
 
@@ -69,7 +69,10 @@ def run_direct(
             raise StepTimeout(late, timeout)
         # in-process (inproc://) comms hand the wrapper over as it is
         out = [task.result() for task in tasks]
-        return [r.data if isinstance(r, Serialize) else r for r in out]
+        out = [r.data if isinstance(r, Serialize) else r for r in out]
+        for r in out:
+            raise_state_lost(r)
+        return out
 
     return client.sync(dispatch)
 
@@ -95,6 +98,7 @@ def wait_tasks(
         while True:
             try:
                 results.append(future.result(timeout=1.0))
+                raise_state_lost(results[-1])
                 break
             except TimeoutError:
                 if time.monotonic() - start > timeout:
