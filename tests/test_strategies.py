@@ -159,6 +159,34 @@ def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():
     assert ctx.state["epochs"][0] == 4
 
 
+def test_selective_backprop_beta_fills_each_stale_step_to_the_batch_size():
+    # one worker of 600 samples, batch 16, beta=2: a stale step draws candidates
+    # until 16 are kept, though the walk's next candidates rank high against the
+    # table's losses (those trained this epoch had theirs lowered)
+    rng = np.random.default_rng(0)
+    table = PriorityTable([600])
+    table.update(np.arange(600), rng.uniform(1.0, 2.0, 600), step=0)
+    ctx = make_ctx([600], [0], batch_size=16, table=table)
+    s = get_strategy("selective-backprop", beta=2, refresh=2)
+    while walk_epoch(ctx, 0) == 0:  # the fresh epoch: 48 candidates a step
+        assert s.select(ctx)[0].train.size == 48
+    sizes, trained = [], []
+    while walk_epoch(ctx, 0) == 1:
+        [sel] = s.select(ctx)
+        assert "stale" in sel.extra and np.unique(sel.train).size == sel.train.size
+        table.update(sel.train, np.full(sel.train.size, 0.1), step=ctx.step)  # trained
+        sizes.append(sel.train.size)
+        trained.append(sel.train)
+        ctx.step += 1
+    assert sizes == [16] * len(sizes)
+    # none twice in the epoch (the last step may reach into the next one), and
+    # none dropped: the candidates after a full batch's last kept one stay in
+    # the walk, so more than a third of the epoch is trained
+    within = np.concatenate(trained[:-1])
+    assert np.unique(within).size == within.size
+    assert 200 <= within.size + 16 <= 320
+
+
 def test_selective_backprop_stale_step_backpropagates_every_row():
     torch.manual_seed(0)
     replica = Replica(torch.nn.Linear(3, 2), "cpu")

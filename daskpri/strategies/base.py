@@ -260,6 +260,26 @@ def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     return np.sort(group[np.concatenate(out)]) if out else _EMPTY
 
 
+def walk_next(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
+    """Up to ``size`` next samples of ``slot``'s walk, in walk order, within one pass.
+
+    Fewer where the current pass ends (the next call begins a new one);
+    :func:`walk_back` returns unused ones to the walk.
+    """
+    group = ctx.groups[slot]
+    perm = _walk(ctx, slot)
+    pos = ctx.state["pos"]
+    n = max(0, min(size, perm.size - pos[slot]))
+    out = group[perm[pos[slot] : pos[slot] + n]]
+    pos[slot] += n
+    return out
+
+
+def walk_back(ctx: SelectContext, slot: int, n: int) -> None:
+    """Return the last ``n`` samples that :func:`walk_next` gave ``slot`` to its walk."""
+    ctx.state["pos"][slot] -= n
+
+
 def walk_epoch(ctx: SelectContext, slot: int) -> int:
     """The epoch (from 0) of :func:`epoch_batches`'s walk that ``slot``'s next draw starts in."""
     _walk(ctx, slot)

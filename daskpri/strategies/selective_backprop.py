@@ -18,7 +18,9 @@ from daskpri.strategies.base import (
     check_number,
     check_positive_int,
     epoch_batches,
+    walk_back,
     walk_epoch,
+    walk_next,
 )
 
 
@@ -71,7 +73,8 @@ class SelectiveBackprop(Strategy):
     forward pass, as recorded: the table's staleness model is not applied),
     and only the kept ones are forwarded and backpropagated,
     which makes those steps as cheap as a uniform step (the paper's
-    Stale-SB). Unseen samples rank first.
+    Stale-SB). Unseen samples rank first. With ``beta``, a stale step draws
+    candidates until ``batch_size`` are kept, as Jiang et al. fill theirs.
 
     Parameters
     ----------
@@ -80,8 +83,9 @@ class SelectiveBackprop(Strategy):
     beta : float, optional
         Selectivity of the probabilistic rule; ``None`` keeps the top fraction.
     batch_size : int, optional
-        Samples backpropagated per worker per step (in expectation with
-        ``beta``); ``None`` takes the trainer's.
+        Samples backpropagated per worker per step (with ``beta``: in
+        expectation where scored afresh, exactly in stale steps); ``None``
+        takes the trainer's.
     refresh : int, optional
         Score afresh in epochs ``0, k, 2k, ...`` of the candidate walk and by
         the table's losses in the others; ``None`` (or 1) scores every epoch.
@@ -140,13 +144,46 @@ class SelectiveBackprop(Strategy):
         out = []
         for s in range(len(ctx.groups)):
             fresh = self.fresh(walk_epoch(ctx, s))
+            if not fresh and self.beta is not None:
+                kept = self._draw_stale(ctx, s, size, extra["reference"])
+                out.append(Selection(train=kept, extra={"stale": _STALE}))
+                continue
             cand = epoch_batches(ctx, s, n_cand)
             if fresh:
                 out.append(Selection(train=cand, extra=extra))
             else:  # ranked by the table's losses; the worker's step is a plain one
-                kept = cand[self._keep(ctx.table.current[cand], extra, ctx.rng)]
+                kept = cand[keep_top_fraction(ctx.table.current[cand], self.fraction)]
                 out.append(Selection(train=kept, extra={"stale": _STALE}))
         return out
+
+    def _draw_stale(
+        self, ctx: SelectContext, slot: int, size: int, reference: np.ndarray
+    ) -> np.ndarray:
+        """The probabilistic rule on the table's losses, ``size`` samples kept.
+
+        As Jiang et al. run it: the walk's candidates, in order, are each kept
+        with probability ``CDF(L)^beta`` until the batch is full; those after
+        the last one kept stay in the walk for the next step. (Keeping from a
+        fixed number of candidates would keep more than ``1/(beta+1)`` of
+        them here: the walk's next candidates have not been trained this
+        epoch, and their losses rank high against the table's.) Stops short
+        after one pass's worth of candidates.
+        """
+        assert self.beta is not None
+        keep = 1.0 / (self.beta + 1.0)
+        limit = ctx.groups[slot].size
+        parts, need, drawn = [], size, 0
+        while need > 0 and drawn < limit:
+            cand = walk_next(ctx, slot, min(math.ceil(need / keep), limit - drawn))
+            rows = keep_by_cdf(ctx.table.current[cand], reference, self.beta, ctx.rng)
+            if rows.size > need:  # full: the candidates after the last kept go back
+                rows = rows[:need]
+                walk_back(ctx, slot, cand.size - int(rows[-1]) - 1)
+                cand = cand[: int(rows[-1]) + 1]
+            parts.append(cand[rows])
+            need -= rows.size
+            drawn += cand.size
+        return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
         if "stale" in batch.extra:
