@@ -176,7 +176,7 @@ class SelectiveBackprop(Strategy):
         while need > 0 and drawn < limit:
             cand = walk_next(ctx, slot, min(math.ceil(need / keep), limit - drawn))
             rows = keep_by_cdf(ctx.table.current[cand], reference, self.beta, ctx.rng)
-            if rows.size > need:  # full: the candidates after the last kept go back
+            if rows.size >= need:  # full: the candidates after the last kept go back
                 rows = rows[:need]
                 walk_back(ctx, slot, cand.size - int(rows[-1]) - 1)
                 cand = cand[: int(rows[-1]) + 1]
