@@ -41,7 +41,9 @@ from daskpri.data.datasets import DATASETS
 from daskpri.data.io import to_store
 from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
+from daskpri.table.staleness import STALENESS_MODELS
 from daskpri.training._checks import check_float, check_int
+from daskpri.training.cluster import stop_heartbeats
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 from daskpri.training.schedule import SCHEDULES
@@ -126,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--local-steps", type=int, default=1, metavar="K",
                      help="optimizer steps each worker takes per round trip (local SGD; "
                      "default 1: synchronous)")
+    run.add_argument("--staleness", choices=STALENESS_MODELS,
+                     help="how the priority table estimates priorities not recomputed "
+                          "lately (default: daskpri.table.staleness, keep)")
     run.add_argument("--learning-rate", type=float, metavar="LR")
     run.add_argument("--optimizer", choices=("sgd", "adam"))
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
@@ -303,7 +308,7 @@ def _train(args: argparse.Namespace) -> int:
                 model, strategy=args.strategy, client=client, seed=args.seed,
                 n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
                 learning_rate=args.learning_rate, optimizer=args.optimizer,
-                local_steps=args.local_steps,
+                local_steps=args.local_steps, staleness=args.staleness,
                 lr_schedule=args.lr_schedule, schedule_steps=schedule_steps,
                 eval_every=args.eval_every, transport=args.transport,
                 security=True if args.tls else None, **checkpoints, **options,
@@ -380,16 +385,19 @@ def _demo(args: argparse.Namespace) -> int:
                   + f" against uniform, {args.local_steps} local step"
                   + ("s" if args.local_steps > 1 else "") + f" per round, {args.max_time:g} s each",
                   flush=True)
-            for strategy in (_DEMO_STRATEGY, "uniform"):
-                # The same initial weights for both runs: only the sampling differs.
-                model = daskpri.models.build_model(args.model, train, seed=args.seed)
-                with daskpri.Trainer(model, strategy=strategy, client=client, seed=args.seed,
-                                     local_steps=args.local_steps,
-                                     **(options if strategy == _DEMO_STRATEGY else {}),
-                                     ) as trainer, _interruptible(trainer):
-                    histories[strategy] = trainer.fit(train, eval_data=test,
-                                                      max_time=args.max_time)
-                print(_summary(histories[strategy]), flush=True)
+            try:
+                for strategy in (_DEMO_STRATEGY, "uniform"):
+                    # The same initial weights for both runs: only the sampling differs.
+                    model = daskpri.models.build_model(args.model, train, seed=args.seed)
+                    with daskpri.Trainer(model, strategy=strategy, client=client,
+                                         seed=args.seed, local_steps=args.local_steps,
+                                         **(options if strategy == _DEMO_STRATEGY else {}),
+                                         ) as trainer, _interruptible(trainer):
+                        histories[strategy] = trainer.fit(train, eval_data=test,
+                                                          max_time=args.max_time)
+                    print(_summary(histories[strategy]), flush=True)
+            finally:
+                stop_heartbeats(client)
     finally:
         cluster.close()
     print(_comparison(histories[_DEMO_STRATEGY], histories["uniform"]), flush=True)

@@ -323,6 +323,9 @@ def test_config_names_the_bad_value():
         BenchConfig(strategies=("nope",))
     with pytest.raises(ValueError, match="budget should be a positive finite number"):
         BenchConfig(budget=-1.0)
+    with pytest.raises(ValueError, match="staleness should be one of 'keep', 'exp-linear', "
+                       "'exp-quadratic', but got 'linear'"):
+        BenchConfig(staleness="linear")
 
 
 def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsys):
@@ -372,7 +375,7 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
         "--strategies", "uniform,selective-backprop", "--workers", "1", "--budget", "4",
         "--baseline-budget", "1", "--no-ddp", "--no-progress", "--out", str(out),
         "--local-steps", "4", "--strategy-option", "selective-backprop:fraction=0.25",
-        "--strategy-option", "selective-backprop@mlp:refresh=2",
+        "--strategy-option", "selective-backprop@mlp:refresh=2", "--staleness", "exp-linear",
     ])
     assert status == 0
     doc = json.loads((out / "results.json").read_text())
@@ -385,6 +388,10 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     sb = [r for r in doc["runs"] if r["spec"]["arm"]["label"] == "selective-backprop"]
     assert sb[0]["spec"]["arm"]["options"] == [["fraction", 0.25], ["refresh", 2]]
     assert "selective-backprop@mlp:refresh=2" in md
+    # the table's staleness model reaches every daskpri run's trainer, and the report
+    assert doc["config"]["staleness"] == "exp-linear" and "staleness model exp-linear" in md
+    daskpri_runs = [r for r in doc["runs"] if r["spec"]["kind"] == "daskpri"]
+    assert daskpri_runs and {r["info"]["staleness"] for r in daskpri_runs} == {"exp-linear"}
     for png in ("accuracy_synthetic_mlp.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "results.html").read_text()

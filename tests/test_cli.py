@@ -106,7 +106,8 @@ def test_train_on_own_local_cluster_writes_history(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / name
-    options = ["--strategy-option", "k=32", "--strategy-option", "train_on_renew=false"]
+    options = ["--strategy-option", "k=32", "--strategy-option", "train_on_renew=false",
+               "--staleness", "exp-linear"]
     argv = ["train", *SMALL, *options, "--workers", "2", "--no-progress", "--output", str(path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -119,6 +120,7 @@ def test_train_on_own_local_cluster_writes_history(
         assert ds.attrs["strategy_params"].startswith("Projection(k=32, renew=0.01, "
                                                       "train_on_renew=False")
         assert ds.attrs["dataset"] == "synthetic" and ds.attrs["model"] == "mlp"
+        assert ds.attrs["staleness"] == "exp-linear"
     html = tmp_path / "report.html"
     assert main(["report", str(path), "-o", str(html)]) == 0
     assert "report written to" in capsys.readouterr().out
@@ -223,6 +225,27 @@ def test_interrupt_closes_the_cluster_and_exits_130() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def _heartbeat_running(dask_worker) -> bool:
+    return dask_worker.periodic_callbacks["heartbeat"].is_running()
+
+
+def _start_heartbeat(dask_worker) -> None:
+    dask_worker.periodic_callbacks["heartbeat"].start()
+
+
+def test_workers_stop_their_heartbeats_before_a_cluster_daskpri_started_closes(gpu_client):
+    # a heartbeat on its way while the cluster closes would end the run with a
+    # worker's traceback (dask/distributed#7105)
+    from daskpri.training.cluster import stop_heartbeats
+
+    assert all(gpu_client.run(_heartbeat_running).values())
+    try:
+        stop_heartbeats(gpu_client)
+        assert not any(gpu_client.run(_heartbeat_running).values())
+    finally:
+        gpu_client.run(_start_heartbeat)  # the fixture's workers go on
+
+
 def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_data):
     train, _ = small_data
     outer = signal.getsignal(signal.SIGINT)

@@ -159,6 +159,22 @@ def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():
     assert ctx.state["epochs"][0] == 4
 
 
+@pytest.mark.parametrize("staleness", ["keep", "exp-linear"])
+def test_selective_backprop_stale_epochs_rank_by_the_tables_staleness_model(staleness):
+    # samples 0-3 scored 2.0 at step 0 and 1.0 at step 1 (falling); 4-7 scored
+    # 0.9 at step 1 only. Kept as recorded, the falling ones rank first; under
+    # exp-linear, by step 2 they are estimated at 0.5, below 0.9.
+    table = PriorityTable([8], staleness=staleness)
+    table.update(np.arange(4), np.full(4, 2.0), step=0)
+    table.update(np.arange(8), np.array([1.0] * 4 + [0.9] * 4), step=1)
+    ctx = make_ctx([8], [0], batch_size=4, table=table, step=2)
+    s = get_strategy("selective-backprop", refresh=2)
+    ctx.state = {"perm": {0: np.arange(8)}, "pos": {0: 8}, "epochs": {0: 0}}  # epoch 1 next
+    stale = s.select(ctx)[0]
+    assert "stale" in stale.extra
+    assert stale.train.tolist() == ([0, 1, 2, 3] if staleness == "keep" else [4, 5, 6, 7])
+
+
 def test_selective_backprop_beta_fills_each_stale_step_to_the_batch_size():
     # one worker of 600 samples, batch 16, beta=2: a stale step draws candidates
     # until 16 are kept, though the walk's next candidates rank high against the

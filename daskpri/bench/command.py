@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from daskpri.bench.config import FULL_DEFAULTS, QUICK_DEFAULTS, BenchConfig
+from daskpri.table.staleness import STALENESS_MODELS
 
 __all__ = ["add_arguments", "run"]
 
@@ -81,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--local-steps", type=int, metavar="K",
                      help="optimizer steps per worker per round trip (local SGD; default 1) "
                      "in the runs of strategies that allow it")
+    how.add_argument("--staleness", choices=STALENESS_MODELS,
+                     help="the priority table's staleness model in the daskpri runs (default: "
+                          "daskpri.table.staleness, keep)")
     how.add_argument("--strategy-option", type=_arm_option, action="append",
                      metavar="STRATEGY[@MODEL]:KEY=VALUE",
                      help="an option of one strategy's arms, e.g. selective-backprop:fraction=0.33;"
@@ -116,6 +120,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         momentum=float(_config.get("trainer.momentum")),
         ddp=not args.no_ddp,
         local_steps=args.local_steps,
+        staleness=_config.get("table.staleness", args.staleness),
         strategy_options=tuple(args.strategy_option or ()) or None,
         scheduler=args.scheduler,
     )

@@ -78,6 +78,10 @@ class BenchConfig:
     local_steps : int
         The trainer's ``local_steps`` in every daskpri run whose strategy
         allows it (``projection`` and ``length`` always take 1).
+    staleness : {"keep", "exp-linear", "exp-quadratic"}
+        The priority table's staleness model in every daskpri run (the
+        trainer's ``staleness``): how priorities not recomputed lately are
+        estimated where a strategy reads them.
     strategy_options : tuple of (strategy, key, value[, model])
         Options given to a strategy's arms, e.g. ``("selective-backprop",
         "fraction", 0.33)``; with a fourth element, only on that model's runs
@@ -116,6 +120,7 @@ class BenchConfig:
     partition_size: int = 1000
     ddp: bool = True
     local_steps: int = 1
+    staleness: str = "keep"
     strategy_options: tuple[tuple[Any, ...], ...] = ()
     quick: bool = False
     scheduler: str | None = field(default=None, compare=False)
@@ -136,6 +141,9 @@ class BenchConfig:
         check_int("eval_every", self.eval_every, 1)
         check_int("partition_size", self.partition_size, 1)
         check_int("local_steps", self.local_steps, 1)
+        from daskpri.table.staleness import validate_staleness
+
+        validate_staleness(self.staleness)
         options = []
         for entry in self.strategy_options:
             entry = tuple(entry)

@@ -214,5 +214,8 @@ def record_from_history(spec: RunSpec, history: xr.Dataset, wall_seconds: float)
         samples=last("samples"),
         grad_samples=last("grad_samples"),
         wall_seconds=wall_seconds,
-        info={"strategy": str(history.attrs.get("strategy_params", spec.arm.strategy))},
+        info={
+            "strategy": str(history.attrs.get("strategy_params", spec.arm.strategy)),
+            "staleness": str(history.attrs.get("staleness", "")),
+        },
     )

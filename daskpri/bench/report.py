@@ -128,6 +128,11 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
             else ", synchronous (one round trip per step)"
         )
         + (
+            f", the table's staleness model {config.staleness}"
+            if config.staleness != "keep"
+            else ""
+        )
+        + (
             ", strategy options "
             + ", ".join(f"{n}{'' if m is None else '@' + m}:{k}={v}"
                         for n, k, v, m in config.strategy_options)

@@ -26,7 +26,7 @@ from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import write_json, write_report
-from daskpri.training.cluster import local_cluster
+from daskpri.training.cluster import local_cluster, stop_heartbeats
 
 __all__ = ["describe", "machine_info", "run_bench"]
 
@@ -100,6 +100,7 @@ class _Clusters:
         """Close a LocalCluster we started (a given scheduler's client stays)."""
         if self._cluster is not None:
             if self._client is not None:
+                stop_heartbeats(self._client)
                 self._client.close()
             self._cluster.close()
             self._cluster = self._client = None
@@ -142,7 +143,8 @@ def _execute(
             n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
             learning_rate=spec.learning_rate, momentum=config.momentum,
             eval_every=config.eval_every, local_steps=1 if fresh else config.local_steps,
-            partition_size=config.partition_size, **dict(spec.arm.options),
+            partition_size=config.partition_size, staleness=config.staleness,
+            **dict(spec.arm.options),
         ) as trainer:
             history = trainer.fit(train, eval_data=test, max_time=spec.budget, progress=False)
         return record_from_history(spec, history, time.perf_counter() - t0)

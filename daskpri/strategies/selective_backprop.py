@@ -70,11 +70,12 @@ class SelectiveBackprop(Strategy):
     With ``refresh=k``, only one epoch in ``k`` of each worker's candidate
     walk scores its candidates with a fresh forward pass; in the others the
     candidates are ranked by the losses the table holds for them (their last
-    forward pass, as recorded: the table's staleness model is not applied),
-    and only the kept ones are forwarded and backpropagated,
-    which makes those steps as cheap as a uniform step (the paper's
-    Stale-SB). Unseen samples rank first. With ``beta``, a stale step draws
-    candidates until ``batch_size`` are kept, as Jiang et al. fill theirs.
+    forward pass; under a staleness model other than ``keep``, the table's
+    estimate of it now, as the CDF's reference is), and only the kept ones
+    are forwarded and backpropagated, which makes those steps as cheap as a
+    uniform step (the paper's Stale-SB). Unseen samples rank first. With
+    ``beta``, a stale step draws candidates until ``batch_size`` are kept,
+    as Jiang et al. fill theirs.
 
     Parameters
     ----------
@@ -136,11 +137,11 @@ class SelectiveBackprop(Strategy):
         n_cand = math.ceil(size / keep)
         extra: dict[str, np.ndarray] = {}
         if self.beta is not None:
-            losses = ctx.table.current[ctx.table.version >= 0]
-            if losses.size > _REFERENCE_SIZE:
+            seen = np.flatnonzero(ctx.table.version >= 0)
+            if seen.size > _REFERENCE_SIZE:
                 # drawn with replacement: a draw without permutes all the losses
-                losses = losses[ctx.rng.integers(0, losses.size, _REFERENCE_SIZE)]
-            extra["reference"] = np.sort(losses)
+                seen = seen[ctx.rng.integers(0, seen.size, _REFERENCE_SIZE)]
+            extra["reference"] = np.sort(ctx.table.estimate(ctx.step, seen))
         out = []
         for s in range(len(ctx.groups)):
             fresh = self.fresh(walk_epoch(ctx, s))
@@ -152,7 +153,7 @@ class SelectiveBackprop(Strategy):
             if fresh:
                 out.append(Selection(train=cand, extra=extra))
             else:  # ranked by the table's losses; the worker's step is a plain one
-                kept = cand[keep_top_fraction(ctx.table.current[cand], self.fraction)]
+                kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), self.fraction)]
                 out.append(Selection(train=kept, extra={"stale": _STALE}))
         return out
 
@@ -175,7 +176,8 @@ class SelectiveBackprop(Strategy):
         parts, need, drawn = [], size, 0
         while need > 0 and drawn < limit:
             cand = walk_next(ctx, slot, min(math.ceil(need / keep), limit - drawn))
-            rows = keep_by_cdf(ctx.table.current[cand], reference, self.beta, ctx.rng)
+            losses = ctx.table.estimate(ctx.step, cand)
+            rows = keep_by_cdf(losses, reference, self.beta, ctx.rng)
             if rows.size >= need:  # full: the candidates after the last kept go back
                 rows = rows[:need]
                 walk_back(ctx, slot, cand.size - int(rows[-1]) - 1)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import dask.config
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 from distributed.security import Security
 
 
@@ -34,6 +35,23 @@ def local_cluster(
             resources=resources,
             **tls,
         )
+
+
+def _stop_heartbeat(dask_worker: Any) -> None:
+    dask_worker.periodic_callbacks["heartbeat"].stop()
+
+
+def stop_heartbeats(client: Client) -> None:
+    """Stop the heartbeats of a cluster's workers before daskpri closes it.
+
+    A worker whose heartbeat is on its way while the cluster closes logs an
+    ERROR with a traceback ("Failed to communicate with scheduler during
+    heartbeat", dask/distributed#7105), which would end a clean Ctrl-C or
+    run with a worker's traceback. Best effort: a cluster already gone is
+    closed as it is.
+    """
+    with contextlib.suppress(Exception):
+        client.run(_stop_heartbeat)
 
 
 #: Dask's nannies start workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which

@@ -55,7 +55,7 @@ from daskpri.training._checks import (
     open_data,
 )
 from daskpri.training._run import RunMixin
-from daskpri.training.cluster import local_cluster
+from daskpri.training.cluster import local_cluster, stop_heartbeats
 from daskpri.training.deployment import Deployment
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.history import HistoryRecorder
@@ -275,6 +275,7 @@ class Trainer(RunMixin):
         """Release the run's state in the cluster; close a cluster we started."""
         self._release()
         if self._own_cluster is not None:
+            stop_heartbeats(self._client)  # type: ignore[arg-type]
             self._client.close()  # type: ignore[union-attr]
             self._own_cluster.close()
             self._own_cluster = self._client = None
@@ -558,6 +559,7 @@ class Trainer(RunMixin):
                 "lr_schedule": self.lr_schedule,
                 "schedule_steps": self.schedule_steps if self.schedule_steps else 0,
                 "local_steps": self.local_steps,
+                "staleness": self.staleness,
                 "n_workers": len(self._deployment.slots) if self._deployment is not None else 0,
                 "resources": repr(self.resources),
                 # placing data, building replicas, warm-up: not in ``time``
