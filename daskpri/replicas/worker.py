@@ -405,10 +405,19 @@ def train_task(name: str, *args: Any) -> StepResult | dict[str, str]:
     ``args`` are those of :func:`_train` after the plugin, which is looked
     up by ``name`` on the worker running the task.
     """
+    return _train_or_lost(_plugin(name), *args)
+
+
+def _train_or_lost(plugin: ReplicaPlugin, *args: Any) -> StepResult | dict[str, str]:
+    """:func:`_train`, answering ``{STATE_LOST: message}`` for a state not held.
+
+    Expected (a restarted worker), so answered rather than raised: the
+    worker then logs no failed task or call with a traceback.
+    """
     try:
-        return _train(_plugin(name), *args)
+        return _train(plugin, *args)
     except ReplicaStateLost as e:
-        return {STATE_LOST: str(e)}  # not a failed task in the worker's log
+        return {STATE_LOST: str(e)}
 
 
 def _train_handler(worker: Any) -> Any:
@@ -419,13 +428,8 @@ def _train_handler(worker: Any) -> Any:
         if plugin is None:
             raise RuntimeError(f"worker {worker.address} has no daskpri replica {name!r}")
         # compute off the event loop, so the worker keeps answering heartbeats
-        try:
-            result = await asyncio.to_thread(_train, plugin, *payload)
-        except ReplicaStateLost as e:
-            # expected (a restarted worker): answered, not raised, so that the
-            # worker does not log it as a failed call
-            return {STATE_LOST: str(e)}
-        return to_serialize(result)
+        result = await asyncio.to_thread(_train_or_lost, plugin, *payload)
+        return to_serialize(result) if isinstance(result, StepResult) else result
 
     return daskpri_train
 

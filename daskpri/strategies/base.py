@@ -246,18 +246,13 @@ def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     mini-batch SGD does; the permutation is strategy state, so a resumed run
     continues it.
     """
-    group = ctx.groups[slot]
-    pos = ctx.state.setdefault("pos", {})
     _walk(ctx, slot)  # begun even for a draw of none, as the random stream expects
-    take = min(size, group.size)
+    take = min(size, ctx.groups[slot].size)
     out = []
-    while take > 0:
-        perm = _walk(ctx, slot)
-        n = min(take, perm.size - pos[slot])
-        out.append(perm[pos[slot] : pos[slot] + n])
-        pos[slot] += n
-        take -= n
-    return np.sort(group[np.concatenate(out)]) if out else _EMPTY
+    while take > 0:  # across the end of a pass into the next
+        out.append(walk_next(ctx, slot, take))
+        take -= out[-1].size
+    return np.sort(np.concatenate(out)) if out else _EMPTY
 
 
 def walk_next(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
@@ -266,13 +261,11 @@ def walk_next(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     Fewer where the current pass ends (the next call begins a new one);
     :func:`walk_back` returns unused ones to the walk.
     """
-    group = ctx.groups[slot]
     perm = _walk(ctx, slot)
     pos = ctx.state["pos"]
     n = max(0, min(size, perm.size - pos[slot]))
-    out = group[perm[pos[slot] : pos[slot] + n]]
     pos[slot] += n
-    return out
+    return ctx.groups[slot][perm[pos[slot] - n : pos[slot]]]
 
 
 def walk_back(ctx: SelectContext, slot: int, n: int) -> None:
