@@ -159,6 +159,33 @@ def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():
     assert ctx.state["epochs"][0] == 4
 
 
+def test_selective_backprop_warmup_trains_plain_batches_then_selects():
+    # one worker of 8 samples, batch 2, fraction 0.5: the warmup epoch trains
+    # 2 samples a step, each once, unscored; then epoch 1 scores 4 candidates
+    # a step afresh and epoch 2 ranks by the table (refresh=2)
+    table = PriorityTable([8])
+    ctx = make_ctx([8], [0], batch_size=2, table=table)
+    s = get_strategy("selective-backprop", refresh=2, warmup=1)
+    warm = []
+    while walk_epoch(ctx, 0) == 0:
+        [sel] = s.select(ctx)
+        assert "stale" in sel.extra and sel.train.size == 2  # a plain step
+        warm.append(sel.train)
+        table.update(sel.train, np.array([0.1, 0.9]) + ctx.step, step=ctx.step)
+        ctx.step += 1
+    assert sorted(np.concatenate(warm).tolist()) == list(range(8)) and len(warm) == 4
+    while walk_epoch(ctx, 0) == 1:
+        [sel] = s.select(ctx)
+        assert "stale" not in sel.extra and sel.train.size == 4  # scored afresh
+    [sel] = s.select(ctx)  # epoch 2: the 2 of its 4 candidates the table ranks highest
+    cand = ctx.state["perm"][0][:4]  # slot 0 holds samples 0..7: positions are samples
+    top = cand[np.argsort(-table.estimate(ctx.step, cand))[:2]]
+    assert "stale" in sel.extra and sel.train.tolist() == sorted(top.tolist())
+    with pytest.raises(ValueError, match="warmup should be a non-negative integer, but got warmup=-1"):
+        get_strategy("selective-backprop", warmup=-1)
+    assert get_strategy("selective-backprop", warmup=2).reads_table is False
+
+
 @pytest.mark.parametrize("staleness", ["keep", "exp-linear"])
 def test_selective_backprop_stale_epochs_rank_by_the_tables_staleness_model(staleness):
     # samples 0-3 scored 2.0 at step 0 and 1.0 at step 1 (falling); 4-7 scored

@@ -239,6 +239,13 @@ def check_positive_int(name: str, value: int | None, *, allow_none: bool = True)
     return int(value)
 
 
+def check_count(name: str, value: int) -> int:
+    """``value`` if it is a non-negative integer."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} should be a non-negative integer, but got {name}={value!r}")
+    return int(value)
+
+
 def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     """The next ``size`` samples of ``slot`` in a shuffled pass over its data.
 

@@ -16,6 +16,7 @@ from daskpri.strategies.base import (
     Strategy,
     check_fraction,
     check_number,
+    check_count,
     check_positive_int,
     epoch_batches,
     walk_back,
@@ -77,6 +78,13 @@ class SelectiveBackprop(Strategy):
     ``beta``, a stale step draws candidates until ``batch_size`` are kept,
     as Jiang et al. fill theirs.
 
+    With ``warmup=w``, the walk's first ``w`` epochs are plain mini-batch
+    SGD: ``batch_size`` samples a step, in walk order, with no scoring pass;
+    their losses, from the training forward pass, fill the table for the
+    stale epochs that follow (Jiang et al.'s start epoch). The selective
+    epochs count from the end of the warmup: with ``refresh=k`` the first
+    one after it scores afresh.
+
     Parameters
     ----------
     fraction : float
@@ -90,6 +98,9 @@ class SelectiveBackprop(Strategy):
     refresh : int, optional
         Score afresh in epochs ``0, k, 2k, ...`` of the candidate walk and by
         the table's losses in the others; ``None`` (or 1) scores every epoch.
+    warmup : int
+        Epochs of the walk trained as plain mini-batch SGD before selection
+        begins (0: none).
 
     Examples
     --------
@@ -105,11 +116,13 @@ class SelectiveBackprop(Strategy):
         beta: float | None = None,
         batch_size: int | None = None,
         refresh: int | None = None,
+        warmup: int = 0,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.refresh = check_positive_int("refresh", refresh)
+        self.warmup = check_count("warmup", warmup)
         # candidates come from the shuffled walk alone, unless ranked by the
         # table's losses (refresh) or drawn against their distribution (beta)
         self.reads_table = self.beta is not None or self.refresh is not None
@@ -121,8 +134,12 @@ class SelectiveBackprop(Strategy):
         --------
         >>> [SelectiveBackprop(refresh=3).fresh(e) for e in range(5)]
         [True, False, False, True, False]
+        >>> [SelectiveBackprop(refresh=3, warmup=1).fresh(e) for e in range(5)]
+        [False, True, False, False, True]
         """
-        return self.refresh is None or epoch % self.refresh == 0
+        if epoch < self.warmup:
+            return False
+        return self.refresh is None or (epoch - self.warmup) % self.refresh == 0
 
     def _keep(
         self, losses: np.ndarray, extra: dict[str, np.ndarray], rng: np.random.Generator
@@ -144,7 +161,11 @@ class SelectiveBackprop(Strategy):
             extra["reference"] = np.sort(ctx.table.estimate(ctx.step, seen))
         out = []
         for s in range(len(ctx.groups)):
-            fresh = self.fresh(walk_epoch(ctx, s))
+            epoch = walk_epoch(ctx, s)
+            if epoch < self.warmup:  # plain mini-batch SGD; its losses fill the table
+                out.append(Selection(train=epoch_batches(ctx, s, size), extra={"stale": _STALE}))
+                continue
+            fresh = self.fresh(epoch)
             if not fresh and self.beta is not None:
                 kept = self._draw_stale(ctx, s, size, extra["reference"])
                 out.append(Selection(train=kept, extra={"stale": _STALE}))
