@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
-from distributed import Client, LocalCluster
+from distributed import Client
 
 import daskpri
 from daskpri.bench import command as bench_command
@@ -43,7 +43,7 @@ from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
 from daskpri.table.staleness import STALENESS_MODELS
 from daskpri.training._checks import check_float, check_int
-from daskpri.training.cluster import stop_heartbeats
+from daskpri.training.cluster import local_cluster, stop_heartbeats
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 from daskpri.training.schedule import SCHEDULES
@@ -373,10 +373,7 @@ def _demo(args: argparse.Namespace) -> int:
     get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
     train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
     histories: dict[str, xr.Dataset] = {}
-    cluster = LocalCluster(
-        n_workers=args.workers, threads_per_worker=1, host="127.0.0.1",
-        dashboard_address="127.0.0.1:0",
-    )
+    cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly workers
     try:
         with Client(cluster) as client:
             print(f"dashboard: {_dashboard(client)}", flush=True)

@@ -63,7 +63,7 @@ def test_trainer_parameters(field, value):
     options=st.dictionaries(
         st.sampled_from(["k", "renew", "epsilon", "fraction", "beta", "batch_size",
                          "train_on_renew", "mean_grad_decay", "presample", "tau_threshold",
-                         "smoothing", "prune", "anneal", "epochs", "refresh"]),
+                         "smoothing", "prune", "anneal", "epochs", "refresh", "warmup"]),
         anything, max_size=3,
     ),
 )
