@@ -28,6 +28,7 @@ from daskpri.bench.analysis import (
     time_to_target,
 )
 from daskpri.bench.baselines import train_ddp, train_plain
+from daskpri.bench.config import strategy_of
 from daskpri.bench.protocol import gradients_per_step, make_arms
 from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
 from daskpri.bench.report import fmt_ratio, fmt_spread, render_markdown, write_report
@@ -208,6 +209,34 @@ def test_strategy_options_given_for_one_model_reach_only_its_arms():
         main(["bench", "--strategy-option", "projection@:k=3", "--out", "x"])
 
 
+def test_a_second_arm_of_a_strategy_runs_it_with_its_own_options():
+    cfg = _config(strategies=("selective-backprop", "selective-backprop+stale"), workers=(2,),
+                  strategy_options=(("selective-backprop", "fraction", 0.25),
+                                    ("selective-backprop+stale", "refresh", 4),
+                                    ("selective-backprop+stale", "beta", 1.0, "mlp")))
+    arms = make_arms(cfg, 16000, "mlp")
+    assert [(a.label, a.strategy, a.options) for a in arms] == [
+        ("uniform", "uniform", ()),
+        ("selective-backprop", "selective-backprop", (("fraction", 0.25),)),
+        ("selective-backprop+stale", "selective-backprop", (("refresh", 4), ("beta", 1.0))),
+    ]
+    labels = {s.arm.label for s in next_runs(cfg, {d: 16000 for d in cfg.datasets}, [])}
+    assert labels == {"uniform", "selective-backprop", "selective-backprop+stale"}
+    assert strategy_of("selective-backprop+stale") == "selective-backprop"
+    # a bad option of the second arm names it
+    with pytest.raises(ValueError, match="arm 'selective-backprop\\+x': refresh should be a "
+                       "positive integer"):
+        _config(strategies=("selective-backprop+x",),
+                strategy_options=(("selective-backprop+x", "refresh", 0),))
+    for bad, match in [("loss+", "its label made of letters"), ("loss+a b", "label made of"),
+                       ("nope+x", "should be among"), ("uniform+big", "takes no second arm")]:
+        with pytest.raises(ValueError, match=match):
+            _config(strategies=(bad,))
+    # options go to the arm named, not to the other arms of its strategy
+    with pytest.raises(ValueError, match="naming a compared strategy"):
+        _config(strategies=("loss+a",), strategy_options=(("loss", "epsilon", 0.1),))
+
+
 def _simulate(cfg: BenchConfig) -> list[RunRecord]:
     """Run the protocol to the end with made-up results (lr 0.1 always best)."""
     records: list[RunRecord] = []
@@ -372,14 +401,16 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     out = tmp_path / "bench"
     status = main([
         "bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
-        "--strategies", "uniform,selective-backprop", "--workers", "1", "--budget", "4",
+        "--strategies", "uniform,selective-backprop,selective-backprop+fresh", "--workers", "1",
+        "--budget", "4", "--strategy-option", "selective-backprop+fresh:fraction=0.5",
         "--baseline-budget", "1", "--no-ddp", "--no-progress", "--out", str(out),
         "--local-steps", "4", "--strategy-option", "selective-backprop:fraction=0.25",
         "--strategy-option", "selective-backprop@mlp:refresh=2", "--staleness", "exp-linear",
     ])
     assert status == 0
     doc = json.loads((out / "results.json").read_text())
-    assert {r["spec"]["arm"]["label"] for r in doc["runs"]} == {"uniform", "selective-backprop"}
+    assert {r["spec"]["arm"]["label"] for r in doc["runs"]} == {
+        "uniform", "selective-backprop", "selective-backprop+fresh"}
     assert all(len(r["curve"]["time"]) == len(r["curve"]["accuracy"]) for r in doc["runs"])
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"]
     md = (out / "results.md").read_text()
@@ -388,6 +419,11 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     sb = [r for r in doc["runs"] if r["spec"]["arm"]["label"] == "selective-backprop"]
     assert sb[0]["spec"]["arm"]["options"] == [["fraction", 0.25], ["refresh", 2]]
     assert "selective-backprop@mlp:refresh=2" in md
+    # the second arm ran selective-backprop with its own options only
+    fresh = [r for r in doc["runs"] if r["spec"]["arm"]["label"] == "selective-backprop+fresh"]
+    assert fresh and fresh[0]["spec"]["arm"]["strategy"] == "selective-backprop"
+    assert fresh[0]["spec"]["arm"]["options"] == [["fraction", 0.5]]
+    assert "fraction=0.5" in fresh[0]["info"]["strategy"] and "| selective-backprop+fresh |" in md
     # the table's staleness model reaches every daskpri run's trainer, and the report
     assert doc["config"]["staleness"] == "exp-linear" and "staleness model exp-linear" in md
     daskpri_runs = [r for r in doc["runs"] if r["spec"]["kind"] == "daskpri"]

@@ -181,7 +181,8 @@ def test_selective_backprop_warmup_trains_plain_batches_then_selects():
     cand = ctx.state["perm"][0][:4]  # slot 0 holds samples 0..7: positions are samples
     top = cand[np.argsort(-table.estimate(ctx.step, cand))[:2]]
     assert "stale" in sel.extra and sel.train.tolist() == sorted(top.tolist())
-    with pytest.raises(ValueError, match="warmup should be a non-negative integer, but got warmup=-1"):
+    with pytest.raises(ValueError, match="warmup should be a non-negative integer, but got "
+                       "warmup=-1"):
         get_strategy("selective-backprop", warmup=-1)
     assert get_strategy("selective-backprop", warmup=2).reads_table is False
 

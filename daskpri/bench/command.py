@@ -62,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--models", type=_listof(str, "models"), metavar="M[,M...]",
                       help=_defaults("models"))
     what.add_argument("--strategies", type=_listof(str, "strategies"), metavar="S[,S...]",
-                      help=_defaults("strategies") + " (uniform is always run)")
+                      help=_defaults("strategies") + " (uniform is always run); NAME+LABEL "
+                           "is a second arm of strategy NAME with its own --strategy-option, "
+                           "e.g. selective-backprop+stale")
     what.add_argument("--n-samples", type=int, metavar="N",
                       help="samples of each dataset, train and test together")
     how = parser.add_argument_group("protocol")

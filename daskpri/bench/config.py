@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from daskpri.training._checks import check_float, check_int
 
-__all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig"]
+__all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig", "strategy_of"]
 
 #: Defaults of the full benchmark (``daskpri bench --out DIR``).
 FULL_DEFAULTS: dict[str, Any] = {
@@ -43,6 +44,9 @@ class BenchConfig:
     ----------
     datasets, models, strategies : tuple of str
         What is compared; ``"uniform"`` is always run (added first if absent).
+        A strategy named ``NAME+LABEL`` (e.g. ``"selective-backprop+stale"``)
+        is a second arm of strategy ``NAME``, with its own options, compared
+        in the same runs as ``NAME``'s (``LABEL``: letters, digits, ``_.-``).
     seeds : int
         Seeds ``0 .. seeds - 1``; each seeds the model's weights and the
         trainer's selections (the data split is the same for all).
@@ -86,7 +90,9 @@ class BenchConfig:
         Options given to a strategy's arms, e.g. ``("selective-backprop",
         "fraction", 0.33)``; with a fourth element, only on that model's runs
         (``("selective-backprop", "fraction", 0.25, "mlp")``), which then
-        take it over an option of the same key given for every model.
+        take it over an option of the same key given for every model. An
+        arm ``NAME+LABEL`` takes the options given for ``NAME+LABEL``, not
+        ``NAME``'s.
     quick : bool
         Whether the ``--quick`` defaults were used (said in the report).
     scheduler : str, optional
@@ -132,7 +138,7 @@ class BenchConfig:
 
         _names("datasets", self.datasets, DATASETS)
         _names("models", self.models, MODELS)
-        strategies = _names("strategies", self.strategies, tuple(STRATEGIES))
+        strategies = _arm_names(self.strategies, tuple(STRATEGIES))
         if "uniform" not in strategies:
             strategies = ("uniform", *strategies)
         object.__setattr__(self, "strategies", strategies)
@@ -165,8 +171,14 @@ class BenchConfig:
 
         for name in strategies:  # bad options fail here, before any run
             for model in self.models:
-                check_strategy_options(name, dict(self.options_of(name, model)))
-                get_strategy(name, **dict(self.options_of(name, model)))
+                options = dict(self.options_of(name, model))
+                try:
+                    check_strategy_options(strategy_of(name), options)
+                    get_strategy(strategy_of(name), **options)
+                except (TypeError, ValueError) as e:
+                    if name == strategy_of(name):
+                        raise
+                    raise type(e)(f"arm {name!r}: {e}") from None
         if self.n_samples is not None:
             check_int("n_samples", self.n_samples, 1)
         workers = tuple(sorted(set(self.workers)))
@@ -246,6 +258,44 @@ class BenchConfig:
                 if name == strategy and (only is not None) == scoped and only in (None, model):
                     chosen[k] = v
         return tuple(chosen.items())
+
+
+#: the label of an arm ``NAME+LABEL``
+_LABEL = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def strategy_of(arm: str) -> str:
+    """The strategy of arm ``arm``: ``NAME`` of ``NAME+LABEL``, else ``arm`` itself.
+
+    Examples
+    --------
+    >>> strategy_of("selective-backprop+stale"), strategy_of("loss")
+    ('selective-backprop', 'loss')
+    """
+    return arm.partition("+")[0]
+
+
+def _arm_names(values: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:
+    """``values`` as arm names: strategies, or ``NAME+LABEL`` variants of them."""
+    if isinstance(values, str) or not values:
+        raise ValueError(f"strategies should be a non-empty sequence of names, but got {values!r}")
+    for value in values:
+        name, plus, label = str(value).partition("+")
+        if name not in allowed:
+            raise ValueError(
+                f"strategies should be among {', '.join(map(repr, allowed))} (or NAME+LABEL "
+                f"for a second arm of one), but got {value!r}"
+            )
+        if plus and not _LABEL.fullmatch(label):
+            raise ValueError(
+                f"a strategy's second arm should be named NAME+LABEL, its label made of "
+                f"letters, digits and _.-, but got {value!r}"
+            )
+        if plus and name == "uniform":
+            raise ValueError(
+                f"uniform is the baseline and takes no second arm, but got {value!r}"
+            )
+    return tuple(dict.fromkeys(values))
 
 
 def _names(name: str, values: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:

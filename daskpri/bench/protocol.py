@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from daskpri.bench.config import BenchConfig
+from daskpri.bench.config import BenchConfig, strategy_of
 from daskpri.bench.records import Arm, RunRecord, RunSpec
 
 __all__ = [
@@ -104,8 +104,8 @@ def make_arms(config: BenchConfig, n_train: int, model: str | None = None) -> li
     for name in config.strategies:
         if name != "uniform":
             options = config.options_of(name, model)
-            grads = gradients_per_step(name, b, sizes, **dict(options))
-            strategies.append(Arm(name, name, b, grads, options))
+            grads = gradients_per_step(strategy_of(name), b, sizes, **dict(options))
+            strategies.append(Arm(name, strategy_of(name), b, grads, options))
     equal = sorted({a.grads_per_step for a in strategies} - {b})
     return [
         Arm("uniform", "uniform", b, b),
