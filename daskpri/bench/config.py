@@ -171,10 +171,10 @@ class BenchConfig:
 
         for name in strategies:  # bad options fail here, before any run
             for model in self.models:
-                options = dict(self.options_of(name, model))
+                given = dict(self.options_of(name, model))
                 try:
-                    check_strategy_options(strategy_of(name), options)
-                    get_strategy(strategy_of(name), **options)
+                    check_strategy_options(strategy_of(name), given)
+                    get_strategy(strategy_of(name), **given)
                 except (TypeError, ValueError) as e:
                     if name == strategy_of(name):
                         raise
