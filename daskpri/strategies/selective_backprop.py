@@ -81,9 +81,8 @@ class SelectiveBackprop(Strategy):
     With ``warmup=w``, the walk's first ``w`` epochs are plain mini-batch
     SGD: ``batch_size`` samples a step, in walk order, with no scoring pass;
     their losses, from the training forward pass, fill the table for the
-    stale epochs that follow (Jiang et al.'s start epoch). The selective
-    epochs count from the end of the warmup: with ``refresh=k`` the first
-    one after it scores afresh.
+    stale epochs that follow. The selective epochs count from the end of
+    the warmup: with ``refresh=k`` the first one after it scores afresh.
 
     Parameters
     ----------
@@ -96,8 +95,9 @@ class SelectiveBackprop(Strategy):
         expectation where scored afresh, exactly in stale steps); ``None``
         takes the trainer's.
     refresh : int, optional
-        Score afresh in epochs ``0, k, 2k, ...`` of the candidate walk and by
-        the table's losses in the others; ``None`` (or 1) scores every epoch.
+        Score afresh in epochs ``w, w + k, w + 2k, ...`` of the candidate
+        walk (``w``: ``warmup``) and by the table's losses in the others;
+        ``None`` (or 1) scores every epoch after the warmup.
     warmup : int
         Epochs of the walk trained as plain mini-batch SGD before selection
         begins (0: none).
