@@ -76,6 +76,23 @@ def test_selective_backprop_refresh_scores_afresh_every_other_epoch(gpu_client, 
     assert np.isfinite(h["loss"].values).all()
 
 
+def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_client, small_data):
+    train, _ = small_data
+    with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,
+                  refresh=2, warmup=1) as t:
+        t.fit(train, max_steps=25, progress=False)
+        warm = t.table_  # after the warmup epoch alone
+        h = t.fit(train, max_steps=48, progress=False)
+    # Each worker's 800 samples: the warmup epoch is steps 0-24, 32 samples a
+    # step (forwarded once, backpropagated); epoch 1 scores 64 candidates a
+    # step afresh (steps 25-37, the last one reaching into epoch 2); epoch 2
+    # ranks them by the table and forwards the 32 kept (steps 38-49).
+    assert h["grad_samples"].values[-1] == 48 * 2 * 32
+    assert h["samples"].values[-1] == 2 * (25 * 32 + 13 * 64 + 10 * 32)
+    # the warmup's training losses reached the table: every sample has one
+    assert np.isfinite(warm.values).all() and (warm["version"].values >= 0).all()
+
+
 @pytest.mark.parametrize("strategy", ["loss", "uniform"])  # uniform selects rounds ahead
 def test_a_resumed_run_of_local_rounds_continues_exactly(
     gpu_client, small_data, tmp_path, strategy
