@@ -12,13 +12,14 @@ from distributed import Client, LocalCluster
 from distributed.protocol import pickle
 
 import daskpri
+from daskpri._wire import pack
 from daskpri.models import build_model
 from daskpri.replicas.optim import LocalSteps, make_optimizer
 from daskpri.replicas.replica import Replica, Weights
 from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, Shares, _train
 from daskpri.strategies import get_strategy
 from daskpri.strategies.base import Batch, Selection
-from daskpri.table.plugin import RemoteTable
+from daskpri.table.plugin import RemoteTable, _unpack_round
 
 
 def _trainer(client, train, **kw):
@@ -150,9 +151,21 @@ def test_a_round_packs_weighted_and_unweighted_steps_and_unpacks_each_as_it_was(
     assert shares.partitions().tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("strategy", ["uniform", "selective-backprop"])
+def _ahead_counts(client, run: str) -> tuple[int, int]:
+    """Rounds of ``run`` selected ahead by a strategy that reads the table: taken, declined."""
+
+    def counts(dask_scheduler) -> tuple[int, int]:
+        tr = dask_scheduler.plugins["daskpri"].runs[run]
+        return tr.ahead_taken, tr.ahead_declined
+
+    return tuple(client.run_on_scheduler(counts))
+
+
+# selective-backprop with refresh reads the table, and checks what it reads
+@pytest.mark.parametrize("strategy, options", [
+    ("uniform", {}), ("selective-backprop", {}), ("selective-backprop", {"refresh": 2})])
 def test_selecting_the_next_round_ahead_changes_no_selection(
-    gpu_client, small_data, tmp_path, monkeypatch, strategy
+    gpu_client, small_data, tmp_path, monkeypatch, strategy, options
 ):
     train, test = small_data
     ahead: list[int] = []  # the first step of each round selected ahead
@@ -169,7 +182,7 @@ def test_selecting_the_next_round_ahead_changes_no_selection(
         with dask.config.set({"daskpri.trainer.prefetch": prefetch}):
             with _trainer(gpu_client, train, strategy=strategy, local_steps=4, eval_every=4,
                           checkpoint_path=str(tmp_path / f"{prefetch}.ckpt"),
-                          checkpoint_every=12) as t:
+                          checkpoint_every=12, **options) as t:
                 t.fit(train, max_steps=14, progress=False)  # its last round is cut to 2 steps
                 # one round (14-18), ended by the target at its evaluation
                 t.fit(train, eval_data=test, max_steps=40, target_accuracy=0.01, progress=False)
@@ -178,6 +191,11 @@ def test_selecting_the_next_round_ahead_changes_no_selection(
                 assert t._prefetched is None
                 params = torch.nn.utils.parameters_to_vector(t.model.parameters()).detach()
                 runs[prefetch] = (h, params.clone(), list(ahead))
+                taken = _ahead_counts(gpu_client, t._remote.run)
+        if options:  # each worker's 800 samples, 64 candidates a step: epoch 0 is
+            # steps 0-12 (fresh), 1 steps 13-24 (stale), 2 from 25 (fresh); no
+            # round selected ahead reads a priority of the round in flight
+            assert taken == ((4, 0) if prefetch else (0, 0))
     (h0, p0, none), (h1, p1, some) = runs[False], runs[True]
     assert (h1["step"].values + 1).tolist() == [4, 8, 12, 14, 18, 22, 26, 30]
     # Selected ahead: not the round after a checkpoint (rounds ending past 12
@@ -207,6 +225,39 @@ def test_the_table_takes_back_a_selection_made_ahead():
     assert second != first
     plugin._unselect("r")  # nothing kept to take back: no change
     assert plugin._step("r", 6, count=2) != second
+
+
+def test_a_round_selected_ahead_that_reads_a_priority_in_flight_is_declined():
+    from daskpri.table.plugin import TablePlugin, TableRun
+    from daskpri.table.table import PriorityTable
+
+    # one worker of 16 samples, batch 4: 8 candidates a step, an epoch in 2
+    # steps; refresh=2: epoch 0 fresh, epoch 1 ranks by the table
+    tr = TableRun(table=PriorityTable([16]), strategy=get_strategy(
+                  "selective-backprop", refresh=2), rng=np.random.default_rng(0),
+                  owner=np.zeros(0, np.int64), batch_size=4, info={})
+    tr.set_owner(np.array([0]))
+    plugin = TablePlugin()
+    plugin.runs["r"] = tr
+    first = plugin._step("r", 0, count=1)  # epoch 0, first half: in flight
+    # the next round (epoch 0's second half, fresh) reads no priority: taken
+    assert plugin._step("r", 1, count=1, undo=True) is not None
+    assert (tr.ahead_taken, tr.ahead_declined) == (1, 0)
+    # the round after (epoch 1, stale) ranks all 16 samples, half of them in
+    # flight: declined, and the table's selection state is as before
+    state = copy.deepcopy(tr.state), copy.deepcopy(tr.rng.bit_generator.state)
+    assert plugin._step("r", 2, count=1, undo=True) is None
+    assert (tr.ahead_taken, tr.ahead_declined) == (1, 1)
+    assert tr.state["pos"] == state[0]["pos"] and tr.rng.bit_generator.state == state[1]
+    assert tr.last_step == 1
+    # once the priorities arrive, the round is selected as usual
+    seen = np.arange(16)
+    after = plugin._step("r", 2, updates=[{"indices": pack(seen), "priorities": pack(
+        seen / 16.0), "step": 1}], count=1)
+    assert after is not None and first is not None
+    train = _unpack_round(after[0])[0].train
+    cand = tr.state["perm"][0][:8]  # the stale step's candidates (samples 0..15 are positions)
+    assert train.tolist() == sorted(np.sort(cand)[-4:].tolist())  # the table's 4 highest
 
 
 def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():

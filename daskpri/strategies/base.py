@@ -30,6 +30,14 @@ from daskpri.table.table import PriorityTable
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
+class NotAhead(Exception):
+    """A selection made ahead would read priorities the table does not hold yet.
+
+    The table then takes the selection back and the driver selects the round
+    once the round in flight has returned its priorities.
+    """
+
+
 @dataclass
 class Selection:
     """The samples one worker processes in a step (global indices)."""
@@ -58,6 +66,18 @@ class SelectContext:
     rng: np.random.Generator
     #: the strategy's own state, kept with the table and checkpointed with it
     state: dict[str, Any]
+    #: where a round is selected ahead, a mask over the samples of the round
+    #: the workers are computing, whose priorities the table does not hold yet
+    inflight: np.ndarray | None = None
+
+    def check_ahead(self, indices: np.ndarray) -> None:
+        """Raise :class:`NotAhead` if a priority of ``indices`` is in flight.
+
+        A strategy that selects ahead (:attr:`Strategy.selects_ahead`) calls
+        it before it reads the priorities of ``indices``.
+        """
+        if self.inflight is not None and indices.size and self.inflight[indices].any():
+            raise NotAhead(f"{int(self.inflight[indices].sum())} of the samples read are in flight")
 
     def candidates(self, slot: int) -> np.ndarray | slice:
         """The samples of ``slot``: a slice when they are contiguous (fast path)."""
@@ -153,6 +173,14 @@ class Strategy(abc.ABC):
     #: driver select the next round while the workers compute this one, before
     #: this round's priorities reach the table.
     reads_table: bool = True
+    #: :meth:`select` reads the table, but may still select the next round
+    #: while the workers compute this one: it calls
+    #: :meth:`SelectContext.check_ahead` on the samples whose priorities it
+    #: reads (which raises :class:`NotAhead` where one is in flight), so that a
+    #: round selected ahead is the round selected after. Reads of the table as
+    #: a whole (a distribution of its priorities) see it without the round in
+    #: flight.
+    selects_ahead: bool = False
 
     @abc.abstractmethod
     def select(self, ctx: SelectContext) -> list[Selection]:

@@ -84,6 +84,13 @@ class SelectiveBackprop(Strategy):
     stale epochs that follow. The selective epochs count from the end of
     the warmup: with ``refresh=k`` the first one after it scores afresh.
 
+    The next round may be selected while the workers compute this one
+    (``selects_ahead``): within an epoch its candidates are not the round in
+    flight's, and where they are (a new epoch's walk), the table declines
+    and the round is selected once the priorities arrive. With ``beta``,
+    the CDF's reference is then drawn from the table before the round in
+    flight's losses reach it.
+
     Parameters
     ----------
     fraction : float
@@ -109,6 +116,10 @@ class SelectiveBackprop(Strategy):
     """
 
     name = "selective-backprop"
+    # stale steps read the priorities of their candidates only, which in an
+    # epoch are not the round in flight's; the beta rule's CDF reference is a
+    # sample of the table as a whole
+    selects_ahead = True
 
     def __init__(
         self,
@@ -174,6 +185,7 @@ class SelectiveBackprop(Strategy):
             if fresh:
                 out.append(Selection(train=cand, extra=extra))
             else:  # ranked by the table's losses; the worker's step is a plain one
+                ctx.check_ahead(cand)
                 kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), self.fraction)]
                 out.append(Selection(train=kept, extra={"stale": _STALE}))
         return out
@@ -197,6 +209,7 @@ class SelectiveBackprop(Strategy):
         parts, need, drawn = [], size, 0
         while need > 0 and drawn < limit:
             cand = walk_next(ctx, slot, min(math.ceil(need / keep), limit - drawn))
+            ctx.check_ahead(cand)
             losses = ctx.table.estimate(ctx.step, cand)
             rows = keep_by_cdf(losses, reference, self.beta, ctx.rng)
             if rows.size >= need:  # full: the candidates after the last kept go back

@@ -27,7 +27,7 @@ from distributed import Client, Scheduler, SchedulerPlugin
 from distributed.protocol import pickle
 
 from daskpri._wire import pack, pack_tree, unpack, unpack_tree
-from daskpri.strategies.base import SelectContext, Selection, Strategy
+from daskpri.strategies.base import NotAhead, SelectContext, Selection, Strategy
 from daskpri.table.table import PriorityTable
 
 PLUGIN_NAME = "daskpri"
@@ -51,7 +51,13 @@ class TableRun:
     last_step: int = -1
     selection_seconds: float = 0.0
     #: the selection state before the last selection made ahead (``undo=True``)
-    undo: tuple[dict[str, Any], dict[str, Any], int] | None = None
+    undo: tuple[dict[str, Any], dict[str, Any], int, np.ndarray | None] | None = None
+    #: mask of the samples of the last round selected: the round in flight
+    #: while the next is selected ahead (``None``: not known)
+    inflight: np.ndarray | None = None
+    #: rounds of a strategy that reads the table selected ahead, and declined
+    ahead_taken: int = 0
+    ahead_declined: int = 0
 
     def set_owner(self, owner: np.ndarray) -> None:
         owner = np.asarray(owner, dtype=np.int64)
@@ -64,7 +70,7 @@ class TableRun:
         n_slots = int(owner.max()) + 1
         self.groups = [self.table.indices_of(np.flatnonzero(owner == s)) for s in range(n_slots)]
 
-    def select(self, step: int) -> list[Selection]:
+    def select(self, step: int, inflight: np.ndarray | None = None) -> list[Selection]:
         ctx = SelectContext(
             table=self.table,
             groups=self.groups,
@@ -73,6 +79,7 @@ class TableRun:
             batch_size=self.batch_size,
             rng=self.rng,
             state=self.state,
+            inflight=inflight,
         )
         return self.strategy.select(ctx)
 
@@ -91,6 +98,7 @@ class TableRun:
         self.state = state["strategy_state"]
         self.set_owner(state["owner"])
         self.last_step = int(state["last_step"])
+        self.inflight = None
 
 
 class TablePlugin(SchedulerPlugin):
@@ -190,22 +198,37 @@ class TablePlugin(SchedulerPlugin):
         metrics: list | dict | None = None,
         count: int = 1,
         undo: bool = False,
-    ) -> list[dict]:
+    ) -> list[dict] | None:
         """Apply ``updates``; the selections of steps ``step .. step + count - 1``.
 
         One packed round per worker slot (see :func:`_pack_round`). With
-        ``undo`` the selection state before it is kept, for :meth:`_unselect`.
+        ``undo`` (a round selected ahead, while the last round selected is
+        computed) the selection state before it is kept, for
+        :meth:`_unselect`; a strategy that reads the table is given the last
+        round's samples as in flight, and where it would read one of their
+        priorities (:class:`~daskpri.strategies.base.NotAhead`), the
+        selection is taken back at once and the answer is ``None``.
         """
         tr = self._run(run)
         self._apply(tr, updates, metrics)
         tr.undo = None
         if undo:
             tr.undo = (copy.deepcopy(dict(tr.rng.bit_generator.state)), copy.deepcopy(tr.state),
-                       tr.last_step)
+                       tr.last_step, tr.inflight)
+        checked = undo and tr.strategy.reads_table
         t0 = time.perf_counter()
-        rounds = [tr.select(step + i) for i in range(count)]
+        try:
+            if checked and tr.inflight is None:
+                raise NotAhead("the round in flight is not known")
+            rounds = [tr.select(step + i, tr.inflight if checked else None) for i in range(count)]
+        except NotAhead:
+            self._unselect(run)
+            tr.ahead_declined += 1
+            return None
         tr.selection_seconds = time.perf_counter() - t0
         tr.last_step = step + count - 1
+        tr.ahead_taken += checked
+        tr.inflight = _mask(tr.table.n_samples, rounds)
         n_slots = len(rounds[0]) if rounds else 0
         return [_pack_round([selections[slot] for selections in rounds]) for slot in range(n_slots)]
 
@@ -213,7 +236,7 @@ class TablePlugin(SchedulerPlugin):
         """Take back the last selection made with ``undo`` (a round selected ahead, unused)."""
         tr = self._run(run)
         if tr.undo is not None:
-            tr.rng.bit_generator.state, tr.state, tr.last_step = tr.undo
+            tr.rng.bit_generator.state, tr.state, tr.last_step, tr.inflight = tr.undo
             tr.undo = None
 
     def _update(self, run: str, updates: list, metrics: list | dict | None = None) -> None:
@@ -407,9 +430,14 @@ class Ahead:
     def __init__(self, future: concurrent.futures.Future) -> None:
         self._future = future
 
-    def result(self, timeout: float | None = None) -> list[list[Selection]]:
-        """The selections, as :meth:`RemoteTable.step` returns them."""
-        return _unpack_rounds(self._future.result(timeout))
+    def result(self, timeout: float | None = None) -> list[list[Selection]] | None:
+        """The selections, as :meth:`RemoteTable.step` returns them.
+
+        ``None`` where the strategy needed priorities still in flight: the
+        round is to be selected once they arrive.
+        """
+        out = self._future.result(timeout)
+        return None if out is None else _unpack_rounds(out)
 
 
 def _unpack_rounds(out: list[dict[str, Any]]) -> list[list[Selection]]:
@@ -454,6 +482,16 @@ def _unpack_round(packed: dict[str, Any]) -> list[Selection]:
         )
         for train, score, w, extra in zip(trains, scores, weighted, packed["extra"], strict=True)
     ]
+
+
+def _mask(n_samples: int, rounds: list[list[Selection]]) -> np.ndarray:
+    """The samples that ``rounds`` train or score, as a mask over the table."""
+    mask = np.zeros(n_samples, dtype=bool)
+    for selections in rounds:
+        for s in selections:
+            mask[s.train] = True
+            mask[s.score] = True
+    return mask
 
 
 def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:

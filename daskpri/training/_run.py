@@ -349,7 +349,10 @@ class RunMixin:
 
         Only for strategies whose selection does not read the table, which
         then has not received the current round's priorities yet (they go
-        with the next request), and only for a round that will run: not past
+        with the next request), or that check what they read
+        (``selects_ahead``: the table declines a round that would read a
+        priority in flight, and the round is selected after this one), and
+        only for a round that will run: not past
         ``limit``, nor after a checkpoint (the table must be saved as it is).
         Called once the current round is on its way to the workers (with the
         direct transport, on the client's event loop while the driver waits):
@@ -359,7 +362,7 @@ class RunMixin:
         count = self.local_steps if limit is None else min(self.local_steps, limit)
         if (
             count < 1
-            or self.strategy.reads_table
+            or (self.strategy.reads_table and not self.strategy.selects_ahead)
             or not self._prefetch_rounds
             or self._stop_requested
             or (self.checkpoint_every and crossed(self.step_, step, self.checkpoint_every))
