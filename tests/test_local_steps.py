@@ -94,13 +94,16 @@ def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_cli
     assert np.isfinite(warm.values).all() and (warm["version"].values >= 0).all()
 
 
-@pytest.mark.parametrize("strategy", ["loss", "uniform"])  # uniform selects rounds ahead
+# uniform selects rounds ahead; selective-backprop with refresh and beta too,
+# checking what it reads, and draws its CDF reference from the table then
+@pytest.mark.parametrize("strategy, options", [
+    ("loss", {}), ("uniform", {}), ("selective-backprop", {"refresh": 2, "beta": 1.0})])
 def test_a_resumed_run_of_local_rounds_continues_exactly(
-    gpu_client, small_data, tmp_path, strategy
+    gpu_client, small_data, tmp_path, strategy, options
 ):
     train, test = small_data
     path = tmp_path / "local.ckpt"
-    a = _trainer(gpu_client, train, strategy=strategy, local_steps=4)
+    a = _trainer(gpu_client, train, strategy=strategy, local_steps=4, **options)
     try:
         a.fit(train, max_steps=12, progress=False)
         a.save(path)

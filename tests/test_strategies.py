@@ -289,3 +289,13 @@ def test_gradients_per_step_counts_what_each_strategy_backpropagates():
     assert get_strategy("uniform").gradients_per_step(64, 8000) == 64
     assert get_strategy("loss", batch_size=16).gradients_per_step(64, 8000) == 16
     assert get_strategy("selective-backprop").gradients_per_step(32, 100) == 32
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_a_strategy_is_rebuilt_from_its_params(name):
+    # a checkpoint keeps get_params() and resume builds the strategy from it
+    options = {"selective-backprop": {"refresh": 2, "beta": 1.0, "warmup": 1}}.get(name, {})
+    s = get_strategy(name, **options)
+    rebuilt = type(s)(**s.get_params())
+    assert rebuilt.get_params() == s.get_params() and repr(rebuilt) == repr(s)
+    assert rebuilt.reads_table == s.reads_table

@@ -134,9 +134,12 @@ class SelectiveBackprop(Strategy):
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.refresh = check_positive_int("refresh", refresh)
         self.warmup = check_count("warmup", warmup)
-        # candidates come from the shuffled walk alone, unless ranked by the
-        # table's losses (refresh) or drawn against their distribution (beta)
-        self.reads_table = self.beta is not None or self.refresh is not None
+
+    @property  # a property, not a parameter: get_params() gives __init__'s only
+    def reads_table(self) -> bool:  # type: ignore[override]
+        """Candidates come from the shuffled walk alone, unless ranked by the
+        table's losses (``refresh``) or drawn against their distribution (``beta``)."""
+        return self.beta is not None or self.refresh is not None
 
     def fresh(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) of the walk scores afresh.
