@@ -261,6 +261,10 @@ def test_a_round_selected_ahead_that_reads_a_priority_in_flight_is_declined():
     train = _unpack_round(after[0])[0].train
     cand = tr.state["perm"][0][:8]  # the stale step's candidates (samples 0..15 are positions)
     assert train.tolist() == sorted(np.sort(cand)[-4:].tolist())  # the table's 4 highest
+    # a strategy that reads the table without checking what is in flight never
+    # selects ahead, whoever asks
+    tr.strategy = get_strategy("loss")
+    assert plugin._step("r", 3, count=1, undo=True) is None and tr.ahead_declined == 2
 
 
 def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():

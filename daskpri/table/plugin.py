@@ -218,8 +218,8 @@ class TablePlugin(SchedulerPlugin):
         checked = undo and tr.strategy.reads_table
         t0 = time.perf_counter()
         try:
-            if checked and tr.inflight is None:
-                raise NotAhead("the round in flight is not known")
+            if checked and (tr.inflight is None or not tr.strategy.selects_ahead):
+                raise NotAhead("the round in flight is not known, or not checked")
             rounds = [tr.select(step + i, tr.inflight if checked else None) for i in range(count)]
         except NotAhead:
             self._unselect(run)
