@@ -258,20 +258,25 @@ def check_number(name: str, value: Any, low: float, *, low_open: bool = False) -
     return float(value)
 
 
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int if it is an integer (not a bool) of at least ``minimum``.
+
+    The one integer check of the package (``daskpri.training._checks``
+    re-exports it; it lives here, which the training modules import).
+    """
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}"
+        )
+        raise ValueError(f"{name} should be {kind}, but got {name}={value!r}")
+    return int(value)
+
+
 def check_positive_int(name: str, value: int | None, *, allow_none: bool = True) -> int | None:
     """``value`` if it is a positive integer (or None where allowed)."""
     if value is None and allow_none:
         return None
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} should be a positive integer, but got {name}={value!r}")
-    return int(value)
-
-
-def check_count(name: str, value: int) -> int:
-    """``value`` if it is a non-negative integer."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} should be a non-negative integer, but got {name}={value!r}")
-    return int(value)
+    return check_int(name, value, 1)
 
 
 def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:

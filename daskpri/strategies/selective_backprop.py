@@ -14,8 +14,8 @@ from daskpri.strategies.base import (
     SelectContext,
     Selection,
     Strategy,
-    check_count,
     check_fraction,
+    check_int,
     check_number,
     check_positive_int,
     epoch_batches,
@@ -133,7 +133,7 @@ class SelectiveBackprop(Strategy):
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.refresh = check_positive_int("refresh", refresh)
-        self.warmup = check_count("warmup", warmup)
+        self.warmup = check_int("warmup", warmup, 0)
 
     @property  # a property, not a parameter: get_params() gives __init__'s only
     def reads_table(self) -> bool:  # type: ignore[override]

@@ -228,7 +228,8 @@ class TablePlugin(SchedulerPlugin):
         tr.selection_seconds = time.perf_counter() - t0
         tr.last_step = step + count - 1
         tr.ahead_taken += checked
-        tr.inflight = _mask(tr.table.n_samples, rounds)
+        if tr.strategy.reads_table and tr.strategy.selects_ahead:  # only these check it
+            tr.inflight = _mask(tr.table.n_samples, rounds)
         n_slots = len(rounds[0]) if rounds else 0
         return [_pack_round([selections[slot] for selections in rounds]) for slot in range(n_slots)]
 

@@ -20,15 +20,8 @@ from torch import nn
 
 from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.strategies import Strategy
+from daskpri.strategies.base import check_int
 from daskpri.training.evaluation import EvalSet
-
-
-def check_int(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int if it is an integer (not a bool) of at least ``minimum``."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} should be {kind}, but got {name}={value!r}")
-    return int(value)
 
 
 def check_real(name: str, value: Any, low: float, high: float) -> float:
