@@ -154,6 +154,29 @@ def test_a_round_packs_weighted_and_unweighted_steps_and_unpacks_each_as_it_was(
     assert shares.partitions().tolist() == [0, 1]
 
 
+def test_a_round_of_train_rows_only_packs_each_step_as_it_was():
+    sels = [Selection(train=np.array([4, 1])), Selection(train=np.array([], dtype=np.int64)),
+            Selection(train=np.array([19, 2, 11]))]
+    shares = Shares.pack(sels, (0, 5, 0), np.array([0, 10, 20]))
+    assert shares.indices.dtype == np.int64 and shares.splits.tolist() == [0, 2, 2, 5]
+    assert [shares.share(i).indices.tolist() for i in range(3)] == [[4, 1], [], [19, 2, 11]]
+    assert all(shares.share(i).weights is None for i in range(3))
+
+
+def test_a_rounds_digest_is_the_crc_of_its_selections_in_order():
+    import zlib
+
+    from daskpri.training.rounds import digest
+
+    sels = [Selection(train=np.array([3, 1])), Selection(train=np.array([], dtype=np.int64)),
+            Selection(train=np.array([7], dtype=np.int32))]
+    crc = 0
+    for s in sels:  # as the history's digests have always been taken
+        crc = zlib.crc32(np.asarray(s.train, dtype=np.int64).tobytes(), crc)
+    assert digest(sels) == float(crc) != digest(sels[::-1])
+    assert digest([]) == 0.0
+
+
 def _ahead_counts(client, run: str) -> tuple[int, int]:
     """Rounds of ``run`` selected ahead by a strategy that reads the table: taken, declined."""
 

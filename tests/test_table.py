@@ -155,3 +155,13 @@ def test_a_round_of_selections_travels_packed_and_arrives_equal():
         for key in s.extra:
             assert np.array_equal(g.extra[key], s.extra[key])
     assert _unpack_round(_pack_round([])) == []
+
+    # a round without extras sends none, and each step unpacks with a dict of its own
+    plain = [Selection(train=np.array([i, i + 1])) for i in range(3)]
+    wire = msgpack.unpackb(msgpack.packb(_pack_round(plain), use_bin_type=True))
+    assert wire["extra"] == []
+    got = _unpack_round(wire)
+    assert [g.train.tolist() for g in got] == [[0, 1], [1, 2], [2, 3]]
+    assert all(g.extra == {} and g.weights is None for g in got)
+    got[0].extra["x"] = 1
+    assert got[1].extra == {}

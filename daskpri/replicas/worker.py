@@ -327,12 +327,18 @@ class Shares:
         bounds: np.ndarray,
     ) -> Shares:
         """Pack one slot's :class:`~daskpri.strategies.Selection` of each step."""
-        parts = [np.concatenate([s.train, s.score]).astype(np.int64) for s in selections]
+        if any(s.score.size for s in selections):
+            parts = [np.concatenate([s.train, s.score]) for s in selections]
+        else:  # train rows only, as most steps of most strategies
+            parts = [s.train for s in selections]
+        sizes = np.array([p.size for p in parts], dtype=np.int64)
         n_train = np.array([s.train.size for s in selections], dtype=np.int64)
         weights = [np.asarray(s.weights, float) for s in selections if s.weights is not None]
         return cls(
-            indices=np.concatenate(parts) if parts else np.empty(0, dtype=np.int64),
-            splits=np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64),
+            indices=np.concatenate(parts).astype(np.int64, copy=False)
+            if parts
+            else np.empty(0, dtype=np.int64),
+            splits=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
             n_train=n_train,
             weights=np.concatenate(weights) if weights else np.empty(0),
             weighted=np.array([s.weights is not None for s in selections], dtype=bool),

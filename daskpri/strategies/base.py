@@ -286,8 +286,16 @@ def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
     mini-batch SGD does; the permutation is strategy state, so a resumed run
     continues it.
     """
-    _walk(ctx, slot)  # begun even for a draw of none, as the random stream expects
-    take = min(size, ctx.groups[slot].size)
+    perm = _walk(ctx, slot)  # begun even for a draw of none, as the random stream expects
+    group = ctx.groups[slot]
+    take = min(size, group.size)
+    pos = ctx.state["pos"]
+    if 0 < take <= perm.size - pos[slot]:  # within the pass: most steps, one slice
+        start = pos[slot]
+        pos[slot] = start + take
+        batch = group[perm[start : start + take]]
+        batch.sort()
+        return batch
     out = []
     while take > 0:  # across the end of a pass into the next
         out.append(walk_next(ctx, slot, take))

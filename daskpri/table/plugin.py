@@ -461,7 +461,10 @@ def _pack_round(selections: list[Selection]) -> dict[str, Any]:
         "n_score": pack(np.array([s.score.size for s in selections], dtype=np.int64)),
         "weighted": pack(np.array(weighted, dtype=bool)),
         "weights": pack(_cat([s.weights for s in selections if s.weights is not None], np.float64)),
-        "extra": [pack_tree(s.extra) for s in selections],
+        # most rounds carry no extras: then none travel, not an empty dict a step
+        "extra": [pack_tree(s.extra) for s in selections]
+        if any(s.extra for s in selections)
+        else [],
     }
 
 
@@ -470,19 +473,21 @@ def _unpack_round(packed: dict[str, Any]) -> list[Selection]:
     n_train, n_score = unpack(packed["n_train"]), unpack(packed["n_score"])
     if not n_train.size:
         return []
-    trains = np.split(unpack(packed["train"]), np.cumsum(n_train)[:-1])
-    scores = np.split(unpack(packed["score"]), np.cumsum(n_score)[:-1])
+    trains = _split(unpack(packed["train"]), n_train)
+    scores = _split(unpack(packed["score"]), n_score)
     weighted = unpack(packed["weighted"])
-    weights = iter(np.split(unpack(packed["weights"]), np.cumsum(n_train[weighted])[:-1]))
+    weights = iter(_split(unpack(packed["weights"]), n_train[weighted]))
+    extras = [unpack_tree(e) for e in packed["extra"]] or [{} for _ in range(n_train.size)]
     return [
-        Selection(
-            train=train,
-            weights=next(weights) if w else None,
-            score=score,
-            extra=unpack_tree(extra),
-        )
-        for train, score, w, extra in zip(trains, scores, weighted, packed["extra"], strict=True)
+        Selection(train=train, weights=next(weights) if w else None, score=score, extra=extra)
+        for train, score, w, extra in zip(trains, scores, weighted, extras, strict=True)
     ]
+
+
+def _split(a: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """``a`` cut into consecutive views of ``sizes`` (``np.split``, without its per-piece cost)."""
+    ends = np.cumsum(sizes).tolist()
+    return [a[i:j] for i, j in zip([0, *ends][:-1], ends, strict=True)]
 
 
 def _mask(n_samples: int, rounds: list[list[Selection]]) -> np.ndarray:
