@@ -43,7 +43,7 @@ from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
 from daskpri.table.staleness import STALENESS_MODELS
 from daskpri.training._checks import check_float, check_int
-from daskpri.training.cluster import local_cluster, stop_heartbeats
+from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 from daskpri.training.schedule import SCHEDULES
@@ -314,7 +314,9 @@ def _train(args: argparse.Namespace) -> int:
                 security=True if args.tls else None, **checkpoints, **options,
             )
         print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
-        with _interruptible(trainer):
+        # a LocalCluster's workers have this machine's cores
+        local = one_torch_thread() if client is None else contextlib.nullcontext()
+        with _interruptible(trainer), local:
             history = trainer.fit(
                 train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
                 target_accuracy=args.target_accuracy, progress=not args.no_progress,
@@ -375,7 +377,7 @@ def _demo(args: argparse.Namespace) -> int:
     histories: dict[str, xr.Dataset] = {}
     cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly workers
     try:
-        with Client(cluster) as client:
+        with Client(cluster) as client, one_torch_thread():  # the workers have the cores
             print(f"dashboard: {_dashboard(client)}", flush=True)
             given = ", ".join(f"{k}={v}" for k, v in options.items())
             print(f"{_DEMO_STRATEGY}" + (f" ({given})" if given else "")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import xarray as xr
 from _procs import _free_port, _stop
 
@@ -101,6 +102,20 @@ def test_strategies_lists_names_with_defaults(capsys: pytest.CaptureFixture[str]
 # -- training on a LocalCluster of its own ----------------------------------------
 
 
+def test_one_torch_thread_holds_for_the_block_and_is_undone_even_on_error() -> None:
+    from daskpri.training.cluster import one_torch_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(KeyError), one_torch_thread():
+            assert torch.get_num_threads() == 1
+            raise KeyError("inside")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("name", ["run.nc", "run.zarr"])
 def test_train_on_own_local_cluster_writes_history(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -109,7 +124,9 @@ def test_train_on_own_local_cluster_writes_history(
     options = ["--strategy-option", "k=32", "--strategy-option", "train_on_renew=false",
                "--staleness", "exp-linear"]
     argv = ["train", *SMALL, *options, "--workers", "2", "--no-progress", "--output", str(path)]
+    threads = torch.get_num_threads()
     assert main(argv) == 0
+    assert torch.get_num_threads() == threads  # one driver thread while it trained, then as before
     out = capsys.readouterr().out
     assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+/status$", out, re.M)
     assert SUMMARY.search(out)

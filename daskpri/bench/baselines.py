@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from daskpri.bench.records import Curve
+from daskpri.training.cluster import one_torch_thread
 
 __all__ = ["BaselineResult", "train_ddp", "train_plain"]
 
@@ -160,14 +161,10 @@ def train_plain(
     >>> r.samples == 32 * int(r.curve.step[-1])
     True
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         job = _Job(model, train[0], train[1], test[0], test[1], batch_size, learning_rate,
                    momentum, budget, eval_seconds, seed)
         return _loop(job)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _free_port() -> int:

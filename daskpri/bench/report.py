@@ -139,7 +139,8 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
             if config.strategy_options
             else ""
         )
-        + f". Seeds: {config.seeds} "
+        + ". One torch thread in each worker and in the driver. "
+        f"Seeds: {config.seeds} "
         "(each seeds the weights and the selections; the data split is fixed); "
         "values are medians over seeds with [min–max]. Arms run interleaved "
         "(for each dataset, model, seed and learning rate, every arm in turn). "

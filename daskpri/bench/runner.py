@@ -26,7 +26,7 @@ from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import write_json, write_report
-from daskpri.training.cluster import local_cluster, stop_heartbeats
+from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
 
 __all__ = ["describe", "machine_info", "run_bench"]
 
@@ -138,7 +138,7 @@ def _execute(
 
         client = clusters.client(spec.n_workers)
         fresh = STRATEGIES[spec.arm.strategy].needs_fresh_priorities
-        with Trainer(
+        with one_torch_thread(), Trainer(
             model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
             n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
             learning_rate=spec.learning_rate, momentum=config.momentum,
