@@ -299,3 +299,54 @@ def test_a_strategy_is_rebuilt_from_its_params(name):
     rebuilt = type(s)(**s.get_params())
     assert rebuilt.get_params() == s.get_params() and repr(rebuilt) == repr(s)
     assert rebuilt.reads_table == s.reads_table
+
+
+def _table_run(sizes, owner, batch_size, seed):
+    from daskpri.table.plugin import TableRun
+
+    tr = TableRun(table=PriorityTable(sizes), strategy=get_strategy("uniform"),
+                  rng=np.random.default_rng(seed), owner=np.zeros(0, dtype=np.int64),
+                  batch_size=batch_size, info={})
+    tr.set_owner(np.asarray(owner))
+    return tr
+
+
+@pytest.mark.parametrize(
+    ("sizes", "owner", "batch_size"),
+    [([7, 9, 20, 4], [0, 1, 0, 1], 5),  # slots of 27 and 13 samples
+     ([8, 8], [0, 1], 8),  # a batch is a whole pass
+     ([30, 3, 11], [0, 1, 2], 3),
+     ([16, 16, 16], [0, 0, 1], 4)],
+)
+def test_a_uniform_round_selected_at_once_is_the_round_selected_step_by_step(
+    sizes, owner, batch_size
+):
+    for seed in range(4):
+        counts = np.random.default_rng(seed).integers(1, 40, size=12)
+        by_step, at_once = (_table_run(sizes, owner, batch_size, seed) for _ in range(2))
+        step, taken = 0, 0
+        for count in counts.tolist():
+            expected = [by_step.select(step + i) for i in range(count)]
+            ctx = at_once._context(step, None)
+            direct = at_once.strategy.select_round(ctx, count)
+            taken += direct is not None
+            got = direct if direct is not None else at_once.select_round(step, count)
+            assert [[s.train.tolist() for s in sel] for sel in got] == [
+                [s.train.tolist() for s in sel] for sel in expected
+            ]
+            assert all(s.weights is None and s.score.size == 0 for sel in got for s in sel)
+            step += count
+            assert at_once.rng.bit_generator.state == by_step.rng.bit_generator.state
+            for key in ("pos", "epochs"):
+                assert at_once.state.get(key) == by_step.state.get(key)
+            assert at_once.state["perm"].keys() == by_step.state["perm"].keys()
+            for slot, perm in by_step.state["perm"].items():
+                np.testing.assert_array_equal(at_once.state["perm"][slot], perm)
+        assert taken >= len(counts) - 1  # all rounds but the first (no walk under way yet)
+
+
+def test_a_round_of_slots_smaller_than_a_batch_is_selected_step_by_step():
+    tr = _table_run([3, 10], [0, 1], 4, 0)
+    tr.select(0)  # the walks are under way
+    assert tr.strategy.select_round(tr._context(1, None), 5) is None
+    assert len(tr.select_round(1, 5)) == 5

@@ -186,6 +186,16 @@ class Strategy(abc.ABC):
     def select(self, ctx: SelectContext) -> list[Selection]:
         """One :class:`Selection` per worker slot of ``ctx.groups``."""
 
+    def select_round(self, ctx: SelectContext, count: int) -> list[list[Selection]] | None:
+        """The selections of ``count`` steps from ``ctx.step`` at once, or None.
+
+        An optional shortcut for a round of local steps: it must give what
+        :meth:`select` gives step by step (and leave the same random state
+        and strategy state). ``None`` (the default): the table calls
+        :meth:`select` once a step.
+        """
+        return None
+
     def compute(self, replica: Replica, batch: Batch) -> Computed:
         """Gradient of the train rows; losses of all rows as priorities."""
         n, rows = batch.n_train, batch.x.shape[0]
@@ -301,6 +311,47 @@ def epoch_batches(ctx: SelectContext, slot: int, size: int) -> np.ndarray:
         out.append(walk_next(ctx, slot, take))
         take -= out[-1].size
     return np.sort(np.concatenate(out)) if out else _EMPTY
+
+
+def epoch_rounds(ctx: SelectContext, size: int, count: int) -> list[np.ndarray] | None:
+    """:func:`epoch_batches` for ``count`` steps of every slot at once, or None.
+
+    One ``(count, size)`` array per slot (rows sorted), the steps'
+    :func:`epoch_batches` in order, drawn from the same random stream: a
+    slot's new permutations are drawn in the order the steps would draw
+    them (by step, then slot). ``None`` where a step would take fewer than
+    ``size`` (a slot smaller than a batch) or a slot's walk is not under way
+    (its first pass, or its samples changed): then step by step.
+    """
+    perms = ctx.state.get("perm", {})
+    pos = ctx.state.get("pos", {})
+    total = size * count
+    events = []  # (step, slot): where a slot's walk begins a pass
+    for slot, group in enumerate(ctx.groups):
+        perm = perms.get(slot)
+        if size < 1 or group.size < size or perm is None or perm.size != group.size:
+            return None
+        # offsets into the round's draws of the slot where a pass begins
+        starts = np.arange(perm.size - pos[slot], total, group.size)
+        events += [(int(o) // size, slot) for o in starts]
+    fresh: dict[int, list[np.ndarray]] = {slot: [] for slot in range(len(ctx.groups))}
+    epochs = ctx.state.setdefault("epochs", {})
+    for _, slot in sorted(events):
+        fresh[slot].append(ctx.rng.permutation(ctx.groups[slot].size))
+        epochs[slot] = epochs.get(slot, 0) + 1
+    out = []
+    for slot, group in enumerate(ctx.groups):
+        perm, start = perms[slot], pos[slot]
+        walk = np.concatenate([perm[start:], *fresh[slot]])[:total]
+        if fresh[slot]:
+            perms[slot] = fresh[slot][-1]
+            pos[slot] = total - (perm.size - start) - (len(fresh[slot]) - 1) * group.size
+        else:
+            pos[slot] = start + total
+        batches = group[walk].reshape(count, size)
+        batches.sort(axis=1)
+        out.append(batches)
+    return out
 
 
 def walk_next(ctx: SelectContext, slot: int, size: int) -> np.ndarray:

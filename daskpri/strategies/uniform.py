@@ -8,6 +8,7 @@ from daskpri.strategies.base import (
     Strategy,
     check_positive_int,
     epoch_batches,
+    epoch_rounds,
 )
 
 
@@ -38,3 +39,9 @@ class Uniform(Strategy):
     def select(self, ctx: SelectContext) -> list[Selection]:
         size = self.batch_size or ctx.batch_size
         return [Selection(train=epoch_batches(ctx, s, size)) for s in range(len(ctx.groups))]
+
+    def select_round(self, ctx: SelectContext, count: int) -> list[list[Selection]] | None:
+        batches = epoch_rounds(ctx, self.batch_size or ctx.batch_size, count)
+        if batches is None:
+            return None
+        return [[Selection(train=b[i]) for b in batches] for i in range(count)]

@@ -71,7 +71,20 @@ class TableRun:
         self.groups = [self.table.indices_of(np.flatnonzero(owner == s)) for s in range(n_slots)]
 
     def select(self, step: int, inflight: np.ndarray | None = None) -> list[Selection]:
-        ctx = SelectContext(
+        return self.strategy.select(self._context(step, inflight))
+
+    def select_round(
+        self, step: int, count: int, inflight: np.ndarray | None = None
+    ) -> list[list[Selection]]:
+        """The selections of steps ``step .. step + count - 1``: at once where the strategy can."""
+        if count > 1:
+            rounds = self.strategy.select_round(self._context(step, inflight), count)
+            if rounds is not None:
+                return rounds
+        return [self.select(step + i, inflight) for i in range(count)]
+
+    def _context(self, step: int, inflight: np.ndarray | None) -> SelectContext:
+        return SelectContext(
             table=self.table,
             groups=self.groups,
             owner=self.owner,
@@ -81,7 +94,6 @@ class TableRun:
             state=self.state,
             inflight=inflight,
         )
-        return self.strategy.select(ctx)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -220,7 +232,7 @@ class TablePlugin(SchedulerPlugin):
         try:
             if checked and (tr.inflight is None or not tr.strategy.selects_ahead):
                 raise NotAhead("the round in flight is not known, or not checked")
-            rounds = [tr.select(step + i, tr.inflight if checked else None) for i in range(count)]
+            rounds = tr.select_round(step, count, tr.inflight if checked else None)
         except NotAhead:
             self._unselect(run)
             tr.ahead_declined += 1
