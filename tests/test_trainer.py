@@ -109,6 +109,10 @@ def test_bad_input_gives_clear_errors(gpu_client, small_data):
         daskpri.Trainer(model, client=gpu_client, batch_size=0)
     with pytest.raises(TypeError, match="model should be a torch.nn.Module"):
         daskpri.Trainer("mlp", client=gpu_client)  # type: ignore[arg-type]
+    # a fit argument given to the Trainer lands among the strategy's options
+    with pytest.raises(ValueError, match=r"Trainer got progress: neither a Trainer argument nor "
+                       r"an option of strategy 'loss' \(epsilon, renew, "):
+        daskpri.Trainer(model, strategy="loss", client=gpu_client, progress=False)
 
     def attempt(data, match, exc=ValueError, **kw):
         t = daskpri.Trainer(kw.pop("model", model), client=gpu_client, **kw)

@@ -39,7 +39,17 @@ for _cls in (Uniform, Projection, Length, Loss, SelectiveBackprop, UpperBound, I
     register_strategy(_cls)
 
 
-def check_strategy_options(strategy: str, options: Mapping[str, Any]) -> None:
+def strategy_option_names(strategy: str) -> list[str] | None:
+    """The options of registered strategy ``strategy`` (None: it takes any keyword)."""
+    params = inspect.signature(STRATEGIES[strategy]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_strategy_options(
+    strategy: str, options: Mapping[str, Any], *, given_as: str = "--strategy-option"
+) -> None:
     """Name the options ``strategy`` takes when ``options`` holds others.
 
     Checked before any cluster starts (the CLI's ``--strategy-option``).
@@ -52,20 +62,29 @@ def check_strategy_options(strategy: str, options: Mapping[str, Any]) -> None:
     ...
     ValueError: strategy 'loss' takes the options epsilon, renew, ..., but got --strategy-option eps
     """
-    params = inspect.signature(STRATEGIES[strategy]).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
+    allowed = strategy_option_names(strategy)
+    if allowed is None:
         return
-    allowed = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(
             f"strategy {strategy!r} takes the options {', '.join(allowed) or 'none'}, "
-            f"but got --strategy-option {', '.join(unknown)}"
+            f"but got {given_as} {', '.join(unknown)}"
         )
 
 
 def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
-    """A strategy object from a registered name (with ``options``) or as given."""
+    """A strategy object from a registered name (with ``options``) or as given.
+
+    Examples
+    --------
+    >>> get_strategy("uniform", batch_size=32)
+    Uniform(batch_size=32)
+    >>> get_strategy("uniform", progress=False)
+    Traceback (most recent call last):
+    ...
+    ValueError: strategy 'uniform' takes the options batch_size, but got the option progress
+    """
     if isinstance(strategy, Strategy):
         if options:
             raise ValueError(
@@ -76,6 +95,7 @@ def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         allowed = ", ".join(repr(s) for s in STRATEGIES)
         raise ValueError(f"strategy should be one of {allowed}, but got {strategy!r}")
+    check_strategy_options(strategy, options, given_as="the option")
     return STRATEGIES[strategy](**options)
 
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from daskpri import _config
 from daskpri.models import from_spec
-from daskpri.strategies import Strategy, get_strategy
+from daskpri.strategies import STRATEGIES, Strategy, get_strategy, strategy_option_names
 from daskpri.table.plugin import RemoteTable
 from daskpri.table.staleness import validate_staleness
 from daskpri.training import checkpoint
@@ -200,6 +200,15 @@ class Trainer(RunMixin):
     ) -> None:
         check_types(model, client)
         self.model = model
+        if isinstance(strategy, str) and strategy in STRATEGIES:
+            # a misspelled Trainer argument lands among the strategy's options
+            allowed = strategy_option_names(strategy)
+            unknown = sorted(set(strategy_options) - set(allowed or strategy_options))
+            if unknown:
+                raise ValueError(
+                    f"Trainer got {', '.join(unknown)}: neither a Trainer argument nor an "
+                    f"option of strategy {strategy!r} ({', '.join(allowed or ()) or 'none'})"
+                )
         self.strategy = get_strategy(strategy, **strategy_options)
         self.seed = check_int("seed", seed, minimum=0)
         self.n_workers = (
