@@ -51,7 +51,7 @@ class TableRun:
     last_step: int = -1
     selection_seconds: float = 0.0
     #: the selection state before the last selection made ahead (``undo=True``)
-    undo: tuple[dict[str, Any], dict[str, Any], int, np.ndarray | None, int] | None = None
+    undo: tuple[dict[str, Any], dict[str, Any], int, np.ndarray | None] | None = None
     #: mask of the samples of the last round selected: the round in flight
     #: while the next is selected ahead (``None``: not known)
     inflight: np.ndarray | None = None
@@ -226,7 +226,7 @@ class TablePlugin(SchedulerPlugin):
         tr.undo = None
         if undo:
             tr.undo = (copy.deepcopy(dict(tr.rng.bit_generator.state)), copy.deepcopy(tr.state),
-                       tr.last_step, tr.inflight, step)
+                       tr.last_step, tr.inflight)
         checked = undo and tr.strategy.reads_table
         t0 = time.perf_counter()
         try:
@@ -245,20 +245,12 @@ class TablePlugin(SchedulerPlugin):
         n_slots = len(rounds[0]) if rounds else 0
         return [_pack_round([selections[slot] for selections in rounds]) for slot in range(n_slots)]
 
-    def _unselect(self, run: str, keep: int = 0) -> None:
-        """Take back the last selection made with ``undo`` (rounds selected ahead, unused).
-
-        ``keep``: its first ``keep`` steps were used, and stay selected (they
-        are selected again from the state before; only for a strategy that
-        does not read the table, whose selection that state decides).
-        """
+    def _unselect(self, run: str) -> None:
+        """Take back the last selection made with ``undo`` (a round selected ahead, unused)."""
         tr = self._run(run)
         if tr.undo is not None:
-            tr.rng.bit_generator.state, tr.state, tr.last_step, tr.inflight, step = tr.undo
+            tr.rng.bit_generator.state, tr.state, tr.last_step, tr.inflight = tr.undo
             tr.undo = None
-            if keep > 0:
-                tr.select_round(step, keep)
-                tr.last_step = step + keep - 1
 
     def _update(self, run: str, updates: list, metrics: list | dict | None = None) -> None:
         self._apply(self._run(run), updates, metrics)
@@ -401,9 +393,9 @@ class RemoteTable:
             "count": count,
         }
 
-    def unselect(self, keep: int = 0) -> None:
-        """Take back the selection of the last :meth:`step_ahead`, but its first ``keep`` steps."""
-        self._call("unselect", run=self.run, keep=keep)
+    def unselect(self) -> None:
+        """Take back the selection of the last :meth:`step_ahead`."""
+        self._call("unselect", run=self.run)
 
     def update(
         self,

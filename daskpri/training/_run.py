@@ -45,11 +45,6 @@ from daskpri.training.rounds import combine, crossed, fresh_priorities, nonfinit
 from daskpri.training.schedule import scheduled_rate
 from daskpri.training.transport import StepTimeout
 
-#: rounds of a strategy that does not read the table are selected ahead at
-#: least this many steps at a time (whole rounds): one call to the scheduler
-#: for many synchronous steps, where a call costs more than a step
-AHEAD_STEPS = 32
-
 
 class RunMixin:
     """The run in the cluster and its steps, for :class:`~daskpri.training.trainer.Trainer`."""
@@ -85,11 +80,8 @@ class RunMixin:
     _opt: torch.optim.Optimizer | None
     _mean_grad: torch.Tensor | None
     _pending: list[tuple[np.ndarray, np.ndarray, int]]
-    #: (first step, steps, answer) of the next round (or rounds), selected ahead
+    #: (first step, steps, answer) of the next round, selected ahead
     _prefetched: tuple[int, int, Ahead] | None
-    #: [first step, steps taken, selections of each step] of rounds selected
-    #: ahead together and not all taken yet
-    _selected: list[Any] | None
     _kept: tuple[str, str] | None
     _prefetch_rounds: bool
     _keep_state: bool
@@ -374,54 +366,25 @@ class RunMixin:
             or not self._prefetch_rounds
             or self._stop_requested
             or (self.checkpoint_every and crossed(self.step_, step, self.checkpoint_every))
-            or self._selected is not None  # selected already (or to be taken back first)
         ):
             return
-        steps = count
-        if not self.strategy.reads_table:
-            # Several rounds in one call (one message less per round for short
-            # rounds), none past the limit or the next checkpoint
-            steps = count * max(1, AHEAD_STEPS // count)
-            if limit is not None:
-                steps = min(steps, limit)
-            if self.checkpoint_every:
-                due = (step // self.checkpoint_every + 1) * self.checkpoint_every
-                steps = min(steps, -(-(due - step) // count) * count)
-        ahead = self._remote.step_ahead(step, self._pending, self._new_metrics(), steps)
-        self._prefetched = (step, steps, ahead)
+        ahead = self._remote.step_ahead(step, self._pending, self._new_metrics(), count)
+        self._prefetched = (step, count, ahead)
         self._pending = []
 
     def _take_prefetched(self, step: int, count: int) -> list[list[Selection]] | None:
-        """The round from ``step`` of ``count`` steps, if it was selected ahead."""
-        if self._selected is not None:
-            first, taken, rounds = self._selected
-            if first + taken != step or taken + count > len(rounds):
-                self._drop_prefetched()
-                return None
-            self._selected[1] = taken + count
-            if taken + count == len(rounds):
-                self._selected = None
-            return rounds[taken : taken + count]
+        """The round selected ahead, if it is the round from ``step`` of ``count`` steps."""
         if self._prefetched is None:
             return None
-        first, steps, ahead = self._prefetched
-        if first != step or steps < count:
+        if self._prefetched[:2] != (step, count):
             self._drop_prefetched()
             return None
+        ahead = self._prefetched[2]
         self._prefetched = None
-        rounds = ahead.result(timeout=dask_timeout())
-        if rounds is not None and steps > count:
-            self._selected = [first, count, rounds]
-            rounds = rounds[:count]
-        return rounds
+        return ahead.result(timeout=dask_timeout())
 
     def _drop_prefetched(self) -> None:
-        """Take back rounds selected ahead and not run: the table selects as if they never were."""
-        if self._selected is not None:
-            taken = self._selected[1]
-            self._selected = None
-            self._remote.unselect(keep=taken)
-            return
+        """Take back a round selected ahead and not run: the table selects as if it never was."""
         if self._prefetched is None:
             return
         ahead = self._prefetched[2]

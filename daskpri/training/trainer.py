@@ -260,7 +260,6 @@ class Trainer(RunMixin):
         # a plain flag: set from a signal handler, where a lock could deadlock
         self._stop_requested = False
         self._prefetched = None
-        self._selected = None
         self._metrics_sent = 0
         self._fit_thread: int | None = None  # the thread running a fit, if one does
         # (worker, name) of the state that a lone worker kept after the last
