@@ -327,10 +327,8 @@ class Shares:
         bounds: np.ndarray,
     ) -> Shares:
         """Pack one slot's :class:`~daskpri.strategies.Selection` of each step."""
-        if any(s.score.size for s in selections):
-            parts = [np.concatenate([s.train, s.score]) for s in selections]
-        else:  # train rows only, as most steps of most strategies
-            parts = [s.train for s in selections]
+        parts = [np.concatenate([s.train, s.score]) if s.score.size else s.train
+                 for s in selections]
         sizes = np.array([p.size for p in parts], dtype=np.int64)
         n_train = np.array([s.train.size for s in selections], dtype=np.int64)
         weights = [np.asarray(s.weights, float) for s in selections if s.weights is not None]

@@ -39,12 +39,16 @@ for _cls in (Uniform, Projection, Length, Loss, SelectiveBackprop, UpperBound, I
     register_strategy(_cls)
 
 
-def strategy_option_names(strategy: str) -> list[str] | None:
-    """The options of registered strategy ``strategy`` (None: it takes any keyword)."""
+def unknown_options(strategy: str, options: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The options registered strategy ``strategy`` takes, and those of ``options`` it does not.
+
+    A strategy that takes any keyword (``**options``) takes them all.
+    """
     params = inspect.signature(STRATEGIES[strategy]).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return list(options), []
+    allowed = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return allowed, sorted(set(options) - set(allowed))
 
 
 def check_strategy_options(
@@ -62,10 +66,7 @@ def check_strategy_options(
     ...
     ValueError: strategy 'loss' takes the options epsilon, renew, ..., but got --strategy-option eps
     """
-    allowed = strategy_option_names(strategy)
-    if allowed is None:
-        return
-    unknown = sorted(set(options) - set(allowed))
+    allowed, unknown = unknown_options(strategy, options)
     if unknown:
         raise ValueError(
             f"strategy {strategy!r} takes the options {', '.join(allowed) or 'none'}, "

@@ -36,7 +36,7 @@ from torch import nn
 
 from daskpri import _config
 from daskpri.models import from_spec
-from daskpri.strategies import STRATEGIES, Strategy, get_strategy, strategy_option_names
+from daskpri.strategies import STRATEGIES, Strategy, get_strategy, unknown_options
 from daskpri.table.plugin import RemoteTable
 from daskpri.table.staleness import validate_staleness
 from daskpri.training import checkpoint
@@ -202,12 +202,11 @@ class Trainer(RunMixin):
         self.model = model
         if isinstance(strategy, str) and strategy in STRATEGIES:
             # a misspelled Trainer argument lands among the strategy's options
-            allowed = strategy_option_names(strategy)
-            unknown = sorted(set(strategy_options) - set(allowed or strategy_options))
+            allowed, unknown = unknown_options(strategy, strategy_options)
             if unknown:
                 raise ValueError(
                     f"Trainer got {', '.join(unknown)}: neither a Trainer argument nor an "
-                    f"option of strategy {strategy!r} ({', '.join(allowed or ()) or 'none'})"
+                    f"option of strategy {strategy!r} ({', '.join(allowed) or 'none'})"
                 )
         self.strategy = get_strategy(strategy, **strategy_options)
         self.seed = check_int("seed", seed, minimum=0)
