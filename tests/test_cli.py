@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -114,6 +115,37 @@ def test_one_torch_thread_holds_for_the_block_and_is_undone_even_on_error() -> N
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+def _worker_settings(dask_worker: Any) -> dict[str, Any]:
+    import dask.config
+
+    return {
+        "malloc": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        "tick": dask_worker._tick_interval,
+        "profile": dask.config.get("distributed.worker.profile.interval"),
+    }
+
+
+def test_own_local_cluster_starts_under_daskpri_settings_which_a_user_can_drop() -> None:
+    import dask.config
+    from distributed import Client
+
+    from daskpri.training.cluster import local_cluster
+
+    with local_cluster(1) as cluster, Client(cluster) as client:
+        [got] = client.run(_worker_settings).values()
+        assert cluster.scheduler._tick_interval == 0.5
+    assert got == {"malloc": None, "tick": 0.5, "profile": "100ms"}
+    # {} keeps Dask's own, nannies' MALLOC_TRIM_THRESHOLD_ included
+    with dask.config.set({"daskpri.local-cluster": {}}):
+        with local_cluster(1) as cluster, Client(cluster) as client:
+            [got] = client.run(_worker_settings).values()
+            assert cluster.scheduler._tick_interval == 0.02
+    assert got == {"malloc": "65536", "tick": 0.02, "profile": "10ms"}
+    with dask.config.set({"daskpri.local-cluster": "fast"}):
+        with pytest.raises(ValueError, match="should be a mapping of Dask settings.*'fast'"):
+            local_cluster(1)
+
 
 
 @pytest.mark.parametrize("name", ["run.nc", "run.zarr"])
