@@ -177,6 +177,49 @@ def test_a_rounds_digest_is_the_crc_of_its_selections_in_order():
     assert digest([]) == 0.0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_round_read_packed_gives_the_shares_and_digest_of_its_selections(seed):
+    """The driver's packed path (Round.slot_arrays, Shares.concat, Round.digest)
+    against building a Selection per step and packing those."""
+    import msgpack
+
+    from daskpri.table.plugin import Round, _pack_round
+    from daskpri.training.rounds import digest
+
+    rng = np.random.default_rng(seed)
+    n_steps, n_slots = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+    scored, weighted, extras = rng.random(3) < 0.5  # some rounds have none of each
+
+    def selection() -> Selection:
+        n = int(rng.integers(0, 5))
+        return Selection(
+            train=rng.integers(0, 30, n),
+            score=rng.integers(0, 30, int(rng.integers(0, 3))) if scored else np.empty(0, int),
+            weights=rng.random(n) if weighted and rng.random() < 0.7 else None,
+            extra={"x": rng.random(2)} if extras else {},
+        )
+
+    steps = [[selection() for _ in range(n_slots)] for _ in range(n_steps)]
+    wire = [msgpack.unpackb(msgpack.packb(_pack_round([step[s] for step in steps]),
+                                          use_bin_type=True)) for s in range(n_slots)]
+    rnd = Round(wire)
+    assert (len(rnd), rnd.n_slots) == (n_steps, n_slots)
+    assert rnd.digest() == digest([sel for step in steps for sel in step])
+    bounds = np.array([0, 10, 20, 30])
+    for s in range(n_slots):
+        packed = Shares.concat(**rnd.slot_arrays(s), seed=(1, 2, s), bounds=bounds)
+        built = Shares.pack([step[s] for step in steps], (1, 2, s), bounds)
+        for name in ("indices", "splits", "n_train", "weights", "weighted"):
+            assert np.array_equal(getattr(packed, name), getattr(built, name)), name
+        assert packed.partitions().tolist() == np.unique(packed.indices // 10).tolist()
+        for i, step in enumerate(steps):
+            share, sel = packed.share(i), step[s]
+            assert share.indices.tolist() == [*sel.train.tolist(), *sel.score.tolist()]
+            assert (share.weights is None) == (sel.weights is None)
+            assert share.extra.keys() == sel.extra.keys()
+            assert [x.train.tolist() for x in rnd[i]] == [x.train.tolist() for x in step]
+
+
 def _ahead_counts(client, run: str) -> tuple[int, int]:
     """Rounds of ``run`` selected ahead by a strategy that reads the table: taken, declined."""
 

@@ -313,6 +313,7 @@ class Shares:
     weights: np.ndarray
     #: which steps carry weights
     weighted: np.ndarray
+    #: each step's extras, or ``[]`` where no step has any
     extra: list[dict[str, np.ndarray]]
     #: (run seed, first step, slot): step ``i`` is seeded (seed, first + i, slot)
     seed: tuple[int, int, int]
@@ -327,20 +328,65 @@ class Shares:
         bounds: np.ndarray,
     ) -> Shares:
         """Pack one slot's :class:`~daskpri.strategies.Selection` of each step."""
-        parts = [np.concatenate([s.train, s.score]) if s.score.size else s.train
-                 for s in selections]
-        sizes = np.array([p.size for p in parts], dtype=np.int64)
-        n_train = np.array([s.train.size for s in selections], dtype=np.int64)
-        weights = [np.asarray(s.weights, float) for s in selections if s.weights is not None]
-        return cls(
-            indices=np.concatenate(parts).astype(np.int64, copy=False)
-            if parts
-            else np.empty(0, dtype=np.int64),
-            splits=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-            n_train=n_train,
-            weights=np.concatenate(weights) if weights else np.empty(0),
+        weights = [s.weights for s in selections if s.weights is not None]
+        return cls.concat(
+            train=_cat([s.train for s in selections], np.int64),
+            n_train=np.array([s.train.size for s in selections], dtype=np.int64),
+            score=_cat([s.score for s in selections], np.int64),
+            n_score=np.array([s.score.size for s in selections], dtype=np.int64),
+            weights=_cat(weights, np.float64),
             weighted=np.array([s.weights is not None for s in selections], dtype=bool),
-            extra=[s.extra for s in selections],
+            extra=[s.extra for s in selections] if any(s.extra for s in selections) else [],
+            seed=seed,
+            bounds=bounds,
+        )
+
+    @classmethod
+    def concat(
+        cls,
+        *,
+        train: np.ndarray,
+        n_train: np.ndarray,
+        score: np.ndarray,
+        n_score: np.ndarray,
+        weights: np.ndarray,
+        weighted: np.ndarray,
+        extra: list[dict[str, np.ndarray]],
+        seed: tuple[int, int, int],
+        bounds: np.ndarray,
+    ) -> Shares:
+        """From a slot's steps as the table packs them: every step's train rows
+        concatenated (``n_train`` of each), its scored rows likewise, the
+        weighted steps' weights concatenated, and the steps' extras (``[]``:
+        none has any). No Python loop over the steps.
+
+        Examples
+        --------
+        >>> s = Shares.concat(train=np.array([1, 2, 3]), n_train=np.array([2, 1]),
+        ...     score=np.array([7]), n_score=np.array([0, 1]), weights=np.empty(0),
+        ...     weighted=np.zeros(2, bool), extra=[], seed=(0, 0, 0), bounds=np.array([0, 10]))
+        >>> s.indices.tolist(), s.splits.tolist()
+        ([1, 2, 3, 7], [0, 2, 4])
+        """
+        n_train = np.asarray(n_train, dtype=np.int64)
+        n_score = np.asarray(n_score, dtype=np.int64)
+        sizes = n_train + n_score
+        splits = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        if not n_score.any():
+            indices = np.asarray(train, dtype=np.int64)
+        else:  # each step's train rows, then its scored rows
+            indices = np.empty(int(splits[-1]), dtype=np.int64)
+            t0 = np.concatenate([[0], np.cumsum(n_train)[:-1]])
+            s0 = np.concatenate([[0], np.cumsum(n_score)[:-1]])
+            indices[np.arange(train.size) + np.repeat(splits[:-1] - t0, n_train)] = train
+            indices[np.arange(score.size) + np.repeat(splits[:-1] + n_train - s0, n_score)] = score
+        return cls(
+            indices=indices,
+            splits=splits,
+            n_train=n_train,
+            weights=np.asarray(weights, dtype=float),
+            weighted=np.asarray(weighted, dtype=bool),
+            extra=list(extra),
             seed=seed,
             bounds=np.asarray(bounds, dtype=np.int64),
         )
@@ -349,8 +395,10 @@ class Shares:
         return int(self.n_train.size)
 
     def partitions(self) -> np.ndarray:
-        """The partitions that the round touches."""
-        return np.unique(np.searchsorted(self.bounds, self.indices, side="right") - 1)
+        """The partitions that the round touches, in order."""
+        touched = np.zeros(max(self.bounds.size - 1, 0), dtype=bool)
+        touched[np.searchsorted(self.bounds, self.indices, side="right") - 1] = True
+        return np.flatnonzero(touched)
 
     def locate(self) -> tuple[np.ndarray, np.ndarray]:
         """(partition, row within it) of every sample of the round."""
@@ -372,7 +420,7 @@ class Shares:
             n_train=n,
             weights=self.weights[w0 : w0 + n] if self.weighted[i] else None,
             indices=self.indices[a:b],
-            extra=self.extra[i],
+            extra=self.extra[i] if self.extra else {},
             seed=(self.seed[0], self.seed[1] + i, self.seed[2]),
         )
 
@@ -670,3 +718,7 @@ def _copied(tree: Any, device: str | None = None) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_copied(v, device) for v in tree)
     return tree
+
+
+def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)

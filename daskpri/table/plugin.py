@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import collections.abc
 import concurrent.futures
 import copy
 import logging
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -352,13 +354,14 @@ class RemoteTable:
         updates: list[tuple[np.ndarray, np.ndarray, int]],
         metrics: list[dict[str, Any]] | dict[str, Any] | None = None,
         count: int = 1,
-    ) -> list[list[Selection]]:
+    ) -> Round:
         """Apply ``updates``; the selections of ``count`` steps from ``step`` on.
 
-        One list per step, of one :class:`Selection` per worker slot.
+        One list per step, of one :class:`Selection` per worker slot (a
+        :class:`Round`, which also keeps them packed).
         """
         message = self._step_message(step, updates, metrics, count)
-        return _unpack_rounds(self._call("step", **message))
+        return Round(self._call("step", **message))
 
     def step_ahead(
         self,
@@ -443,20 +446,68 @@ class Ahead:
     def __init__(self, future: concurrent.futures.Future) -> None:
         self._future = future
 
-    def result(self, timeout: float | None = None) -> list[list[Selection]] | None:
+    def result(self, timeout: float | None = None) -> Round | None:
         """The selections, as :meth:`RemoteTable.step` returns them.
 
         ``None`` where the strategy needed priorities still in flight: the
         round is to be selected once they arrive.
         """
         out = self._future.result(timeout)
-        return None if out is None else _unpack_rounds(out)
+        return None if out is None else Round(out)
 
 
-def _unpack_rounds(out: list[dict[str, Any]]) -> list[list[Selection]]:
-    """One list per step of one :class:`Selection` per slot, from packed slots."""
-    slots = [_unpack_round(packed) for packed in out]
-    return [list(selections) for selections in zip(*slots, strict=True)] if slots else []
+class Round(collections.abc.Sequence):
+    """The selections of a round's steps, as the table packs them for each slot.
+
+    A sequence of steps, each a list of one :class:`Selection` per worker
+    slot (as :meth:`RemoteTable.step` documents), built when first indexed.
+    The driver's path between two rounds reads the packed arrays instead:
+    :meth:`slot_arrays` for the workers' shares and :meth:`digest`, without a
+    Python object per step (a round of 512 local steps on 2 workers would
+    build 1,024).
+    """
+
+    def __init__(self, packed: list[dict[str, Any]]) -> None:
+        self._slots: list[dict[str, Any]] = [
+            {key: (unpack(v) if key != "extra" else [unpack_tree(e) for e in v])
+             for key, v in slot.items()}
+            for slot in packed
+        ]
+        self._steps: list[list[Selection]] | None = None
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._slots)
+
+    def __len__(self) -> int:
+        return int(self._slots[0]["n_train"].size) if self._slots else 0
+
+    def __getitem__(self, i: Any) -> Any:
+        if self._steps is None:
+            slots = [_selections(arrays) for arrays in self._slots]
+            self._steps = [list(step) for step in zip(*slots, strict=True)]
+        return self._steps[i]
+
+    def slot_arrays(self, slot: int) -> dict[str, Any]:
+        """Slot ``slot``'s steps as concatenated arrays (the keys of :func:`_pack_round`)."""
+        return self._slots[slot]
+
+    def digest(self) -> float:
+        """:func:`~daskpri.training.rounds.digest` of the round's selections, step by step.
+
+        Each step's train rows of slot 0, then of slot 1, and so on: the
+        slots' concatenations interleaved, in one pass.
+        """
+        if not self._slots:
+            return 0.0
+        sizes = np.stack([a["n_train"] for a in self._slots], axis=1)  # step, slot
+        starts = np.cumsum(sizes.ravel()).reshape(sizes.shape) - sizes
+        out = np.empty(int(sizes.sum()), dtype=np.int64)
+        for slot, arrays in enumerate(self._slots):
+            n = sizes[:, slot]
+            own = np.cumsum(n) - n  # where each step starts in this slot's array
+            out[np.arange(int(n.sum())) + np.repeat(starts[:, slot] - own, n)] = arrays["train"]
+        return float(zlib.crc32(out.tobytes()))
 
 
 def _pack_round(selections: list[Selection]) -> dict[str, Any]:
@@ -482,14 +533,20 @@ def _pack_round(selections: list[Selection]) -> dict[str, Any]:
 
 def _unpack_round(packed: dict[str, Any]) -> list[Selection]:
     """Invert :func:`_pack_round` (each step's arrays are views of the round's)."""
-    n_train, n_score = unpack(packed["n_train"]), unpack(packed["n_score"])
+    return _selections({key: (unpack(v) if key != "extra" else [unpack_tree(e) for e in v])
+                        for key, v in packed.items()})
+
+
+def _selections(arrays: dict[str, Any]) -> list[Selection]:
+    """One :class:`Selection` a step from a slot's unpacked arrays."""
+    n_train, n_score = arrays["n_train"], arrays["n_score"]
     if not n_train.size:
         return []
-    trains = _split(unpack(packed["train"]), n_train)
-    scores = _split(unpack(packed["score"]), n_score)
-    weighted = unpack(packed["weighted"])
-    weights = iter(_split(unpack(packed["weights"]), n_train[weighted]))
-    extras = [unpack_tree(e) for e in packed["extra"]] or [{} for _ in range(n_train.size)]
+    trains = _split(arrays["train"], n_train)
+    scores = _split(arrays["score"], n_score)
+    weighted = arrays["weighted"]
+    weights = iter(_split(arrays["weights"], n_train[weighted]))
+    extras = arrays["extra"] or [{} for _ in range(n_train.size)]
     return [
         Selection(train=train, weights=next(weights) if w else None, score=score, extra=extra)
         for train, score, w, extra in zip(trains, scores, weighted, extras, strict=True)

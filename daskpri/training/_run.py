@@ -34,8 +34,8 @@ from daskpri._warnings import DaskpriWarning
 from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin, ReplicaStateLost, StepResult
-from daskpri.strategies import Selection, Strategy
-from daskpri.table.plugin import Ahead, RemoteTable
+from daskpri.strategies import Strategy
+from daskpri.table.plugin import Ahead, RemoteTable, Round
 from daskpri.training._checks import check_model, check_strategy_model
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
@@ -282,7 +282,7 @@ class RunMixin:
         self._elapsed += step_time
         return step_record(
             total,
-            [s for sel in rounds for s in sel],
+            rounds.digest(),
             step=self.step_ - 1,
             skipped=skipped,
             elapsed=self._elapsed,
@@ -296,7 +296,7 @@ class RunMixin:
     def _run_tasks(
         self,
         step: int,
-        rounds: list[list[Selection]],
+        rounds: Round,
         then: Callable[[], None] | None = None,
     ) -> list[StepResult]:
         """Each worker's share of a step (or round), as tasks or as direct RPCs.
@@ -372,7 +372,7 @@ class RunMixin:
         self._prefetched = (step, count, ahead)
         self._pending = []
 
-    def _take_prefetched(self, step: int, count: int) -> list[list[Selection]] | None:
+    def _take_prefetched(self, step: int, count: int) -> Round | None:
         """The round selected ahead, if it is the round from ``step`` of ``count`` steps."""
         if self._prefetched is None:
             return None

@@ -97,8 +97,9 @@ def cluster_config() -> dict[str, Any]:
     and compute on the workers' cores: with Dask's defaults an idle
     2-worker cluster spent 53-59 ms of CPU a second in the driver's event
     loop and 76-78 ms in its two workers, with these 11-13 ms and 13-14 ms
-    (``benchmarks/idle_cluster_cpu.py``, this project's 2-core machine). Nested mappings are flattened, so that setting one key
-    never replaces a whole section of Dask's config.
+    (``benchmarks/idle_cluster_cpu.py``, this project's 2-core machine).
+    Nested mappings are flattened, so that setting one key never replaces a
+    whole section of Dask's config.
 
     Examples
     --------

@@ -28,8 +28,8 @@ from daskpri.replicas.worker import (
     train_task,
     warmup_task,
 )
-from daskpri.strategies import Selection, Strategy
-from daskpri.table.plugin import RemoteTable
+from daskpri.strategies import Strategy
+from daskpri.table.plugin import RemoteTable, Round
 from daskpri.training.placement import eligible_workers, reassign_owners
 from daskpri.training.recovery import LOST, dask_timeout, is_lost, responsive, step_timeout
 from daskpri.training.transport import run_direct, wait_tasks
@@ -199,7 +199,7 @@ class Deployment:
     def run(
         self,
         weights: Weights,
-        rounds: list[list[Selection]],
+        rounds: Round,
         *,
         step: int,
         strategy: Strategy,
@@ -214,9 +214,9 @@ class Deployment:
         ``then`` is called once they are sent, while the workers compute.
         """
         args = []
-        for slot in range(len(rounds[0])):
-            shares = Shares.pack(
-                [selections[slot] for selections in rounds], (seed, step, slot), self.bounds
+        for slot in range(rounds.n_slots):
+            shares = Shares.concat(
+                **rounds.slot_arrays(slot), seed=(seed, step, slot), bounds=self.bounds
             )
             parts = {int(p): self.parts[int(p)] for p in shares.partitions()}
             args.append([strategy, shares, parts, local])

@@ -122,7 +122,7 @@ def fresh_priorities(
 
 def step_record(
     total: Combined,
-    selections: list[Selection],
+    selection_digest: float,
     *,
     step: int,
     skipped: bool,
@@ -145,7 +145,7 @@ def step_record(
     n_samples = sum(r.indices.size for r in results)
     return {
         "step": step,
-        "selection_digest": digest(selections),
+        "selection_digest": selection_digest,
         "skipped": float(skipped),
         "time": elapsed,
         "loss": total.loss_sum / max(n_loss, 1),
