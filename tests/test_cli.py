@@ -126,12 +126,16 @@ def _worker_settings(dask_worker: Any) -> dict[str, Any]:
     }
 
 
-def test_own_local_cluster_starts_under_daskpri_settings_which_a_user_can_drop() -> None:
+def test_own_local_cluster_starts_under_daskpri_settings_which_a_user_can_drop(
+    monkeypatch,
+) -> None:
     import dask.config
     from distributed import Client
 
     from daskpri.training.cluster import local_cluster
 
+    # as a LocalCluster with Dask's defaults leaves this process's environment
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
     with local_cluster(1) as cluster, Client(cluster) as client:
         [got] = client.run(_worker_settings).values()
         assert cluster.scheduler._tick_interval == 0.5

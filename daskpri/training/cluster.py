@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,7 +29,9 @@ def local_cluster(
     tls: dict[str, Any] = {}
     if security not in (None, False):
         tls = {"security": security, "protocol": "tls://"}
-    with dask.config.set(cluster_config()):
+    settings = cluster_config()
+    _unset_environ(settings)
+    with dask.config.set(settings):
         return LocalCluster(
             n_workers=n_workers,
             threads_per_worker=1,
@@ -115,6 +118,23 @@ def cluster_config() -> dict[str, Any]:
             f"{{'distributed.admin.tick.interval': '500ms'}}, but got {settings!r}"
         )
     return dict(_flatten(settings))
+
+
+_PRE_SPAWN = "distributed.nanny.pre-spawn-environ."
+
+
+def _unset_environ(settings: Mapping[str, Any]) -> None:
+    """Remove from this process's environment the variables ``settings`` unset.
+
+    Dask means ``None`` under ``distributed.nanny.pre-spawn-environ`` as "do
+    not set", but a nanny sets the others in its own process's environment
+    (``os.environ``), which every later worker process inherits: after any
+    LocalCluster with Dask's defaults in this process, workers would start
+    with ``MALLOC_TRIM_THRESHOLD_=65536`` whatever daskpri's setting says.
+    """
+    for key, value in settings.items():
+        if key.startswith(_PRE_SPAWN) and value is None:
+            os.environ.pop(key[len(_PRE_SPAWN):], None)
 
 
 def _flatten(settings: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
