@@ -355,10 +355,11 @@ class Shares:
         seed: tuple[int, int, int],
         bounds: np.ndarray,
     ) -> Shares:
-        """From a slot's steps as the table packs them: every step's train rows
-        concatenated (``n_train`` of each), its scored rows likewise, the
-        weighted steps' weights concatenated, and the steps' extras (``[]``:
-        none has any). No Python loop over the steps.
+        """Pack one slot's steps from the arrays the table sends, without a loop over them.
+
+        ``train``: every step's train rows, concatenated (``n_train`` of
+        each); ``score`` likewise; ``weights``: the weighted steps' weights,
+        concatenated; ``extra``: each step's extras, ``[]`` where none has any.
 
         Examples
         --------

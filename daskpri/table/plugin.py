@@ -468,11 +468,7 @@ class Round(collections.abc.Sequence):
     """
 
     def __init__(self, packed: list[dict[str, Any]]) -> None:
-        self._slots: list[dict[str, Any]] = [
-            {key: (unpack(v) if key != "extra" else [unpack_tree(e) for e in v])
-             for key, v in slot.items()}
-            for slot in packed
-        ]
+        self._slots = [_unpack_slot(slot) for slot in packed]
         self._steps: list[list[Selection]] | None = None
 
     @property
@@ -533,8 +529,13 @@ def _pack_round(selections: list[Selection]) -> dict[str, Any]:
 
 def _unpack_round(packed: dict[str, Any]) -> list[Selection]:
     """Invert :func:`_pack_round` (each step's arrays are views of the round's)."""
-    return _selections({key: (unpack(v) if key != "extra" else [unpack_tree(e) for e in v])
-                        for key, v in packed.items()})
+    return _selections(_unpack_slot(packed))
+
+
+def _unpack_slot(packed: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_pack_round`'s arrays unpacked, still concatenated."""
+    return {key: [unpack_tree(e) for e in v] if key == "extra" else unpack(v)
+            for key, v in packed.items()}
 
 
 def _selections(arrays: dict[str, Any]) -> list[Selection]:
