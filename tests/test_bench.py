@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from daskpri.bench import BenchConfig, count_runs, next_runs, pick_learning_rates, targets
 from daskpri.bench.analysis import (
@@ -414,6 +415,10 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     assert all(len(r["curve"]["time"]) == len(r["curve"]["accuracy"]) for r in doc["runs"])
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"]
     md = (out / "results.md").read_text()
+    # a seed's floats depend on the CPU's kernels: the report names them
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert doc["machine"]["torch_cpu_capability"] == capability
+    assert f"torch's CPU kernels {capability}; " in md
     assert "| selective-backprop |" in md
     assert "4 local steps per round trip" in md and "selective-backprop:fraction=0.25" in md
     sb = [r for r in doc["runs"] if r["spec"]["arm"]["label"] == "selective-backprop"]

@@ -107,8 +107,11 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
     if machine.get("command"):
         lines += [f"Command: `{machine['command']}`", ""]
     load = machine.get("load_average_start"), machine.get("load_average_end")
+    cpu = "".join(f"{v}; " for v in (machine.get("cpu"),) if v)
+    if machine.get("torch_cpu_capability"):
+        cpu += f"torch's CPU kernels {machine['torch_cpu_capability']}; "
     lines += [
-        f"Machine: {machine['cores']} cores ({machine['processor']}, {machine['platform']}), "
+        f"Machine: {machine['cores']} cores ({machine['processor']}; {cpu}{machine['platform']}), "
         f"CUDA {'yes' if machine.get('cuda') else 'no'}; Python {machine['python']}, "
         f"torch {machine['torch']}, dask {machine['dask']}, distributed "
         f"{machine['distributed']}. Load average (1/5/15 min) at start {load[0]}, at end "

@@ -45,6 +45,9 @@ def machine_info() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        # float results, so a seed's run, can differ between CPUs of one name
+        "cpu": _cpu_model(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
@@ -55,6 +58,25 @@ def machine_info() -> dict[str, Any]:
         "cuda": torch.cuda.is_available(),
         "load_average_start": _load(),
     }
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name, family and model (Linux's ``/proc/cpuinfo``), or ``None``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if not line.strip():
+            break  # the first processor's block
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" not in fields:
+        return None
+    family = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]
+    return ", ".join([fields["model name"], *family])
 
 
 def _load() -> list[float] | None:
