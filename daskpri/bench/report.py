@@ -107,7 +107,7 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
     if machine.get("command"):
         lines += [f"Command: `{machine['command']}`", ""]
     load = machine.get("load_average_start"), machine.get("load_average_end")
-    cpu = "".join(f"{v}; " for v in (machine.get("cpu"),) if v)
+    cpu = f"{machine['cpu']}; " if machine.get("cpu") else ""
     if machine.get("torch_cpu_capability"):
         cpu += f"torch's CPU kernels {machine['torch_cpu_capability']}; "
     lines += [
