@@ -29,7 +29,7 @@ from daskpri._wire import TensorsAsNumpy
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights
-from daskpri.strategies.base import Batch, Computed, Strategy
+from daskpri.strategies.base import Batch, Computed, Strategy, concat_selections
 
 
 class ReplicaStateLost(LookupError):
@@ -328,18 +328,7 @@ class Shares:
         bounds: np.ndarray,
     ) -> Shares:
         """Pack one slot's :class:`~daskpri.strategies.Selection` of each step."""
-        weights = [s.weights for s in selections if s.weights is not None]
-        return cls.concat(
-            train=_cat([s.train for s in selections], np.int64),
-            n_train=np.array([s.train.size for s in selections], dtype=np.int64),
-            score=_cat([s.score for s in selections], np.int64),
-            n_score=np.array([s.score.size for s in selections], dtype=np.int64),
-            weights=_cat(weights, np.float64),
-            weighted=np.array([s.weights is not None for s in selections], dtype=bool),
-            extra=[s.extra for s in selections] if any(s.extra for s in selections) else [],
-            seed=seed,
-            bounds=bounds,
-        )
+        return cls.concat(**concat_selections(selections), seed=seed, bounds=bounds)
 
     @classmethod
     def concat(
@@ -719,7 +708,3 @@ def _copied(tree: Any, device: str | None = None) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_copied(v, device) for v in tree)
     return tree
-
-
-def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)

@@ -52,6 +52,36 @@ class Selection:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+def concat_selections(selections: Sequence[Selection]) -> dict[str, Any]:
+    """One worker's selections of a round's steps as a few concatenated arrays.
+
+    ``train``: every step's train rows (``n_train`` of each); ``score`` and
+    ``n_score`` likewise; ``weights``: the weighted steps' weights
+    (``weighted`` marks them); ``extra``: each step's extras, ``[]`` where
+    none has any. The table sends a round so, and the workers' shares are
+    cut from it.
+
+    Examples
+    --------
+    >>> a = concat_selections([Selection(train=np.array([3, 1])), Selection(train=np.array([2]))])
+    >>> a["train"].tolist(), a["n_train"].tolist(), a["extra"]
+    ([3, 1, 2], [2, 1], [])
+    """
+    return {
+        "train": _cat([s.train for s in selections], np.int64),
+        "n_train": np.array([s.train.size for s in selections], dtype=np.int64),
+        "score": _cat([s.score for s in selections], np.int64),
+        "n_score": np.array([s.score.size for s in selections], dtype=np.int64),
+        "weighted": np.array([s.weights is not None for s in selections], dtype=bool),
+        "weights": _cat([s.weights for s in selections if s.weights is not None], np.float64),
+        "extra": [s.extra for s in selections] if any(s.extra for s in selections) else [],
+    }
+
+
+def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
+
+
 @dataclass
 class SelectContext:
     """What :meth:`Strategy.select` sees of the table and the cluster."""

@@ -29,7 +29,13 @@ from distributed import Client, Scheduler, SchedulerPlugin
 from distributed.protocol import pickle
 
 from daskpri._wire import pack, pack_tree, unpack, unpack_tree
-from daskpri.strategies.base import NotAhead, SelectContext, Selection, Strategy
+from daskpri.strategies.base import (
+    NotAhead,
+    SelectContext,
+    Selection,
+    Strategy,
+    concat_selections,
+)
 from daskpri.table.table import PriorityTable
 
 PLUGIN_NAME = "daskpri"
@@ -510,21 +516,11 @@ def _pack_round(selections: list[Selection]) -> dict[str, Any]:
     """One slot's selections of a round's steps, as a few concatenated arrays.
 
     A round of local steps selects hundreds of steps; an array each would
-    cost more to pack, send and unpack than selecting them.
+    cost more to pack, send and unpack than selecting them. Most rounds
+    carry no extras: then none travel, not an empty dict a step.
     """
-    weighted = [s.weights is not None for s in selections]
-    return {
-        "train": pack(_cat([s.train for s in selections], np.int64)),
-        "n_train": pack(np.array([s.train.size for s in selections], dtype=np.int64)),
-        "score": pack(_cat([s.score for s in selections], np.int64)),
-        "n_score": pack(np.array([s.score.size for s in selections], dtype=np.int64)),
-        "weighted": pack(np.array(weighted, dtype=bool)),
-        "weights": pack(_cat([s.weights for s in selections if s.weights is not None], np.float64)),
-        # most rounds carry no extras: then none travel, not an empty dict a step
-        "extra": [pack_tree(s.extra) for s in selections]
-        if any(s.extra for s in selections)
-        else [],
-    }
+    return {key: [pack_tree(e) for e in v] if key == "extra" else pack(v)
+            for key, v in concat_selections(selections).items()}
 
 
 def _unpack_round(packed: dict[str, Any]) -> list[Selection]:
@@ -568,7 +564,3 @@ def _mask(n_samples: int, rounds: list[list[Selection]]) -> np.ndarray:
             mask[s.train] = True
             mask[s.score] = True
     return mask
-
-
-def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
