@@ -38,6 +38,8 @@ from daskpri.cli import main
 UNIFORM = Arm("uniform", "uniform", 64, 64)
 LOSS = Arm("loss", "loss", 64, 64)
 SIZES = {"mnist1d": 16000}
+MACHINE = {"cores": 2, "processor": "x", "platform": "p", "python": "3", "torch": "t",
+           "dask": "d", "distributed": "d", "command": "daskpri bench"}
 
 
 def _record(
@@ -268,16 +270,35 @@ def test_scaling_and_overhead_runs_use_the_picked_learning_rate():
     later = [r.spec for r in records if r.spec.phase != "sweep"]
     assert {s.learning_rate for s in later} == {0.1}
     assert sorted({(s.phase, s.kind, s.n_workers) for s in later}) == [
-        ("overhead", "ddp", 2), ("overhead", "torch", 1), ("scaling", "daskpri", 1)
+        ("overhead", "daskpri", 1), ("overhead", "daskpri", 2), ("overhead", "ddp", 2),
+        ("overhead", "torch", 1), ("scaling", "daskpri", 1), ("scaling", "daskpri", 2),
     ]
     assert next_runs(cfg, SIZES, records) == []
 
 
-def test_overhead_adds_the_daskpri_runs_it_compares_with_when_missing():
-    cfg = _config(seeds=1, workers=(4,), ddp=True)
-    records = _simulate(cfg)
-    extra = {(s.kind, s.n_workers) for s in (r.spec for r in records) if s.phase == "overhead"}
-    assert extra == {("daskpri", 1), ("torch", 1), ("daskpri", 2), ("ddp", 2)}
+def test_scaling_runs_every_worker_count_side_by_side_reversing_the_order_each_seed():
+    cfg = _config(seeds=3, workers=(1, 2, 4), strategies=("uniform", "projection"))
+    specs = [r.spec for r in _simulate(cfg) if r.spec.phase == "scaling"]
+    # the equal-gradient baseline uniform@144 is for the sweep's comparison only
+    assert [(s.seed, s.n_workers, s.arm.label) for s in specs] == [
+        (seed, n, arm)
+        for seed, order in ((0, (1, 2, 4)), (1, (4, 2, 1)), (2, (1, 2, 4)))
+        for n in order
+        for arm in ("uniform", "projection")
+    ]
+    assert {s.budget for s in specs} == {cfg.budget}
+    # one worker count: nothing to scale against
+    assert not [r for r in _simulate(_config(workers=(2,))) if r.spec.phase == "scaling"]
+
+
+def test_overhead_pairs_each_baseline_with_a_daskpri_run_of_its_seed_and_budget():
+    cfg = _config(seeds=2, workers=(4,), ddp=True, baseline_budget=3.0)
+    specs = [r.spec for r in _simulate(cfg) if r.spec.phase == "overhead"]
+    assert [(s.seed, s.kind, s.n_workers) for s in specs] == [
+        (0, "daskpri", 1), (0, "torch", 1), (0, "daskpri", 2), (0, "ddp", 2),
+        (1, "torch", 1), (1, "daskpri", 1), (1, "ddp", 2), (1, "daskpri", 2),
+    ]
+    assert {s.budget for s in specs} == {3.0} and {s.arm.label for s in specs} == {"uniform"}
 
 
 def test_summary_compares_each_arm_with_uniform_and_with_uniform_of_equal_gradients():
@@ -306,13 +327,47 @@ def test_scaling_rows_give_throughput_and_time_efficiency():
     records = [
         _record(accuracy=[0.5, 1.0], times=[10.0, 40.0], n_workers=1, phase="scaling",
                 samples_per_step=64),
-        _record(accuracy=[0.5, 1.0], times=[10.0, 25.0], samples_per_step=128),
+        _record(accuracy=[0.5, 1.0], times=[10.0, 25.0], phase="scaling",
+                samples_per_step=128),
+        # the sweep's runs on 2 workers do not enter the scaling table
+        _record(accuracy=[0.5, 1.0], times=[10.0, 20.0], samples_per_step=512),
     ]
     summary = summarize(cfg, records, SIZES)
     two = next(r for r in summary["scaling"] if r["arm"] == "uniform" and r["n_workers"] == 2)
     assert two["time_efficiency"] == pytest.approx(40.0 / (2 * 25.0))
     # samples/s: 64*20/40 = 32 on 1 worker, 128*20/25 = 102.4 on 2
+    assert two["vs_n0"].median == pytest.approx(102.4 / 32)
     assert two["throughput_efficiency"] == pytest.approx(102.4 / (2 * 32))
+    assert two["samples_per_second"].median == pytest.approx(102.4)
+
+
+def test_scaling_and_overhead_ratios_pair_the_runs_of_each_seed():
+    # the machine slows down over the seeds (1 worker: 1000, 500, 250 samples/s) while
+    # 2 workers process 1.8x, 1.6x, 1.7x one: the ratio of the medians would say 1.6x
+    cfg = _config(seeds=3, workers=(1, 2), ddp=False)
+    records = [_record(accuracy=[0.5, 1.0])]  # the sweep: picks lr 0.05
+    for seed, (sps, two, ours) in enumerate([(1000, 1.8, 0.95), (500, 1.6, 0.8),
+                                             (250, 1.7, 0.9)]):
+        for n, factor in ((1, 1.0), (2, two)):
+            records.append(_record(accuracy=[0.5, 1.0], times=[1.0, 20.0], seed=seed,
+                                   n_workers=n, phase="scaling",
+                                   samples_per_step=round(sps * factor)))
+        for kind, factor in (("daskpri", ours), ("torch", 1.0)):
+            records.append(_record(accuracy=[0.5, 1.0], times=[1.0, 20.0], seed=seed,
+                                   kind=kind, n_workers=1, phase="overhead",
+                                   samples_per_step=round(sps * factor)))
+    records.append(_record(accuracy=[0.5, 1.0], seed=3, n_workers=1, phase="scaling"))
+    summary = summarize(cfg, records, SIZES)
+    two = next(r for r in summary["scaling"] if r["n_workers"] == 2)
+    assert (two["vs_n0"].median, two["vs_n0"].low, two["vs_n0"].high) == pytest.approx(
+        (1.7, 1.6, 1.8))
+    assert two["vs_n0"].n == 3  # seed 3 ran on 1 worker only: no pair
+    assert two["throughput_efficiency"] == pytest.approx(0.85)
+    (plain,) = summary["overhead"]  # daskpri: 0.95x, 0.8x, 0.9x; the medians' ratio 0.8x
+    ratio = plain["daskpri_over_baseline"]
+    assert (ratio.median, ratio.low, ratio.high) == pytest.approx((0.9, 0.8, 0.95))
+    md = render_markdown(cfg, MACHINE, summary, [])
+    assert "| 1.70 [1.60–1.80] | 0.85 |" in md and "| 0.90 [0.80–0.95] |" in md
 
 
 # -- records and report -----------------------------------------------------------------
@@ -333,14 +388,12 @@ def test_spreads_print_median_range_and_misses():
 def test_report_is_written_from_records_alone(tmp_path: Path):
     cfg = _config(seeds=2, workers=(1, 2), learning_rates=(0.05, 0.1), ddp=True)
     records = _simulate(cfg)
-    machine = {"cores": 2, "processor": "x", "platform": "p", "python": "3", "torch": "t",
-               "dask": "d", "distributed": "d", "command": "daskpri bench"}
-    summary = write_report(tmp_path, cfg, machine, SIZES, records)
+    summary = write_report(tmp_path, cfg, MACHINE, SIZES, records)
     doc = json.loads((tmp_path / "results.json").read_text())
     assert len(doc["runs"]) == len(records)
     assert doc["summary"]["time_to_target"]
     md = (tmp_path / "results.md").read_text()
-    assert md == render_markdown(cfg, machine, summary, ["accuracy_mnist1d_mlp.png",
+    assert md == render_markdown(cfg, MACHINE, summary, ["accuracy_mnist1d_mlp.png",
                                                          "speedup.png", "scaling.png"])
     assert "## Scaling" in md and "Learning-rate sweep" in md and "PyTorch DDP" in md
 

@@ -23,6 +23,7 @@ __all__ = [
     "Spread",
     "accuracy_at",
     "efficiency",
+    "paired_ratios",
     "speedup",
     "spread",
     "steps_to_target",
@@ -127,6 +128,33 @@ def spread(values: Iterable[float]) -> Spread:
         return Spread(math.nan, math.nan, math.nan, 0, 0)
     return Spread(float(np.median(arr)), float(arr.min()), float(arr.max()), int(arr.size),
                   int(np.isfinite(arr).sum()))
+
+
+def paired_ratios(numerators: Sequence[RunRecord], denominators: Sequence[RunRecord]) -> Spread:
+    """Samples/s of each seed's run in ``numerators`` over the same seed's in ``denominators``.
+
+    The protocol runs the two side by side for every seed, so the ratio of a
+    pair is not moved by drift between runs made far apart, as a ratio of
+    medians would be. Seeds missing from either side are left out.
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, Curve, RunSpec
+    >>> def run(seed, n, samples):
+    ...     spec = RunSpec("scaling", "daskpri", "d", "mlp", Arm("uniform", "uniform", 64, 64),
+    ...                    0.1, seed, n, 10.0)
+    ...     return RunRecord(spec, Curve([10.0], [1], [0.5], [1.0]), samples, samples, 11.0)
+    >>> two = [run(0, 2, 1800), run(1, 2, 1500), run(2, 2, 900)]
+    >>> one = [run(0, 1, 1000), run(1, 1, 1000)]
+    >>> paired_ratios(two, one)
+    Spread(median=1.65, low=1.5, high=1.8, n=2, reached=2)
+    """
+    by_seed = {r.spec.seed: samples_per_second(r) for r in denominators}
+    return spread(
+        samples_per_second(r) / by_seed[r.spec.seed]
+        for r in numerators
+        if by_seed.get(r.spec.seed, 0) > 0
+    )
 
 
 @dataclass(frozen=True)
@@ -273,20 +301,22 @@ def _scaling(config: BenchConfig, arms: Sequence[Any], records: Sequence[RunReco
         if "@" in arm.label:
             continue
         lr = picks.get((dm["dataset"], dm["model"], arm.label), math.nan)
-        base: dict[str, float] = {}
+        runs = {
+            n: _select(records, phase="scaling", dataset=dm["dataset"], model=dm["model"],
+                       label=arm.label, learning_rate=lr, n_workers=n)
+            for n in config.workers
+        }
+        t0 = spread(time_to_target(r.curve, target) for r in runs[n0]).median
         for n in config.workers:
-            runs = _select(records, kind="daskpri", dataset=dm["dataset"], model=dm["model"],
-                           label=arm.label, learning_rate=lr, n_workers=n)
-            sps = spread(samples_per_second(r) for r in runs)
-            tta = spread(time_to_target(r.curve, target) for r in runs)
-            if n == n0:
-                base = {"sps": sps.median, "tta": tta.median}
+            sps = spread(samples_per_second(r) for r in runs[n])
+            tta = spread(time_to_target(r.curve, target) for r in runs[n])
+            ratio = paired_ratios(runs[n], runs[n0])
             out["scaling"].append({
                 **dm, "arm": arm.label, "n_workers": n, "target": target,
-                "samples_per_second": sps, "seconds": tta,
-                "throughput_efficiency": efficiency(1 / base["sps"], 1 / sps.median, n0, n)
-                if base and sps.median > 0 else math.nan,
-                "time_efficiency": efficiency(base.get("tta", math.nan), tta.median, n0, n),
+                "samples_per_second": sps, "vs_n0": ratio,
+                "throughput_efficiency": ratio.median / (n / n0),
+                "seconds": tta,
+                "time_efficiency": efficiency(t0, tta.median, n0, n),
             })
 
 
@@ -301,14 +331,13 @@ def _overhead(config: BenchConfig, records: Sequence[RunRecord],
     for kind, n, name in pairs:
         theirs = _select(records, kind=kind, dataset=dm["dataset"], model=dm["model"],
                          learning_rate=lr, n_workers=n)
-        ours = _select(records, kind="daskpri", dataset=dm["dataset"], model=dm["model"],
-                       label="uniform", learning_rate=lr, n_workers=n)
-        a = spread(samples_per_second(r) for r in theirs)
-        b = spread(samples_per_second(r) for r in ours)
+        ours = _select(records, phase="overhead", kind="daskpri", dataset=dm["dataset"],
+                       model=dm["model"], label="uniform", learning_rate=lr, n_workers=n)
         out["overhead"].append({
             **dm, "baseline": name, "n_workers": n, "target": target,
-            "baseline_samples_per_second": a, "daskpri_samples_per_second": b,
-            "daskpri_over_baseline": b.median / a.median if a.median > 0 else math.nan,
+            "baseline_samples_per_second": spread(samples_per_second(r) for r in theirs),
+            "daskpri_samples_per_second": spread(samples_per_second(r) for r in ours),
+            "daskpri_over_baseline": paired_ratios(ours, theirs),
             "baseline_seconds": spread(time_to_target(r.curve, target) for r in theirs),
             "daskpri_seconds": spread(time_to_target(r.curve, target) for r in ours),
             "baseline_budget": theirs[0].spec.budget if theirs else math.nan,

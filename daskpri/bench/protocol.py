@@ -10,11 +10,19 @@ The protocol, in order:
    every arm (uniform, the uniform baselines of equal gradient budget, the
    strategies) at each learning rate, interleaved (A B A B ...), each for the
    same training-time budget.
-2. **scaling** — on the other worker counts, each arm except the
-   equal-gradient baselines at its chosen learning rate.
+2. **scaling** — each arm except the equal-gradient baselines at its chosen
+   learning rate, on every worker count side by side: for each seed the
+   worker counts in turn, in the opposite order on every other seed (1 2, 2 1,
+   1 2, ...), so that drift of a shared machine between two worker counts
+   cancels over seeds rather than entering their ratio.
 3. **overhead** — a plain single-process PyTorch loop (and PyTorch DDP on 2
-   processes) with uniform's learning rate, plus the daskpri uniform runs
-   they are compared with when the worker counts lack them.
+   processes) with uniform's learning rate, each next to the daskpri uniform
+   run of as many workers and the same budget that it is compared with, the
+   pair's order alternating over seeds like the worker counts'.
+
+The ratios of the scaling and overhead tables pair the runs of one seed,
+which ran minutes apart at most, rather than dividing medians of runs made
+in different phases.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -44,6 +53,8 @@ __all__ = [
 Picks = dict[tuple[str, str, str], float]
 
 DDP_PROCESSES = 2
+
+T = TypeVar("T")
 
 
 def group_sizes(n_samples: int, n_workers: int, partition_size: int) -> np.ndarray:
@@ -144,13 +155,20 @@ def _sweep(config: BenchConfig, sizes: Mapping[str, int]) -> list[RunSpec]:
     return out
 
 
+def _alternate(items: Sequence[T], seed: int) -> list[T]:
+    """``items`` in order on even seeds, reversed on odd ones (A B, B A, A B, ...)."""
+    return list(items) if seed % 2 == 0 else list(reversed(items))
+
+
 def _scaling(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> list[RunSpec]:
+    if len(config.workers) < 2:
+        return []
     out = []
     for dataset in config.datasets:
         for model in config.models:
             arms = [a for a in make_arms(config, sizes[dataset], model) if "@" not in a.label]
-            for n in config.workers[:-1]:
-                for seed in range(config.seeds):
+            for seed in range(config.seeds):
+                for n in _alternate(config.workers, seed):
                     for arm in arms:
                         lr = picks[(dataset, model, arm.label)]
                         out.append(
@@ -170,11 +188,9 @@ def _overhead(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> li
             for seed in range(config.seeds):
                 runs = [("torch", 1)] + ([("ddp", DDP_PROCESSES)] if config.ddp else [])
                 for kind, n in runs:
-                    if n not in config.workers:  # the daskpri run it is compared with
-                        out.append(RunSpec("overhead", "daskpri", dataset, model, uniform, lr,
-                                           seed, n, seconds))
-                    out.append(RunSpec("overhead", kind, dataset, model, uniform, lr, seed, n,
-                                       seconds))
+                    for k in _alternate(("daskpri", kind), seed):
+                        out.append(RunSpec("overhead", k, dataset, model, uniform, lr, seed, n,
+                                           seconds))
     return out
 
 
@@ -217,8 +233,8 @@ def count_runs(config: BenchConfig, sizes: Mapping[str, int]) -> int:
     --------
     >>> cfg = BenchConfig(strategies=("uniform", "loss"), models=("mlp",), seeds=1,
     ...                   workers=(1, 2), learning_rates=(0.05,), ddp=True)
-    >>> count_runs(cfg, {"mnist1d": 16000})  # 2 sweep + 2 scaling + torch + ddp
-    6
+    >>> count_runs(cfg, {"mnist1d": 16000})  # 2 sweep, 2 x 2 scaling, 2 + 2 overhead
+    10
     """
     picks: Picks = defaultdict(lambda: config.learning_rates[0])
     return sum(

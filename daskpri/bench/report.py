@@ -236,17 +236,21 @@ def _scaling_section(summary: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     target = rows[0]["target"]
+    n0 = min(r["n_workers"] for r in rows)
     lines = ["## Scaling", "",
-             "Efficiency against the smallest worker count n0: samples/s "
-             "S_n / ((n/n0) S_n0), and time to the first target T_n0 / ((n/n0) T_n).", ""]
+             "Every worker count ran side by side for each seed (in turn, the order reversed "
+             "on every other seed). `vs n0`: each seed's samples/s over the same seed's on "
+             f"the smallest worker count n0 = {n0}, median [min–max] over seeds; "
+             "efficiency: its median over n/n0. Time efficiency: T_n0 / ((n/n0) T_n), "
+             "with median times to the first target.", ""]
     body = [
         [f"{r['dataset']}/{r['model']}", r["arm"], str(r["n_workers"]),
-         fmt_spread(r["samples_per_second"], 0), _num(r["throughput_efficiency"]),
-         fmt_spread(r["seconds"]), _num(r["time_efficiency"])]
+         fmt_spread(r["samples_per_second"], 0), fmt_spread(r["vs_n0"], 2),
+         _num(r["throughput_efficiency"]), fmt_spread(r["seconds"]), _num(r["time_efficiency"])]
         for r in rows
     ]
-    return lines + _table(["dataset/model", "arm", "workers", "samples/s", "efficiency",
-                           f"seconds to {target:.4f}", "efficiency"], body)
+    return lines + _table(["dataset/model", "arm", "workers", "samples/s", "samples/s vs n0",
+                           "efficiency", f"seconds to {target:.4f}", "efficiency"], body)
 
 
 def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[str]:
@@ -254,13 +258,17 @@ def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[s
     lines = ["## Overhead: daskpri against plain PyTorch", "",
              "Same model, SGD learning rate and momentum, batch per process; one torch thread "
              "per process. Baselines are evaluated every "
-             f"{config.baseline_eval_seconds:g} s of training time.", ""]
+             f"{config.baseline_eval_seconds:g} s of training time. For each seed the "
+             "baseline and a daskpri uniform run of as many processes and the same budget "
+             "ran one after the other; `daskpri / baseline` is each seed's ratio of "
+             "samples/s, median [min–max].", ""]
     if not config.ddp:
         lines += ["PyTorch DDP: not run (--no-ddp).", ""]
     body = [
         [f"{r['dataset']}/{r['model']}", r["baseline"], f"{r['baseline_budget']:g} s",
          fmt_spread(r["baseline_samples_per_second"], 0),
-         fmt_spread(r["daskpri_samples_per_second"], 0), _num(r["daskpri_over_baseline"]),
+         fmt_spread(r["daskpri_samples_per_second"], 0),
+         fmt_spread(r["daskpri_over_baseline"], 2),
          f"{r['target']:.4f}", fmt_spread(r["baseline_seconds"]),
          fmt_spread(r["daskpri_seconds"])]
         + ([f"failed: {r['errors'][0]}"] if r.get("errors") else [""])
