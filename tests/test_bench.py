@@ -28,7 +28,7 @@ from daskpri.bench.analysis import (
     summarize,
     time_to_target,
 )
-from daskpri.bench.baselines import train_ddp, train_plain
+from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import strategy_of
 from daskpri.bench.protocol import gradients_per_step, make_arms
 from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
@@ -271,7 +271,8 @@ def test_scaling_and_overhead_runs_use_the_picked_learning_rate():
     assert {s.learning_rate for s in later} == {0.1}
     assert sorted({(s.phase, s.kind, s.n_workers) for s in later}) == [
         ("overhead", "daskpri", 1), ("overhead", "daskpri", 2), ("overhead", "ddp", 2),
-        ("overhead", "torch", 1), ("scaling", "daskpri", 1), ("scaling", "daskpri", 2),
+        ("overhead", "loops", 2), ("overhead", "torch", 1), ("scaling", "daskpri", 1),
+        ("scaling", "daskpri", 2),
     ]
     assert next_runs(cfg, SIZES, records) == []
 
@@ -299,6 +300,11 @@ def test_overhead_pairs_each_baseline_with_a_daskpri_run_of_its_seed_and_budget(
         (1, "torch", 1), (1, "daskpri", 1), (1, "ddp", 2), (1, "daskpri", 2),
     ]
     assert {s.budget for s in specs} == {3.0} and {s.arm.label for s in specs} == {"uniform"}
+    # with several worker counts, as many plain loops at once after the plain loop alone
+    cfg = _config(seeds=1, workers=(1, 2, 4), ddp=False)
+    specs = [r.spec for r in _simulate(cfg) if r.spec.phase == "overhead"]
+    assert [(s.kind, s.n_workers) for s in specs] == [
+        ("daskpri", 1), ("torch", 1), ("loops", 2), ("loops", 4)]
 
 
 def test_summary_compares_each_arm_with_uniform_and_with_uniform_of_equal_gradients():
@@ -356,6 +362,10 @@ def test_scaling_and_overhead_ratios_pair_the_runs_of_each_seed():
             records.append(_record(accuracy=[0.5, 1.0], times=[1.0, 20.0], seed=seed,
                                    kind=kind, n_workers=1, phase="overhead",
                                    samples_per_step=round(sps * factor)))
+        # two plain loops at once: 2.0x one alone, then 1.8x, 1.9x
+        records.append(_record(accuracy=[0.5, 1.0], times=[1.0, 20.0], seed=seed,
+                               kind="loops", n_workers=2, phase="overhead",
+                               samples_per_step=round(sps * (2.0, 1.8, 1.9)[seed])))
     records.append(_record(accuracy=[0.5, 1.0], seed=3, n_workers=1, phase="scaling"))
     summary = summarize(cfg, records, SIZES)
     two = next(r for r in summary["scaling"] if r["n_workers"] == 2)
@@ -363,11 +373,15 @@ def test_scaling_and_overhead_ratios_pair_the_runs_of_each_seed():
         (1.7, 1.6, 1.8))
     assert two["vs_n0"].n == 3  # seed 3 ran on 1 worker only: no pair
     assert two["throughput_efficiency"] == pytest.approx(0.85)
+    ceiling = two["plain_loops_vs_n0"]
+    assert (ceiling.median, ceiling.low, ceiling.high) == pytest.approx((1.9, 1.8, 2.0))
+    assert two["of_plain_loops"] == pytest.approx(1.7 / 1.9)
     (plain,) = summary["overhead"]  # daskpri: 0.95x, 0.8x, 0.9x; the medians' ratio 0.8x
     ratio = plain["daskpri_over_baseline"]
     assert (ratio.median, ratio.low, ratio.high) == pytest.approx((0.9, 0.8, 0.95))
     md = render_markdown(cfg, MACHINE, summary, [])
-    assert "| 1.70 [1.60–1.80] | 0.85 |" in md and "| 0.90 [0.80–0.95] |" in md
+    assert "| 1.70 [1.60–1.80] | 0.85 | 1.90 [1.80–2.00] | 0.89 |" in md
+    assert "| 0.90 [0.80–0.95] |" in md
 
 
 # -- records and report -----------------------------------------------------------------
@@ -446,6 +460,21 @@ def test_ddp_trains_on_two_processes():
     assert r.curve.time[-1] >= 0.5
     assert r.samples == 2 * 32 * r.curve.step[-1]
     assert 0.0 <= r.curve.accuracy[-1] <= 1.0
+
+
+def test_plain_loops_train_at_once_and_add_up_their_samples():
+    data, model = _tiny()
+    r = train_plain_loops(model, data, data, processes=2, batch_size=32, learning_rate=0.05,
+                          momentum=0.9, budget=0.5, eval_seconds=0.1, seed=0, timeout=120)
+    assert r.curve.time[-1] >= 0.5
+    # rank 0's curve; the samples are both processes'
+    assert r.samples % 32 == 0 and r.samples > 32 * r.curve.step[-1]
+    assert 0.0 <= r.curve.accuracy[-1] <= 1.0
+    # a process that fails is reported, and the others are not waited for
+    wrong = (np.zeros((64, 3), dtype=np.float32), np.zeros(64, dtype=np.int64))
+    with pytest.raises(RuntimeError, match="the plain-loops run failed in rank [01]: "):
+        train_plain_loops(model, wrong, wrong, processes=2, batch_size=32, learning_rate=0.05,
+                          momentum=0.9, budget=0.5, eval_seconds=0.1, seed=0, timeout=120)
 
 
 # -- end to end -------------------------------------------------------------------------

@@ -23,8 +23,8 @@ Examples
 --------
 >>> from daskpri.bench import BenchConfig, count_runs
 >>> cfg = BenchConfig.from_options(quick=True)
->>> count_runs(cfg, {"mnist1d": 16000})  # 3 sweep, 3 x 2 scaling, 2 + 2 overhead
-13
+>>> count_runs(cfg, {"mnist1d": 16000})  # 3 sweep, 3 x 2 scaling, 2 + 1 + 2 overhead
+14
 """
 
 from __future__ import annotations

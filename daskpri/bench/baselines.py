@@ -1,4 +1,4 @@
-"""What daskpri is measured against: a plain PyTorch loop and PyTorch DDP.
+"""What daskpri is measured against: a plain PyTorch loop, PyTorch DDP, and plain loops at once.
 
 Both train the model :func:`daskpri.models.build_model` gives, with the
 trainer's optimizer (SGD with the same learning rate and momentum) and the same
@@ -28,7 +28,7 @@ from torch import nn
 from daskpri.bench.records import Curve
 from daskpri.training.cluster import one_torch_thread
 
-__all__ = ["BaselineResult", "train_ddp", "train_plain"]
+__all__ = ["BaselineResult", "train_ddp", "train_plain", "train_plain_loops"]
 
 
 @dataclass
@@ -173,12 +173,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ddp_process(rank: int, world: int, port: int, job: _Job, queue: Any) -> None:
-    """One DDP process: join the gloo group on 127.0.0.1, train, send rank 0's curve."""
-    import torch.distributed as dist
+def _process(rank: int, world: int, port: int, job: _Job, queue: Any, barrier: Any,
+             communicate: bool) -> None:
+    """One of ``world`` processes: under DDP (gloo on 127.0.0.1), or on its own.
 
+    Under DDP rank 0 sends the curve and every process's samples; on its own
+    each process sends its samples (rank 0 its curve too), after starting
+    with the others at ``barrier``.
+    """
     try:
         torch.set_num_threads(1)
+        if not communicate:
+            barrier.wait(timeout=120)
+            result = _loop(job, rank=rank)
+            queue.put(("ok", result.curve.to_dict() if rank == 0 else None, result.samples))
+            return
+        import torch.distributed as dist
+
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
@@ -224,12 +235,62 @@ def train_ddp(
     RuntimeError
         If a process fails or the run takes longer than ``timeout``.
     """
+    return _spawn(model, train, test, processes=processes, communicate=True,
+                  batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
+                  budget=budget, eval_seconds=eval_seconds, seed=seed, timeout=timeout)
+
+
+def train_plain_loops(
+    model: nn.Module,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    *,
+    processes: int = 2,
+    batch_size: int,
+    learning_rate: float,
+    momentum: float,
+    budget: float,
+    eval_seconds: float,
+    seed: int,
+    timeout: float | None = None,
+) -> BaselineResult:
+    """``processes`` plain loops at once, each on its share of ``train``, none talking.
+
+    What the machine gives ``processes`` one-thread trainers over one, with
+    no communication at all: the ceiling of a data-parallel run's samples/s
+    here. Started together (a barrier), each trains its own copy of
+    ``model`` for ``budget`` seconds; the samples are all processes', the
+    curve rank 0's (its model saw only its share: not a result to compare
+    accuracies with). Parameters and errors as :func:`train_ddp`.
+    """
+    return _spawn(model, train, test, processes=processes, communicate=False,
+                  batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
+                  budget=budget, eval_seconds=eval_seconds, seed=seed, timeout=timeout)
+
+
+def _spawn(
+    model: nn.Module,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    *,
+    processes: int,
+    communicate: bool,
+    batch_size: int,
+    learning_rate: float,
+    momentum: float,
+    budget: float,
+    eval_seconds: float,
+    seed: int,
+    timeout: float | None,
+) -> BaselineResult:
     import torch.multiprocessing as mp
 
+    what = "DDP" if communicate else "plain-loops"
     if processes < 2:
         raise ValueError(f"processes should be at least 2, but got processes={processes}")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    barrier = ctx.Barrier(processes)
     port = _free_port()
     x, y = train
     bounds = np.linspace(0, len(y), processes + 1).astype(int)
@@ -243,7 +304,8 @@ def train_ddp(
             job = _Job(model, x[a:b], y[a:b], test[0] if rank == 0 else None,
                        test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
                        budget, eval_seconds, seed)
-            p = ctx.Process(target=_ddp_process, args=(rank, processes, port, job, queue))
+            p = ctx.Process(target=_process,
+                            args=(rank, processes, port, job, queue, barrier, communicate))
             p.start()
             procs.append(p)
     finally:
@@ -251,23 +313,31 @@ def train_ddp(
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
     limit = 3 * budget + 120 if timeout is None else timeout
     deadline = time.monotonic() + limit
+    curve, samples, finished = None, 0, False
     try:
-        while True:
-            try:
-                status, payload, samples = queue.get(timeout=1.0)
-                break
-            except queue_module.Empty:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the DDP run did not finish within {limit:g} s") from None
-                codes = [p.exitcode for p in procs]
-                if any(c not in (None, 0) for c in codes):
-                    raise RuntimeError(f"a DDP process died (exit codes {codes})") from None
-        if status != "ok":
-            raise RuntimeError(f"the DDP run failed in {payload}")
+        for _ in range(1 if communicate else processes):
+            while True:
+                try:
+                    status, payload, n = queue.get(timeout=1.0)
+                    break
+                except queue_module.Empty:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"the {what} run did not finish within {limit:g} s") from None
+                    codes = [p.exitcode for p in procs]
+                    if any(c not in (None, 0) for c in codes):
+                        raise RuntimeError(
+                            f"a {what} process died (exit codes {codes})") from None
+            if status != "ok":
+                raise RuntimeError(f"the {what} run failed in {payload}")
+            curve = payload if payload is not None else curve
+            samples += int(n)
+        finished = True
     finally:
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=30 if finished else 0)  # the others of a failed run may wait
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return BaselineResult(Curve.from_dict(payload), int(samples))
+    assert curve is not None
+    return BaselineResult(Curve.from_dict(curve), samples)

@@ -18,7 +18,10 @@ The protocol, in order:
 3. **overhead** — a plain single-process PyTorch loop (and PyTorch DDP on 2
    processes) with uniform's learning rate, each next to the daskpri uniform
    run of as many workers and the same budget that it is compared with, the
-   pair's order alternating over seeds like the worker counts'.
+   pair's order alternating over seeds like the worker counts'. After the
+   plain loop, with several worker counts, ``n`` plain loops at once for each
+   count ``n`` > 1 (``loops``: no communication at all), the most ``n``
+   one-thread workers could process over one on this machine.
 
 The ratios of the scaling and overhead tables pair the runs of one seed,
 which ran minutes apart at most, rather than dividing medians of runs made
@@ -191,6 +194,9 @@ def _overhead(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> li
                     for k in _alternate(("daskpri", kind), seed):
                         out.append(RunSpec("overhead", k, dataset, model, uniform, lr, seed, n,
                                            seconds))
+                    if kind == "torch" and len(config.workers) > 1:  # the machine's ceiling
+                        out += [RunSpec("overhead", "loops", dataset, model, uniform, lr, seed,
+                                        m, seconds) for m in config.workers if m > 1]
     return out
 
 
@@ -233,8 +239,8 @@ def count_runs(config: BenchConfig, sizes: Mapping[str, int]) -> int:
     --------
     >>> cfg = BenchConfig(strategies=("uniform", "loss"), models=("mlp",), seeds=1,
     ...                   workers=(1, 2), learning_rates=(0.05,), ddp=True)
-    >>> count_runs(cfg, {"mnist1d": 16000})  # 2 sweep, 2 x 2 scaling, 2 + 2 overhead
-    10
+    >>> count_runs(cfg, {"mnist1d": 16000})  # 2 sweep, 2 x 2 scaling, 2 + 1 + 2 overhead
+    11
     """
     picks: Picks = defaultdict(lambda: config.learning_rates[0])
     return sum(

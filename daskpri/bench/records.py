@@ -65,8 +65,9 @@ class RunSpec:
     """One run to make.
 
     ``kind`` is ``"daskpri"`` (a :class:`~daskpri.Trainer` on a cluster of
-    ``n_workers``), ``"torch"`` (the plain single-process loop) or ``"ddp"``
-    (PyTorch DDP with ``n_workers`` processes).
+    ``n_workers``), ``"torch"`` (the plain single-process loop), ``"ddp"``
+    (PyTorch DDP with ``n_workers`` processes) or ``"loops"`` (``n_workers``
+    plain loops at once, not communicating).
     """
 
     phase: str

@@ -241,16 +241,24 @@ def _scaling_section(summary: Mapping[str, Any]) -> list[str]:
              "Every worker count ran side by side for each seed (in turn, the order reversed "
              "on every other seed). `vs n0`: each seed's samples/s over the same seed's on "
              f"the smallest worker count n0 = {n0}, median [min–max] over seeds; "
-             "efficiency: its median over n/n0. Time efficiency: T_n0 / ((n/n0) T_n), "
-             "with median times to the first target.", ""]
+             "efficiency: its median over n/n0. `plain loops`: n plain PyTorch loops "
+             "processing at once (one thread each, no communication) over n0 of them (one "
+             "alone for n0 = 1), paired by seed likewise: what this machine gives n "
+             "one-thread workers, the most a data-parallel run could reach here; "
+             "`of plain loops`: daskpri's ratio over theirs (uniform only). Time efficiency: "
+             "T_n0 / ((n/n0) T_n), with median times to the first target.", ""]
     body = [
         [f"{r['dataset']}/{r['model']}", r["arm"], str(r["n_workers"]),
          fmt_spread(r["samples_per_second"], 0), fmt_spread(r["vs_n0"], 2),
-         _num(r["throughput_efficiency"]), fmt_spread(r["seconds"]), _num(r["time_efficiency"])]
+         _num(r["throughput_efficiency"]),
+         "—" if r.get("plain_loops_vs_n0") is None else fmt_spread(r["plain_loops_vs_n0"], 2),
+         _num(r.get("of_plain_loops", math.nan)),
+         fmt_spread(r["seconds"]), _num(r["time_efficiency"])]
         for r in rows
     ]
     return lines + _table(["dataset/model", "arm", "workers", "samples/s", "samples/s vs n0",
-                           "efficiency", f"seconds to {target:.4f}", "efficiency"], body)
+                           "efficiency", "plain loops vs n0", "of plain loops",
+                           f"seconds to {target:.4f}", "efficiency"], body)
 
 
 def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ import xarray as xr
 from distributed import Client, LocalCluster
 
 from daskpri.bench.analysis import best_accuracy, final_accuracy, samples_per_second
-from daskpri.bench.baselines import train_ddp, train_plain
+from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
@@ -182,9 +182,10 @@ def _execute(
     if spec.kind == "torch":
         result = train_plain(model, _arrays(train), _arrays(test), **options)
     else:
+        spawn = train_ddp if spec.kind == "ddp" else train_plain_loops
         try:
-            result = train_ddp(model, _arrays(train), _arrays(test),
-                               processes=spec.n_workers, **options)
+            result = spawn(model, _arrays(train), _arrays(test), processes=spec.n_workers,
+                           **options)
         except RuntimeError as e:  # reported, not fatal: the rest of the benchmark stands
             return _failed(spec, str(e), time.perf_counter() - t0)
     wall = time.perf_counter() - t0
