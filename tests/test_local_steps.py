@@ -19,7 +19,7 @@ from daskpri.replicas.replica import Replica, Weights
 from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, Shares, _train
 from daskpri.strategies import get_strategy
 from daskpri.strategies.base import Batch, Selection
-from daskpri.table.plugin import RemoteTable, _unpack_round
+from daskpri.table.plugin import RemoteTable, _in_process, _unpack_round
 
 
 def _trainer(client, train, **kw):
@@ -549,3 +549,26 @@ def test_a_switch_that_is_not_a_boolean_stops_the_fit_before_it_starts(gpu_clien
                 t.fit(train, max_steps=8, progress=False)
         assert t.step_ == 0
         assert t.fit(train, max_steps=8, progress=False).sizes["step"] == 2
+
+
+def test_the_table_of_a_scheduler_in_this_process_is_called_without_a_comm_sharing_nothing(
+    gpu_client, gpu_cluster, small_data
+):
+    train, _ = small_data
+    with _trainer(gpu_client, train, strategy="uniform", local_steps=4) as t:
+        t.fit(train, max_steps=8, progress=False)
+        # a LocalCluster's scheduler runs in this process: its table is called on its loop
+        assert _in_process(gpu_client) is gpu_client.cluster.scheduler
+        remote = t._remote
+        record = {"step": 99, "loss": [1.0]}
+        remote.update([(np.array([0, 1]), np.array([0.5, 0.25]), 99)], record)
+        record["loss"].append(2.0)  # the driver's record changes after it was sent
+        assert remote.metrics()[-1] == {"step": 99, "loss": [1.0]}
+        remote.metrics()[-1]["loss"].append(3.0)  # and what it reads is its own
+        assert remote.metrics()[-1] == {"step": 99, "loss": [1.0]}
+        assert remote.priorities()["priority"][:2].tolist() == [0.5, 0.25]
+        with pytest.raises(KeyError, match="no daskpri run 'nope'"):
+            RemoteTable(gpu_client, "nope").summary()
+    # a scheduler in another process is called over a comm
+    with Client(gpu_cluster) as client:
+        assert _in_process(client) is None

@@ -8,7 +8,7 @@ import torch
 
 from daskpri.replicas.replica import Replica
 from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
-from daskpri.strategies.base import Batch, walk_epoch
+from daskpri.strategies.base import Batch, concat_selections, walk_epoch
 from daskpri.strategies.loss import importance_sample, sampling_probabilities
 from daskpri.strategies.selective_backprop import keep_by_cdf, keep_top_fraction
 from daskpri.table.table import PriorityTable
@@ -337,6 +337,15 @@ def test_a_uniform_round_selected_at_once_is_the_round_selected_step_by_step(
                 [s.train.tolist() for s in sel] for sel in expected
             ]
             assert all(s.weights is None and s.score.size == 0 for sel in got for s in sel)
+            if direct is not None:  # the table packs the round's rows without the Selections
+                assert direct.n_slots == len(expected[0])
+                for slot in range(direct.n_slots):
+                    want = concat_selections([sel[slot] for sel in expected])
+                    arrays = direct.slot_arrays(slot)
+                    assert arrays.keys() == want.keys() and arrays["extra"] == want["extra"] == []
+                    for key in want.keys() - {"extra"}:
+                        assert arrays[key].dtype == want[key].dtype
+                        np.testing.assert_array_equal(arrays[key], want[key])
             step += count
             assert at_once.rng.bit_generator.state == by_step.rng.bit_generator.state
             for key in ("pos", "epochs"):

@@ -82,6 +82,65 @@ def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
 
 
+class TrainRound(Sequence[list[Selection]]):
+    """A round of train-only selections of one batch size, kept as rows.
+
+    What :meth:`Strategy.select_round` may return where each step trains a
+    batch per slot and scores nothing (``uniform``): a sequence of steps,
+    each a list of one :class:`Selection` per slot, built when indexed; the
+    table packs a slot's steps from :meth:`slot_arrays` without building
+    them (a round of 512 steps on 2 workers would build 1,024).
+
+    Parameters
+    ----------
+    batches : list of numpy.ndarray
+        One ``(count, size)`` array per slot: the train rows of each step.
+
+    Examples
+    --------
+    >>> r = TrainRound([np.array([[0, 1], [2, 3]]), np.array([[8, 9], [6, 7]])])
+    >>> len(r), r.n_slots, r[1][1].train.tolist()
+    (2, 2, [6, 7])
+    >>> a = r.slot_arrays(1)
+    >>> a["train"].tolist(), a["n_train"].tolist()
+    ([8, 9, 6, 7], [2, 2])
+    >>> all(np.array_equal(a[k], v) for k, v in concat_selections([s[1] for s in r]).items()
+    ...     if k != "extra")
+    True
+    """
+
+    def __init__(self, batches: list[np.ndarray]) -> None:
+        self._batches = [np.asarray(b, dtype=np.int64) for b in batches]
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._batches)
+
+    def __len__(self) -> int:
+        return self._batches[0].shape[0] if self._batches else 0
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"step {i} of a round of {len(self)}")
+        return [Selection(train=b[i]) for b in self._batches]
+
+    def slot_arrays(self, slot: int) -> dict[str, Any]:
+        """Slot ``slot``'s steps as :func:`concat_selections` gives them."""
+        b = self._batches[slot]
+        count, size = b.shape
+        return {
+            "train": b.ravel(),
+            "n_train": np.full(count, size, dtype=np.int64),
+            "score": np.empty(0, dtype=np.int64),
+            "n_score": np.zeros(count, dtype=np.int64),
+            "weighted": np.zeros(count, dtype=bool),
+            "weights": np.empty(0, dtype=np.float64),
+            "extra": [],
+        }
+
+
 @dataclass
 class SelectContext:
     """What :meth:`Strategy.select` sees of the table and the cluster."""
@@ -216,13 +275,15 @@ class Strategy(abc.ABC):
     def select(self, ctx: SelectContext) -> list[Selection]:
         """One :class:`Selection` per worker slot of ``ctx.groups``."""
 
-    def select_round(self, ctx: SelectContext, count: int) -> list[list[Selection]] | None:
+    def select_round(
+        self, ctx: SelectContext, count: int
+    ) -> Sequence[list[Selection]] | None:
         """The selections of ``count`` steps from ``ctx.step`` at once, or None.
 
         An optional shortcut for a round of local steps: it must give what
         :meth:`select` gives step by step (and leave the same random state
-        and strategy state). ``None`` (the default): the table calls
-        :meth:`select` once a step.
+        and strategy state): a list of steps, or a :class:`TrainRound`.
+        ``None`` (the default): the table calls :meth:`select` once a step.
         """
         return None
 

@@ -6,6 +6,7 @@ from daskpri.strategies.base import (
     SelectContext,
     Selection,
     Strategy,
+    TrainRound,
     check_positive_int,
     epoch_batches,
     epoch_rounds,
@@ -40,8 +41,6 @@ class Uniform(Strategy):
         size = self.batch_size or ctx.batch_size
         return [Selection(train=epoch_batches(ctx, s, size)) for s in range(len(ctx.groups))]
 
-    def select_round(self, ctx: SelectContext, count: int) -> list[list[Selection]] | None:
+    def select_round(self, ctx: SelectContext, count: int) -> TrainRound | None:
         batches = epoch_rounds(ctx, self.batch_size or ctx.batch_size, count)
-        if batches is None:
-            return None
-        return [[Selection(train=b[i]) for b in batches] for i in range(count)]
+        return None if batches is None else TrainRound(batches)

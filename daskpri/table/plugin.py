@@ -21,12 +21,14 @@ import copy
 import logging
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from distributed import Client, Scheduler, SchedulerPlugin
 from distributed.protocol import pickle
+from distributed.utils import sync
 
 from daskpri._wire import pack, pack_tree, unpack, unpack_tree
 from daskpri.strategies.base import (
@@ -34,6 +36,7 @@ from daskpri.strategies.base import (
     SelectContext,
     Selection,
     Strategy,
+    TrainRound,
     concat_selections,
 )
 from daskpri.table.table import PriorityTable
@@ -83,13 +86,24 @@ class TableRun:
 
     def select_round(
         self, step: int, count: int, inflight: np.ndarray | None = None
-    ) -> list[list[Selection]]:
+    ) -> Sequence[list[Selection]]:
         """The selections of steps ``step .. step + count - 1``: at once where the strategy can."""
         if count > 1:
             rounds = self.strategy.select_round(self._context(step, inflight), count)
             if rounds is not None:
                 return rounds
         return [self.select(step + i, inflight) for i in range(count)]
+
+    def select_round_arrays(
+        self, step: int, count: int, inflight: np.ndarray | None = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`select_round` as each slot's steps concatenated (:func:`concat_selections`)."""
+        rounds = self.select_round(step, count, inflight)
+        if isinstance(rounds, TrainRound):
+            return [rounds.slot_arrays(slot) for slot in range(rounds.n_slots)]
+        n_slots = len(rounds[0]) if rounds else 0
+        return [concat_selections([selections[slot] for selections in rounds])
+                for slot in range(n_slots)]
 
     def _context(self, step: int, inflight: np.ndarray | None) -> SelectContext:
         return SelectContext(
@@ -240,7 +254,7 @@ class TablePlugin(SchedulerPlugin):
         try:
             if checked and (tr.inflight is None or not tr.strategy.selects_ahead):
                 raise NotAhead("the round in flight is not known, or not checked")
-            rounds = tr.select_round(step, count, tr.inflight if checked else None)
+            arrays = tr.select_round_arrays(step, count, tr.inflight if checked else None)
         except NotAhead:
             self._unselect(run)
             tr.ahead_declined += 1
@@ -249,9 +263,8 @@ class TablePlugin(SchedulerPlugin):
         tr.last_step = step + count - 1
         tr.ahead_taken += checked
         if tr.strategy.reads_table and tr.strategy.selects_ahead:  # only these check it
-            tr.inflight = _mask(tr.table.n_samples, rounds)
-        n_slots = len(rounds[0]) if rounds else 0
-        return [_pack_round([selections[slot] for selections in rounds]) for slot in range(n_slots)]
+            tr.inflight = _mask(tr.table.n_samples, arrays)
+        return [_pack_arrays(a) for a in arrays]
 
     def _unselect(self, run: str) -> None:
         """Take back the last selection made with ``undo`` (a round selected ahead, unused)."""
@@ -327,6 +340,9 @@ class RemoteTable:
             client.register_plugin(TablePlugin())
 
     def _call(self, op: str, **kwargs: Any) -> Any:
+        scheduler = _in_process(self.client)
+        if scheduler is not None:
+            return sync(scheduler.loop, _handle, scheduler.handlers[f"daskpri_{op}"], kwargs)
         return self.client.sync(getattr(self.client.scheduler, f"daskpri_{op}"), **kwargs)
 
     def create(
@@ -382,10 +398,15 @@ class RemoteTable:
         :meth:`unselect` can take the selection back if it goes unused.
         """
         message = self._step_message(step, updates, metrics, count)
-        call = self.client.scheduler.daskpri_step(**message, undo=True)
-        loop = self.client.loop
+        scheduler = _in_process(self.client)
+        if scheduler is not None:
+            call = _handle(scheduler.handlers["daskpri_step"], {**message, "undo": True})
+            loop = scheduler.loop
+        else:
+            call = self.client.scheduler.daskpri_step(**message, undo=True)
+            loop = self.client.loop
         assert loop is not None
-        return Ahead(asyncio.run_coroutine_threadsafe(call, loop.asyncio_loop))  # type: ignore[attr-defined]
+        return Ahead(asyncio.run_coroutine_threadsafe(call, loop.asyncio_loop))
 
     def _step_message(
         self,
@@ -433,6 +454,27 @@ class RemoteTable:
 
     def close(self) -> None:
         self._call("close", run=self.run)
+
+
+def _in_process(client: Client) -> Scheduler | None:
+    """The client's scheduler where it runs in this process with the plugin (a LocalCluster's)."""
+    scheduler = getattr(getattr(client, "cluster", None), "scheduler", None)
+    if (
+        isinstance(scheduler, Scheduler)
+        and scheduler.address == client.scheduler.address
+        and PLUGIN_NAME in scheduler.plugins
+    ):
+        return scheduler
+    return None
+
+
+async def _handle(handler: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """A handler's answer as a message would carry it, on the scheduler's loop, without one.
+
+    Copies both ways, as a comm would: nothing the driver holds is shared
+    with the table. (Packed arrays are bytes, which copying leaves alone.)
+    """
+    return copy.deepcopy(handler(**copy.deepcopy(kwargs)))
 
 
 def _pack_updates(updates: list[tuple[np.ndarray, np.ndarray, int]]) -> list[dict[str, Any]]:
@@ -519,8 +561,12 @@ def _pack_round(selections: list[Selection]) -> dict[str, Any]:
     cost more to pack, send and unpack than selecting them. Most rounds
     carry no extras: then none travel, not an empty dict a step.
     """
+    return _pack_arrays(concat_selections(selections))
+
+
+def _pack_arrays(arrays: dict[str, Any]) -> dict[str, Any]:
     return {key: [pack_tree(e) for e in v] if key == "extra" else pack(v)
-            for key, v in concat_selections(selections).items()}
+            for key, v in arrays.items()}
 
 
 def _unpack_round(packed: dict[str, Any]) -> list[Selection]:
@@ -556,11 +602,10 @@ def _split(a: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return [a[i:j] for i, j in zip([0, *ends][:-1], ends, strict=True)]
 
 
-def _mask(n_samples: int, rounds: list[list[Selection]]) -> np.ndarray:
-    """The samples that ``rounds`` train or score, as a mask over the table."""
+def _mask(n_samples: int, arrays: list[dict[str, Any]]) -> np.ndarray:
+    """The samples a round trains or scores (each slot's arrays), as a mask over the table."""
     mask = np.zeros(n_samples, dtype=bool)
-    for selections in rounds:
-        for s in selections:
-            mask[s.train] = True
-            mask[s.score] = True
+    for a in arrays:
+        mask[a["train"]] = True
+        mask[a["score"]] = True
     return mask
