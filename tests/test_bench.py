@@ -373,8 +373,8 @@ def test_scaling_and_overhead_ratios_pair_the_runs_of_each_seed():
         (1.7, 1.6, 1.8))
     assert two["vs_n0"].n == 3  # seed 3 ran on 1 worker only: no pair
     assert two["throughput_efficiency"] == pytest.approx(0.85)
-    ceiling = two["plain_loops_vs_n0"]
-    assert (ceiling.median, ceiling.low, ceiling.high) == pytest.approx((1.9, 1.8, 2.0))
+    loops = two["plain_loops_vs_n0"]
+    assert (loops.median, loops.low, loops.high) == pytest.approx((1.9, 1.8, 2.0))
     assert two["of_plain_loops"] == pytest.approx(1.7 / 1.9)
     (plain,) = summary["overhead"]  # daskpri: 0.95x, 0.8x, 0.9x; the medians' ratio 0.8x
     ratio = plain["daskpri_over_baseline"]

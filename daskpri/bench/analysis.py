@@ -311,20 +311,20 @@ def _scaling(config: BenchConfig, arms: Sequence[Any], records: Sequence[RunReco
             sps = spread(samples_per_second(r) for r in runs[n])
             tta = spread(time_to_target(r.curve, target) for r in runs[n])
             ratio = paired_ratios(runs[n], runs[n0])
-            ceiling = _ceiling(records, dm, lr, n0, n) if arm.label == "uniform" else None
+            loops = _plain_loops(records, dm, lr, n0, n) if arm.label == "uniform" else None
             out["scaling"].append({
                 **dm, "arm": arm.label, "n_workers": n, "target": target,
                 "samples_per_second": sps, "vs_n0": ratio,
                 "throughput_efficiency": ratio.median / (n / n0),
-                "plain_loops_vs_n0": ceiling,
-                "of_plain_loops": ratio.median / ceiling.median
-                if ceiling is not None and ceiling.median > 0 else math.nan,
+                "plain_loops_vs_n0": loops,
+                "of_plain_loops": ratio.median / loops.median
+                if loops is not None and loops.median > 0 else math.nan,
                 "seconds": tta,
                 "time_efficiency": efficiency(t0, tta.median, n0, n),
             })
 
 
-def _ceiling(records: Sequence[RunRecord], dm: dict[str, str], lr: float, n0: int,
+def _plain_loops(records: Sequence[RunRecord], dm: dict[str, str], lr: float, n0: int,
              n: int) -> Spread | None:
     """``n`` plain loops at once over ``n0`` (one plain loop alone for ``n0 = 1``), paired."""
     def plain(m: int) -> list[RunRecord]:

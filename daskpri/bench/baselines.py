@@ -257,11 +257,13 @@ def train_plain_loops(
     """``processes`` plain loops at once, each on its share of ``train``, none talking.
 
     What the machine gives ``processes`` one-thread trainers over one, with
-    no communication at all: the ceiling of a data-parallel run's samples/s
-    here. Started together (a barrier), each trains its own copy of
-    ``model`` for ``budget`` seconds; the samples are all processes', the
-    curve rank 0's (its model saw only its share: not a result to compare
-    accuracies with). Parameters and errors as :func:`train_ddp`.
+    no communication at all: a reference for a data-parallel run's
+    samples/s here (not a strict bound: a daskpri worker's step is not the
+    plain loop's, and uses memory differently). Started together (a
+    barrier), each trains its own copy of ``model`` for ``budget`` seconds;
+    the samples are all processes', the curve rank 0's (its model saw only
+    its share: not a result to compare accuracies with). Parameters and
+    errors as :func:`train_ddp`.
     """
     return _spawn(model, train, test, processes=processes, communicate=False,
                   batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,

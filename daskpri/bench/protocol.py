@@ -20,8 +20,8 @@ The protocol, in order:
    run of as many workers and the same budget that it is compared with, the
    pair's order alternating over seeds like the worker counts'. After the
    plain loop, with several worker counts, ``n`` plain loops at once for each
-   count ``n`` > 1 (``loops``: no communication at all), the most ``n``
-   one-thread workers could process over one on this machine.
+   count ``n`` > 1 (``loops``: no communication at all): what this machine
+   gives ``n`` one-thread processes that share nothing, over one.
 
 The ratios of the scaling and overhead tables pair the runs of one seed,
 which ran minutes apart at most, rather than dividing medians of runs made
@@ -194,7 +194,7 @@ def _overhead(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> li
                     for k in _alternate(("daskpri", kind), seed):
                         out.append(RunSpec("overhead", k, dataset, model, uniform, lr, seed, n,
                                            seconds))
-                    if kind == "torch" and len(config.workers) > 1:  # the machine's ceiling
+                    if kind == "torch" and len(config.workers) > 1:  # what the machine gives n
                         out += [RunSpec("overhead", "loops", dataset, model, uniform, lr, seed,
                                         m, seconds) for m in config.workers if m > 1]
     return out

@@ -244,7 +244,8 @@ def _scaling_section(summary: Mapping[str, Any]) -> list[str]:
              "efficiency: its median over n/n0. `plain loops`: n plain PyTorch loops "
              "processing at once (one thread each, no communication) over n0 of them (one "
              "alone for n0 = 1), paired by seed likewise: what this machine gives n "
-             "one-thread workers, the most a data-parallel run could reach here; "
+             "one-thread processes that share nothing (a reference, not a strict bound: "
+             "a daskpri worker's step is not the plain loop's); "
              "`of plain loops`: daskpri's ratio over theirs (uniform only). Time efficiency: "
              "T_n0 / ((n/n0) T_n), with median times to the first target.", ""]
     body = [
