@@ -325,7 +325,7 @@ def _scaling(config: BenchConfig, arms: Sequence[Any], records: Sequence[RunReco
 
 
 def _plain_loops(records: Sequence[RunRecord], dm: dict[str, str], lr: float, n0: int,
-             n: int) -> Spread | None:
+                 n: int) -> Spread | None:
     """``n`` plain loops at once over ``n0`` (one plain loop alone for ``n0 = 1``), paired."""
     def plain(m: int) -> list[RunRecord]:
         return _select(records, kind="torch" if m == 1 else "loops", dataset=dm["dataset"],

@@ -18,6 +18,7 @@ import collections
 import collections.abc
 import concurrent.futures
 import copy
+import inspect
 import logging
 import time
 import zlib
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from distributed import Client, Scheduler, SchedulerPlugin
+from distributed.core import Status
 from distributed.protocol import pickle
 from distributed.utils import sync
 
@@ -457,10 +459,15 @@ class RemoteTable:
 
 
 def _in_process(client: Client) -> Scheduler | None:
-    """The client's scheduler where it runs in this process with the plugin (a LocalCluster's)."""
+    """The client's scheduler where it runs in this process with the plugin (a LocalCluster's).
+
+    ``None`` otherwise, and once it stops running: then calls go over the
+    comm, and fail as they would for a scheduler elsewhere.
+    """
     scheduler = getattr(getattr(client, "cluster", None), "scheduler", None)
     if (
         isinstance(scheduler, Scheduler)
+        and scheduler.status == Status.running
         and scheduler.address == client.scheduler.address
         and PLUGIN_NAME in scheduler.plugins
     ):
@@ -474,7 +481,10 @@ async def _handle(handler: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     Copies both ways, as a comm would: nothing the driver holds is shared
     with the table. (Packed arrays are bytes, which copying leaves alone.)
     """
-    return copy.deepcopy(handler(**copy.deepcopy(kwargs)))
+    answer = handler(**copy.deepcopy(kwargs))
+    if inspect.isawaitable(answer):
+        answer = await answer
+    return copy.deepcopy(answer)
 
 
 def _pack_updates(updates: list[tuple[np.ndarray, np.ndarray, int]]) -> list[dict[str, Any]]:
