@@ -552,7 +552,7 @@ def test_a_switch_that_is_not_a_boolean_stops_the_fit_before_it_starts(gpu_clien
 
 
 def test_the_table_of_a_scheduler_in_this_process_is_called_without_a_comm_sharing_nothing(
-    gpu_client, gpu_cluster, small_data
+    gpu_client, small_data
 ):
     train, _ = small_data
     with _trainer(gpu_client, train, strategy="uniform", local_steps=4) as t:
@@ -569,8 +569,9 @@ def test_the_table_of_a_scheduler_in_this_process_is_called_without_a_comm_shari
         assert remote.priorities()["priority"][:2].tolist() == [0.5, 0.25]
         with pytest.raises(KeyError, match="no daskpri run 'nope'"):
             RemoteTable(gpu_client, "nope").summary()
-    # a scheduler in another process is called over a comm
-    with Client(gpu_cluster) as client:
+    # a client that only has the address (as to a scheduler in another process, which
+    # the trainer tests on `dask scheduler` train with) calls over a comm
+    with Client(gpu_client.scheduler.address) as client:
         assert _in_process(client) is None
     # and a closed one too, where calls then fail as for a scheduler lost
     with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
