@@ -551,8 +551,21 @@ def test_a_switch_that_is_not_a_boolean_stops_the_fit_before_it_starts(gpu_clien
         assert t.fit(train, max_steps=8, progress=False).sizes["step"] == 2
 
 
+@pytest.fixture
+def table_in_process():
+    with dask.config.set({"daskpri.table.in-process": True}):
+        yield
+
+
+def test_the_table_is_called_over_a_comm_unless_set(gpu_client, small_data):
+    train, _ = small_data
+    with _trainer(gpu_client, train, strategy="uniform", local_steps=4) as t:
+        t.fit(train, max_steps=8, progress=False)
+        assert _in_process(gpu_client) is None
+
+
 def test_the_table_of_a_scheduler_in_this_process_is_called_without_a_comm_sharing_nothing(
-    gpu_client, small_data
+    gpu_client, small_data, table_in_process
 ):
     train, _ = small_data
     with _trainer(gpu_client, train, strategy="uniform", local_steps=4) as t:

@@ -32,6 +32,7 @@ from distributed.core import Status
 from distributed.protocol import pickle
 from distributed.utils import sync
 
+from daskpri import _config
 from daskpri._wire import pack, pack_tree, unpack, unpack_tree
 from daskpri.strategies.base import (
     NotAhead,
@@ -461,9 +462,12 @@ class RemoteTable:
 def _in_process(client: Client) -> Scheduler | None:
     """The client's scheduler where it runs in this process with the plugin (a LocalCluster's).
 
-    ``None`` otherwise, and once it stops running: then calls go over the
-    comm, and fail as they would for a scheduler elsewhere.
+    Only with ``daskpri.table.in-process`` set. ``None`` otherwise, and once
+    it stops running: then calls go over the comm, and fail as they would
+    for a scheduler elsewhere.
     """
+    if not _config.get_bool("table.in-process"):
+        return None
     scheduler = getattr(getattr(client, "cluster", None), "scheduler", None)
     if (
         isinstance(scheduler, Scheduler)
