@@ -209,13 +209,7 @@ def train_ddp(
     test: tuple[np.ndarray, np.ndarray],
     *,
     processes: int = 2,
-    batch_size: int,
-    learning_rate: float,
-    momentum: float,
-    budget: float,
-    eval_seconds: float,
-    seed: int,
-    timeout: float | None = None,
+    **options: Any,
 ) -> BaselineResult:
     """Train ``model`` with PyTorch DDP on ``processes`` local processes (gloo).
 
@@ -227,17 +221,18 @@ def train_ddp(
     ----------
     processes : int
         Processes (started by spawn, each with one torch thread).
-    timeout : float, optional
-        Seconds to wait for the processes (default ``3 * budget + 120``).
+    **options
+        ``batch_size``, ``learning_rate``, ``momentum``, ``budget``,
+        ``eval_seconds`` and ``seed`` as for :func:`train_plain`, and
+        ``timeout``: seconds to wait for the processes (default
+        ``3 * budget + 120``).
 
     Raises
     ------
     RuntimeError
         If a process fails or the run takes longer than ``timeout``.
     """
-    return _spawn(model, train, test, processes=processes, communicate=True,
-                  batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
-                  budget=budget, eval_seconds=eval_seconds, seed=seed, timeout=timeout)
+    return _spawn(model, train, test, processes=processes, communicate=True, **options)
 
 
 def train_plain_loops(
@@ -246,13 +241,7 @@ def train_plain_loops(
     test: tuple[np.ndarray, np.ndarray],
     *,
     processes: int = 2,
-    batch_size: int,
-    learning_rate: float,
-    momentum: float,
-    budget: float,
-    eval_seconds: float,
-    seed: int,
-    timeout: float | None = None,
+    **options: Any,
 ) -> BaselineResult:
     """``processes`` plain loops at once, each on its share of ``train``, none talking.
 
@@ -265,9 +254,7 @@ def train_plain_loops(
     its share: not a result to compare accuracies with). Parameters and
     errors as :func:`train_ddp`.
     """
-    return _spawn(model, train, test, processes=processes, communicate=False,
-                  batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
-                  budget=budget, eval_seconds=eval_seconds, seed=seed, timeout=timeout)
+    return _spawn(model, train, test, processes=processes, communicate=False, **options)
 
 
 def _spawn(
@@ -283,7 +270,7 @@ def _spawn(
     budget: float,
     eval_seconds: float,
     seed: int,
-    timeout: float | None,
+    timeout: float | None = None,
 ) -> BaselineResult:
     import torch.multiprocessing as mp
 
