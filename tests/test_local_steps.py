@@ -592,3 +592,31 @@ def test_the_table_of_a_scheduler_in_this_process_is_called_without_a_comm_shari
         RemoteTable.ensure_plugin(client)
         assert _in_process(client) is cluster.scheduler
     assert _in_process(client) is None
+
+
+def test_a_channels_last_model_trains_in_rounds_as_in_plain_steps_and_keeps_its_layout(
+    gpu_client,
+):
+    """The built-in CNN's 2-D weights are channels-last (not viewable as one vector).
+
+    On one worker, a round of 4 steps is 4 plain steps; on two, rounds
+    average the workers' weights into the master's, which stays channels-last.
+    """
+    train, _ = daskpri.datasets.load("digits")
+
+    def fit(local_steps, n_workers):
+        model = build_model("cnn", train, seed=2)
+        with daskpri.Trainer(model, strategy="uniform", client=gpu_client, seed=3,
+                             batch_size=16, momentum=0.9, local_steps=local_steps,
+                             n_workers=n_workers) as t:
+            h = t.fit(train, max_steps=8, progress=False)
+        conv = [m for m in t.model if isinstance(m, torch.nn.Conv2d)][1].weight
+        assert conv.is_contiguous(memory_format=torch.channels_last)
+        assert not conv.is_contiguous()
+        return h, torch.cat([p.detach().reshape(-1) for p in t.model.parameters()])
+
+    (_, plain), (_, rounds) = fit(1, 1), fit(4, 1)
+    torch.testing.assert_close(rounds, plain, rtol=1e-5, atol=1e-6)
+    h2, two = fit(4, 2)
+    assert np.isfinite(h2["loss"].values).all() and (h2["n_workers"] == 2).all()
+    assert not torch.equal(two, plain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -115,3 +116,35 @@ def test_models_pickle_by_reference_to_this_module(name):
     assert type(clone) is {"mlp": MLP, "cnn": CNN}[name]
     x = torch.zeros(3, 40)
     assert torch.equal(clone(x), model(x))
+
+
+@pytest.mark.parametrize("length", [2, 7, 40])
+def test_cnn_pooling_gives_nn_maxpool1d_values_and_gradients(length):
+    from daskpri.models import MaxPool1d
+
+    rng = torch.Generator().manual_seed(length)
+    x = torch.randn(3, 4, length, generator=rng)
+    x[0, 0, :2] = 0.0  # a tie, as ReLU makes them: torch's pooling takes the first
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, ref = MaxPool1d()(ours), nn.MaxPool1d(2)(theirs)
+    assert out.shape == ref.shape == (3, 4, length // 2)
+    assert torch.equal(out, ref)
+    weights = torch.randn(ref.shape, generator=rng)
+    (out * weights).sum().backward()
+    (ref * weights).sum().backward()
+    assert torch.equal(ours.grad, theirs.grad)
+    with torch.no_grad():  # nn.MaxPool1d's own path
+        assert torch.equal(MaxPool1d()(x), ref)
+
+
+def test_the_2d_cnn_is_channels_last_and_computes_as_a_contiguous_one():
+    model = cnn(dataset((1, 28, 28)), seed=3)
+    convs = [m for m in model if isinstance(m, nn.Conv2d)]
+    assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+    assert not convs[1].weight.is_contiguous()
+    plain = copy.deepcopy(model)
+    for p in plain.parameters():
+        p.data = p.data.contiguous()
+    x = torch.randn(4, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(model(x), plain(x), atol=1e-5)

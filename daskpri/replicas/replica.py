@@ -8,6 +8,7 @@ The replica computes what strategies ask for on a batch: per-sample losses
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,35 @@ class Weights(TensorsAsNumpy):
     params: torch.Tensor
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     mean_grad: torch.Tensor | None = None
+
+
+def flat_params(params: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The parameters as one flat vector (a copy), in their order.
+
+    Unlike ``torch.nn.utils.parameters_to_vector`` it takes parameters of any
+    layout, such as a channels-last convolution's (each is read in its
+    logical order, as ``reshape`` reads it).
+
+    Examples
+    --------
+    >>> w = torch.arange(24.0).reshape(2, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    >>> torch.equal(flat_params([w, torch.ones(2)]), torch.cat([torch.arange(24.0), torch.ones(2)]))
+    True
+    """
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def load_flat(params: Iterable[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy the flat vector ``flat`` into ``params``, in their order, keeping their layout.
+
+    The parameters keep their own storage (``vector_to_parameters`` makes
+    them views of ``flat`` instead).
+    """
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 class Replica:
@@ -71,11 +101,7 @@ class Replica:
             if weights.version != self.version:
                 # copied, not viewed (``vector_to_parameters``): in a cluster of
                 # threads every replica would otherwise train the driver's one tensor
-                flat = weights.params.to(self.device, non_blocking=True)
-                offset = 0
-                for p in self.params:
-                    p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                    offset += p.numel()
+                load_flat(self.params, weights.params.to(self.device, non_blocking=True))
             if weights.buffers:
                 named = dict(self.module.named_buffers())
                 for name, value in weights.buffers.items():

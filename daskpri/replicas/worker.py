@@ -28,7 +28,7 @@ from distributed.protocol.serialize import to_serialize
 from daskpri._wire import TensorsAsNumpy
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
-from daskpri.replicas.replica import Replica, Weights
+from daskpri.replicas.replica import Replica, Weights, flat_params
 from daskpri.strategies.base import Batch, Computed, Strategy, concat_selections
 
 
@@ -577,8 +577,7 @@ def _train(
         pid=os.getpid(),
     )
     if opt is not None:
-        with torch.no_grad():
-            result.params = torch.nn.utils.parameters_to_vector(params).detach().to("cpu")
+        result.params = flat_params(params).to("cpu")
         result.optimizer_state = _copied(opt.state_dict(), "cpu")
         if local is not None and local.keep is not None:
             plugin.kept = (local.keep, opt)

@@ -32,7 +32,7 @@ from torch import nn
 from daskpri import _config
 from daskpri._warnings import DaskpriWarning
 from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, set_flat_grad
-from daskpri.replicas.replica import Weights
+from daskpri.replicas.replica import Weights, flat_params, load_flat
 from daskpri.replicas.worker import ReplicaPlugin, ReplicaStateLost, StepResult
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import Ahead, RemoteTable, Round
@@ -456,8 +456,7 @@ class RunMixin:
     def _apply_round(self, params: torch.Tensor, states: list[dict[str, Any] | None]) -> None:
         """Take the workers' mean parameters and mean optimizer state after a round."""
         assert self._opt is not None
-        with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(params, self.model.parameters())
+        load_flat(self.model.parameters(), params)
         self._opt.load_state_dict(average_states([s for s in states if s is not None]))
 
     def _apply_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
@@ -471,7 +470,7 @@ class RunMixin:
         """The master's current weights as CPU tensors, for the replicas."""
         return Weights(
             version=version,
-            params=torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone(),
+            params=flat_params(self.model.parameters()),
             buffers={k: v.detach().clone() for k, v in self.model.named_buffers()},
             mean_grad=self._weights_mean_grad(),
         )
