@@ -73,7 +73,8 @@ class MaxPool1d(nn.MaxPool1d):
     Where a gradient is needed, ``nn.MaxPool1d`` runs torch's 2-D pooling
     with indices, a third of the `CNN`'s training step on MNIST-1D on CPU
     (torch 2.13); the max over pairs (``unflatten`` and ``max``) gives the
-    same values and gradients, and made the step about 1.2x faster. Without
+    same values and gradients, and made the step 1.06x-1.25x faster in five
+    runs (``benchmarks/cnn_step.py``). Without
     a gradient it is ``nn.MaxPool1d``, which is faster there.
 
     Examples
@@ -104,8 +105,9 @@ class CNN(nn.Sequential):
     The 2-D convolutions' weights are channels-last
     (``torch.channels_last``), so their activations are too: on CPU that
     made a forward pass of the ``mnist5k`` CNN about 2x faster and a
-    training step about 1.35x, mostly in max pooling. The weights' values
-    do not depend on it (the same seed draws the same ones).
+    training step 1.24x-1.47x (``benchmarks/cnn_step.py``), mostly in max
+    pooling. The weights' values do not depend on it (the same seed draws
+    the same ones).
 
     Parameters
     ----------

@@ -597,7 +597,7 @@ def test_the_table_of_a_scheduler_in_this_process_is_called_without_a_comm_shari
 def test_a_channels_last_model_trains_in_rounds_as_in_plain_steps_and_keeps_its_layout(
     gpu_client,
 ):
-    """The built-in CNN's 2-D weights are channels-last (not viewable as one vector).
+    """Channels-last weights cannot be viewed as one vector (parameters_to_vector fails).
 
     On one worker, a round of 4 steps is 4 plain steps; on two, rounds
     average the workers' weights into the master's, which stays channels-last.
@@ -605,7 +605,7 @@ def test_a_channels_last_model_trains_in_rounds_as_in_plain_steps_and_keeps_its_
     train, _ = daskpri.datasets.load("digits")
 
     def fit(local_steps, n_workers):
-        model = build_model("cnn", train, seed=2)
+        model = build_model("cnn", train, seed=2).to(memory_format=torch.channels_last)
         with daskpri.Trainer(model, strategy="uniform", client=gpu_client, seed=3,
                              batch_size=16, momentum=0.9, local_steps=local_steps,
                              n_workers=n_workers) as t:

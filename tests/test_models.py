@@ -144,7 +144,8 @@ def test_the_2d_cnn_is_channels_last_and_computes_as_a_contiguous_one():
     assert not convs[1].weight.is_contiguous()
     plain = copy.deepcopy(model)
     for p in plain.parameters():
-        p.data = p.data.contiguous()
+        p.data = p.data.clone(memory_format=torch.contiguous_format)
+    assert [c.weight.is_contiguous() for c in plain if isinstance(c, nn.Conv2d)] == [True] * 2
     x = torch.randn(4, 1, 28, 28)
     with torch.no_grad():
         assert torch.allclose(model(x), plain(x), atol=1e-5)

@@ -20,9 +20,10 @@ class EvalSet:
         With ``x`` and ``y`` along ``sample``.
     batch_size : int
         Samples per forward pass. Larger batches outgrow the CPU's caches:
-        a thousand MNIST images through the built-in CNN took 280 ms in one
-        batch and 120-210 ms in batches of 256 or less on this project's
-        machine (the MLPs' time does not change).
+        a thousand MNIST images through the built-in CNN took 240-360 ms in
+        one batch and 140-240 ms in batches of 256 on this project's machine
+        (630-680 ms and 330-500 ms with contiguous weights; the MLPs' time
+        does not change).
     """
 
     def __init__(self, ds: xr.Dataset, batch_size: int = 256) -> None:
