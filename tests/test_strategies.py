@@ -233,6 +233,49 @@ def test_selective_backprop_beta_fills_each_stale_step_to_the_batch_size():
     assert 200 <= within.size + 16 <= 320
 
 
+def test_selective_backprop_stale_beta_is_more_selective_in_stale_steps_only():
+    # one worker of 600 samples, batch 16, beta=1, refresh=2, the table's
+    # losses uniform in [1, 2]: the fresh epoch forwards beta's 32 candidates
+    # a step either way; the stale epoch keeps about 1/(beta+1) of the walk,
+    # so with stale_beta=3 it keeps about half as many, of higher losses
+    def stale_epoch(**options):
+        rng = np.random.default_rng(0)
+        table = PriorityTable([600])
+        table.update(np.arange(600), rng.uniform(1.0, 2.0, 600), step=0)
+        ctx = make_ctx([600], [0], batch_size=16, table=table)
+        s = get_strategy("selective-backprop", beta=1, refresh=2, **options)
+        while walk_epoch(ctx, 0) == 0:
+            assert s.select(ctx)[0].train.size == 32
+        losses = table.estimate(ctx.step, np.arange(600))
+        kept = []
+        while walk_epoch(ctx, 0) == 1:
+            [sel] = s.select(ctx)
+            assert "stale" in sel.extra and sel.train.size == 16
+            kept.append(sel.train)
+            ctx.step += 1
+        within = np.concatenate(kept[:-1])  # the last step may reach into the next epoch
+        return within.size, float(losses[within].mean())
+
+    n_beta, mean_beta = stale_epoch()
+    n_stale, mean_stale = stale_epoch(stale_beta=3)
+    assert 240 <= n_beta <= 330 and 110 <= n_stale <= 190
+    assert mean_stale > mean_beta + 0.05
+    assert stale_epoch(stale_beta=1) == (n_beta, mean_beta)  # None takes beta
+
+
+def test_selective_backprop_stale_beta_needs_beta_and_stale_steps():
+    with pytest.raises(ValueError, match="stale_beta sets the probabilistic rule's selectivity "
+                       "in stale steps, so it needs beta and a refresh of 2 or more, but got "
+                       "beta=None, refresh=2"):
+        get_strategy("selective-backprop", refresh=2, stale_beta=3)
+    with pytest.raises(ValueError, match="but got beta=1, refresh=None"):
+        get_strategy("selective-backprop", beta=1, stale_beta=3)
+    with pytest.raises(ValueError, match="stale_beta should be"):
+        get_strategy("selective-backprop", beta=1, refresh=2, stale_beta=0)
+    s = get_strategy("selective-backprop", beta=1, refresh=2, stale_beta=3)
+    assert s.get_params()["stale_beta"] == 3
+
+
 def test_selective_backprop_stale_step_backpropagates_every_row():
     torch.manual_seed(0)
     replica = Replica(torch.nn.Linear(3, 2), "cpu")

@@ -108,6 +108,11 @@ class SelectiveBackprop(Strategy):
     warmup : int
         Epochs of the walk trained as plain mini-batch SGD before selection
         begins (0: none).
+    stale_beta : float, optional
+        Selectivity of the probabilistic rule in the stale steps (``refresh``),
+        which rank by the table's losses and forward only what they keep, so
+        that a higher one costs no scoring pass; ``None`` takes ``beta``.
+        Needs ``beta`` and ``refresh``.
 
     Examples
     --------
@@ -128,12 +133,23 @@ class SelectiveBackprop(Strategy):
         batch_size: int | None = None,
         refresh: int | None = None,
         warmup: int = 0,
+        stale_beta: float | None = None,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.refresh = check_positive_int("refresh", refresh)
         self.warmup = check_int("warmup", warmup, 0)
+        self.stale_beta = (
+            None if stale_beta is None
+            else check_number("stale_beta", stale_beta, 0.0, low_open=True)
+        )
+        if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
+            raise ValueError(
+                "stale_beta sets the probabilistic rule's selectivity in stale steps, so it "
+                f"needs beta and a refresh of 2 or more, but got beta={beta!r}, "
+                f"refresh={refresh!r}"
+            )
 
     @property  # a property, not a parameter: get_params() gives __init__'s only
     def reads_table(self) -> bool:  # type: ignore[override]
@@ -198,6 +214,8 @@ class SelectiveBackprop(Strategy):
     ) -> np.ndarray:
         """The probabilistic rule on the table's losses, ``size`` samples kept.
 
+        With ``stale_beta``, its selectivity instead of ``beta``.
+
         As Jiang et al. run it: the walk's candidates, in order, are each kept
         with probability ``CDF(L)^beta`` until the batch is full; those after
         the last one kept stay in the walk for the next step. (Keeping from a
@@ -207,14 +225,15 @@ class SelectiveBackprop(Strategy):
         after one pass's worth of candidates.
         """
         assert self.beta is not None
-        keep = 1.0 / (self.beta + 1.0)
+        beta = self.beta if self.stale_beta is None else self.stale_beta
+        keep = 1.0 / (beta + 1.0)
         limit = ctx.groups[slot].size
         parts, need, drawn = [], size, 0
         while need > 0 and drawn < limit:
             cand = walk_next(ctx, slot, min(math.ceil(need / keep), limit - drawn))
             ctx.check_ahead(cand)
             losses = ctx.table.estimate(ctx.step, cand)
-            rows = keep_by_cdf(losses, reference, self.beta, ctx.rng)
+            rows = keep_by_cdf(losses, reference, beta, ctx.rng)
             if rows.size >= need:  # full: the candidates after the last kept go back
                 rows = rows[:need]
                 walk_back(ctx, slot, cand.size - int(rows[-1]) - 1)
