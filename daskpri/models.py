@@ -73,9 +73,9 @@ class MaxPool1d(nn.MaxPool1d):
     Where a gradient is needed, ``nn.MaxPool1d`` runs torch's 2-D pooling
     with indices, a third of the `CNN`'s training step on MNIST-1D on CPU
     (torch 2.13); the max over pairs (``unflatten`` and ``max``) gives the
-    same values and gradients, and made the step 1.06x-1.25x faster in five
-    runs (``benchmarks/cnn_step.py``). Without
-    a gradient it is ``nn.MaxPool1d``, which is faster there.
+    same values and gradients, and made the step 1.05x-1.29x faster over
+    eight timings (``benchmarks/cnn_step.py`` among them). Without a
+    gradient it is ``nn.MaxPool1d``, which is faster there.
 
     Examples
     --------
