@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -284,6 +285,33 @@ def _heartbeat_running(dask_worker) -> bool:
 
 def _start_heartbeat(dask_worker) -> None:
     dask_worker.periodic_callbacks["heartbeat"].start()
+    logger = logging.getLogger("distributed.worker")
+    for f in [f for f in logger.filters if type(f).__name__ == "_ClosingHeartbeatFilter"]:
+        logger.removeFilter(f)
+
+
+def _filters(dask_worker) -> list[str]:
+    return [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
+
+
+def _logged_errors(dask_worker) -> list[str]:
+    # what distributed's worker logs when a heartbeat fails, and another ERROR
+    logger = logging.getLogger("distributed.worker")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        for message in ("Failed to communicate with scheduler during heartbeat.",
+                        "Failed to communicate with scheduler during heartbeat, and more",
+                        "Unexpected exception during heartbeat. Closing worker."):
+            try:
+                raise OSError("Stream is closed")
+            except OSError:
+                logger.exception(message)
+    finally:
+        logger.removeHandler(handler)
+    return [r.getMessage() for r in records]
 
 
 def test_workers_stop_their_heartbeats_before_a_cluster_daskpri_started_closes(gpu_client):
@@ -292,9 +320,18 @@ def test_workers_stop_their_heartbeats_before_a_cluster_daskpri_started_closes(g
     from daskpri.training.cluster import stop_heartbeats
 
     assert all(gpu_client.run(_heartbeat_running).values())
+    assert all(len(logged) == 3 for logged in gpu_client.run(_logged_errors).values())
     try:
         stop_heartbeats(gpu_client)
         assert not any(gpu_client.run(_heartbeat_running).values())
+        # one already on its way still fails as the scheduler closes: only its
+        # ERROR goes unlogged
+        for logged in gpu_client.run(_logged_errors).values():
+            assert logged == ["Failed to communicate with scheduler during heartbeat, and more",
+                              "Unexpected exception during heartbeat. Closing worker."]
+        stop_heartbeats(gpu_client)  # twice: one filter
+        assert all(names.count("_ClosingHeartbeatFilter") == 1
+                   for names in gpu_client.run(_filters).values())
     finally:
         gpu_client.run(_start_heartbeat)  # the fixture's workers go on
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -70,8 +71,22 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+class _ClosingHeartbeatFilter(logging.Filter):
+    """Drop the ERROR of a heartbeat that was on its way as its cluster closed."""
+
+    message = "Failed to communicate with scheduler during heartbeat."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != self.message
+
+
 def _stop_heartbeat(dask_worker: Any) -> None:
     dask_worker.periodic_callbacks["heartbeat"].stop()
+    # a heartbeat already sent when the periodic callback stops still fails
+    # if the scheduler closes before it answers
+    logger = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _ClosingHeartbeatFilter) for f in logger.filters):
+        logger.addFilter(_ClosingHeartbeatFilter())
 
 
 def stop_heartbeats(client: Client) -> None:
@@ -80,8 +95,10 @@ def stop_heartbeats(client: Client) -> None:
     A worker whose heartbeat is on its way while the cluster closes logs an
     ERROR with a traceback ("Failed to communicate with scheduler during
     heartbeat", dask/distributed#7105), which would end a clean Ctrl-C or
-    run with a worker's traceback. Best effort: a cluster already gone is
-    closed as it is.
+    run with a worker's traceback. Stopping the periodic heartbeat leaves one
+    already sent, so the workers also stop logging that one message (and
+    only it) from then on: call this only for a cluster about to close.
+    Best effort: a cluster already gone is closed as it is.
     """
     with contextlib.suppress(Exception):
         client.run(_stop_heartbeat)
