@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from daskpri._wire import TensorsAsNumpy
+from daskpri.replicas.replica import flat_views
 
 
 @dataclass
@@ -55,12 +56,9 @@ def make_optimizer(
 
 def set_flat_grad(params: list[torch.nn.Parameter], grad: torch.Tensor) -> None:
     """Give ``params`` the gradient ``grad`` (flat, in their order)."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        # a view: ``grad`` is the step's own tensor, not used after this
-        p.grad = grad[offset : offset + n].view_as(p).to(p.dtype)
-        offset += n
+    # views: ``grad`` is the step's own tensor, not used after this
+    for p, view in zip(params, flat_views(grad, params), strict=True):
+        p.grad = view.to(p.dtype)
 
 
 def average_states(states: list[dict[str, Any]]) -> dict[str, Any]:

@@ -50,17 +50,29 @@ def flat_params(params: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in params])
 
 
+def flat_views(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """``flat`` cut into views shaped as ``params``, in their order.
+
+    Examples
+    --------
+    >>> [tuple(v.shape) for v in flat_views(torch.arange(7.0), [torch.ones(2, 2), torch.ones(3)])]
+    [(2, 2), (3,)]
+    """
+    params = list(params)
+    chunks = flat.split([p.numel() for p in params])
+    return [chunk.view_as(p) for chunk, p in zip(chunks, params, strict=True)]
+
+
 def load_flat(params: Iterable[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy the flat vector ``flat`` into ``params``, in their order, keeping their layout.
 
     The parameters keep their own storage (``vector_to_parameters`` makes
     them views of ``flat`` instead).
     """
+    params = list(params)
     with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, view in zip(params, flat_views(flat, params), strict=True):
+            p.copy_(view)
 
 
 class Replica:
