@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from daskpri.models import CNN
 from daskpri.replicas.replica import Replica
 from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
-from daskpri.strategies.base import Batch, concat_selections, walk_epoch
+from daskpri.strategies.base import SCORE_DTYPES, Batch, concat_selections, walk_epoch
 from daskpri.strategies.loss import importance_sample, sampling_probabilities
 from daskpri.strategies.selective_backprop import keep_by_cdf, keep_top_fraction
 from daskpri.table.table import PriorityTable
@@ -326,6 +327,37 @@ def test_selective_backprop_compute_backpropagates_the_top_losses():
     torch.testing.assert_close(c.grad, grads[top].sum(0), rtol=1e-5, atol=1e-6)
     assert c.n_grad == 2
     np.testing.assert_allclose(c.priorities, losses.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_selective_backprop_scores_in_a_lower_precision_and_trains_in_float32(dtype):
+    torch.manual_seed(0)
+    replica = Replica(CNN((40,), 10, seed=0), "cpu")
+    x, y = torch.randn(64, 40), torch.randint(0, 10, (64,))
+    full, _ = replica.losses(x, y)
+    low, logits = replica.losses(x, y, SCORE_DTYPES[dtype])
+    assert logits.dtype == torch.float32
+    assert not torch.equal(low, full)  # the layers ran in the lower precision
+    torch.testing.assert_close(low, full, rtol=0.05, atol=0.02)
+    strategy = get_strategy("selective-backprop", fraction=0.25, score_dtype=dtype)
+    c = strategy.compute(replica, _batch(x, y, 64))
+    np.testing.assert_allclose(c.priorities, low.numpy(), rtol=1e-6)
+    # the 16 highest of the lower-precision losses, trained on in float32
+    rows = torch.as_tensor(keep_top_fraction(low.numpy().astype(np.float64), 0.25))
+    grad, _ = replica.grad_and_logits(x[rows], y[rows])
+    assert c.n_grad == 16 and c.grad.dtype == torch.float32
+    torch.testing.assert_close(c.grad, grad)
+
+
+def test_score_dtype_is_checked_and_kept_in_the_params():
+    for name in ("selective-backprop", "upper-bound"):
+        with pytest.raises(ValueError, match="score_dtype should be one of 'float32', "
+                           "'bfloat16', 'float16', but got score_dtype='float64'"):
+            get_strategy(name, score_dtype="float64")
+        with pytest.raises(ValueError, match="but got score_dtype=torch.bfloat16"):
+            get_strategy(name, score_dtype=torch.bfloat16)
+        assert get_strategy(name, score_dtype="bfloat16").get_params()["score_dtype"] == "bfloat16"
+        assert get_strategy(name).score_dtype == "float32"
 
 
 def test_gradients_per_step_counts_what_each_strategy_backpropagates():

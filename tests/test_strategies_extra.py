@@ -44,7 +44,8 @@ def _batch(x, y, extra=None, seed=0):
 def test_registry_lists_both_with_their_defaults():
     assert {"upper-bound", "infobatch"} <= set(STRATEGIES)
     assert repr(get_strategy("upper-bound")) == (
-        "UpperBound(presample=3.0, tau_threshold=None, smoothing=0.9, batch_size=None)"
+        "UpperBound(presample=3.0, tau_threshold=None, smoothing=0.9, batch_size=None, "
+        "score_dtype='float32')"
     )
     assert repr(get_strategy("infobatch")) == (
         "InfoBatch(prune=0.5, anneal=0.875, epochs=None, batch_size=None)"
@@ -383,6 +384,35 @@ def test_upper_bound_trains_end_to_end_and_resumes_exactly(gpu_client, small_dat
     np.testing.assert_array_equal(np.diff(ha["grad_samples"]), [64] * 23)
     strategy_state = state["table"]["strategy_state"]
     assert strategy_state["importance"] == 1 and strategy_state["tau"] > 1.0
+
+
+def test_upper_bound_scoring_in_bfloat16_trains_and_resumes_with_it(
+    gpu_client, small_data, tmp_path
+):
+    ha, hb, state = _fit_and_resume(
+        gpu_client, small_data, tmp_path, "upper-bound", tau_threshold=1.0, smoothing=0.0,
+        score_dtype="bfloat16",
+    )
+    np.testing.assert_array_equal(ha["selection_digest"], hb["selection_digest"])
+    np.testing.assert_array_equal(ha["loss"], hb["loss"])
+    assert np.isfinite(ha["loss"]).all() and float(ha["accuracy"].dropna("step")[-1]) > 0.3
+    np.testing.assert_array_equal(np.diff(ha["samples"]), [192] * 23)
+    assert state["strategy"]["params"]["score_dtype"] == "bfloat16"
+
+
+def test_upper_bound_scores_in_a_lower_precision():
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                                          torch.nn.Linear(32, 4)), "cpu")
+    x, y = torch.randn(24, 8), torch.randint(0, 4, (24,))
+    extra = {"draws": np.array([8], dtype=np.int64)}
+    full = get_strategy("upper-bound").compute(replica, _batch(x, y, extra)).priorities
+    low = get_strategy("upper-bound", score_dtype="bfloat16").compute(
+        replica, _batch(x, y, extra)).priorities
+    _, logits = replica.losses(x, y, torch.bfloat16)
+    np.testing.assert_allclose(low, logit_gradient_norms(logits, y).numpy(), rtol=1e-6)
+    assert not np.array_equal(low, full)
+    np.testing.assert_allclose(low, full, rtol=0.05, atol=0.01)
 
 
 def test_infobatch_trains_end_to_end_and_resumes_exactly(gpu_client, small_data, tmp_path):

@@ -120,15 +120,26 @@ class Replica:
                     named[name].copy_(value.to(self.device))
         self.version = weights.version
 
-    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-sample losses and logits, forward only."""
-        logits = self.logits(x)
+    def losses(
+        self, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample losses and logits, forward only (``dtype``: see :meth:`logits`)."""
+        logits = self.logits(x, dtype)
         return F.cross_entropy(logits, y, reduction="none"), logits
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The module's output, forward only."""
+    def logits(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The module's output, forward only.
+
+        ``dtype`` (``torch.bfloat16`` or ``torch.float16``) runs the module
+        under ``torch.autocast`` in that precision; the logits come back as
+        float32. ``None`` or ``torch.float32``: in full precision.
+        """
         with torch.no_grad():
-            return self.module(x)
+            if dtype is None or dtype == torch.float32:
+                return self.module(x)
+            with torch.autocast(self.device.type, dtype=dtype):
+                out = self.module(x)
+            return out.float()
 
     def weighted_grad(
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None

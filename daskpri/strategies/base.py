@@ -262,6 +262,10 @@ class Strategy(abc.ABC):
     #: driver select the next round while the workers compute this one, before
     #: this round's priorities reach the table.
     reads_table: bool = True
+    #: precision of the forward-only passes that score samples without
+    #: training on them (a key of :data:`SCORE_DTYPES`); the strategies
+    #: that score a presample take it as an option
+    score_dtype: str = "float32"
     #: :meth:`select` reads the table, but may still select the next round
     #: while the workers compute this one: it calls
     #: :meth:`SelectContext.check_ahead` on the samples whose priorities it
@@ -294,7 +298,8 @@ class Strategy(abc.ABC):
         if batch.defer and batch.weights is None:
             grad, logits = replica.grad_and_logits(x, y)
             if rows > n:
-                logits = torch.cat([logits, replica.logits(batch.x[n:])])
+                scored = replica.logits(batch.x[n:], SCORE_DTYPES[self.score_dtype])
+                logits = torch.cat([logits, scored])
             return Computed(
                 grad=grad,
                 n_grad=n,
@@ -308,7 +313,9 @@ class Strategy(abc.ABC):
             )
         grad, losses, logits = replica.weighted_grad(x, y, batch.weights)
         if rows > n:
-            score_losses, _ = replica.losses(batch.x[n:], batch.y[n:])
+            score_losses, _ = replica.losses(
+                batch.x[n:], batch.y[n:], SCORE_DTYPES[self.score_dtype]
+            )
             losses = torch.cat([losses, score_losses])
         return Computed(
             grad=grad,
@@ -337,6 +344,20 @@ class Strategy(abc.ABC):
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({params})"
+
+
+#: The precisions a strategy's forward-only scoring passes may run in.
+SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_score_dtype(value: Any) -> str:
+    """``value`` if it names a scoring precision of :data:`SCORE_DTYPES`."""
+    if not isinstance(value, str) or value not in SCORE_DTYPES:
+        raise ValueError(
+            f"score_dtype should be one of {', '.join(map(repr, SCORE_DTYPES))}, "
+            f"but got score_dtype={value!r}"
+        )
+    return value
 
 
 def check_fraction(name: str, value: float, *, low_open: bool = False) -> float:

@@ -9,6 +9,7 @@ import torch
 
 from daskpri.replicas.replica import Replica
 from daskpri.strategies.base import (
+    SCORE_DTYPES,
     Batch,
     Computed,
     SelectContext,
@@ -18,6 +19,7 @@ from daskpri.strategies.base import (
     check_int,
     check_number,
     check_positive_int,
+    check_score_dtype,
     epoch_batches,
     walk_back,
     walk_epoch,
@@ -113,6 +115,11 @@ class SelectiveBackprop(Strategy):
         which rank by the table's losses and forward only what they keep, so
         that a higher one costs no scoring pass; ``None`` takes ``beta``.
         Needs ``beta`` and ``refresh``.
+    score_dtype : {"float32", "bfloat16", "float16"}
+        Precision of the scoring forward pass (``torch.autocast``); the
+        selected samples' training step stays in float32. On a CPU with
+        bfloat16 instructions (AVX512-BF16, AMX) and on GPUs a lower one
+        scores faster, with losses within a few percent (ranks nearly alike).
 
     Examples
     --------
@@ -134,6 +141,7 @@ class SelectiveBackprop(Strategy):
         refresh: int | None = None,
         warmup: int = 0,
         stale_beta: float | None = None,
+        score_dtype: str = "float32",
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -144,6 +152,7 @@ class SelectiveBackprop(Strategy):
             None if stale_beta is None
             else check_number("stale_beta", stale_beta, 0.0, low_open=True)
         )
+        self.score_dtype = check_score_dtype(score_dtype)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
                 "stale_beta sets the probabilistic rule's selectivity in stale steps, so it "
@@ -246,7 +255,7 @@ class SelectiveBackprop(Strategy):
     def compute(self, replica: Replica, batch: Batch) -> Computed:
         if "stale" in batch.extra:
             return super().compute(replica, batch)
-        losses, logits = replica.losses(batch.x, batch.y)
+        losses, logits = replica.losses(batch.x, batch.y, SCORE_DTYPES[self.score_dtype])
         loss_np = losses.cpu().numpy().astype(np.float64)
         rows = self._keep(loss_np, batch.extra, batch.rng)
         if rows.size:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from daskpri.replicas.replica import Replica
 from daskpri.strategies.base import (
+    SCORE_DTYPES,
     Batch,
     Computed,
     SelectContext,
@@ -24,6 +25,7 @@ from daskpri.strategies.base import (
     check_fraction,
     check_number,
     check_positive_int,
+    check_score_dtype,
     epoch_batches,
 )
 from daskpri.strategies.loss import importance_sample
@@ -126,11 +128,15 @@ class UpperBound(Strategy):
     batch_size : int, optional
         Samples backpropagated per worker per step; ``None`` takes the
         trainer's.
+    score_dtype : {"float32", "bfloat16", "float16"}
+        Precision of the forward pass that scores the candidates
+        (``torch.autocast``); training steps stay in float32.
 
     Examples
     --------
-    >>> UpperBound()
-    UpperBound(presample=3.0, tau_threshold=None, smoothing=0.9, batch_size=None)
+    >>> UpperBound()  # doctest: +NORMALIZE_WHITESPACE
+    UpperBound(presample=3.0, tau_threshold=None, smoothing=0.9, batch_size=None,
+               score_dtype='float32')
     >>> UpperBound().threshold(32)
     2.0
     """
@@ -144,6 +150,7 @@ class UpperBound(Strategy):
         tau_threshold: float | None = None,
         smoothing: float = 0.9,
         batch_size: int | None = None,
+        score_dtype: str = "float32",
     ) -> None:
         self.presample = check_number("presample", presample, 1.0)
         self.tau_threshold = (
@@ -155,6 +162,7 @@ class UpperBound(Strategy):
             raise ValueError(f"smoothing should be a number in [0, 1), but got smoothing={smooth}")
         self.smoothing = smooth
         self.batch_size = check_positive_int("batch_size", batch_size)
+        self.score_dtype = check_score_dtype(score_dtype)
 
     def presample_size(self, batch_size: int) -> int:
         """Candidates ``B`` scored per worker for ``batch_size`` backpropagated."""
@@ -216,7 +224,7 @@ class UpperBound(Strategy):
     def compute(self, replica: Replica, batch: Batch) -> Computed:
         if "draws" not in batch.extra:
             return self._compute_plain(replica, batch)
-        losses, logits = replica.losses(batch.x, batch.y)
+        losses, logits = replica.losses(batch.x, batch.y, SCORE_DTYPES[self.score_dtype])
         scores = logit_gradient_norms(logits, batch.y).cpu().numpy().astype(np.float64)
         pos, w = draw_by_scores(scores, int(batch.extra["draws"][0]), batch.rng)
         sel = torch.as_tensor(pos, device=batch.x.device)
@@ -238,7 +246,9 @@ class UpperBound(Strategy):
         grad, losses, logits = replica.weighted_grad(batch.x[:n], batch.y[:n], batch.weights)
         scores = logit_gradient_norms(logits, batch.y[:n])
         if batch.x.shape[0] > n:
-            _, score_logits = replica.losses(batch.x[n:], batch.y[n:])
+            _, score_logits = replica.losses(
+                batch.x[n:], batch.y[n:], SCORE_DTYPES[self.score_dtype]
+            )
             scores = torch.cat([scores, logit_gradient_norms(score_logits, batch.y[n:])])
         return Computed(
             grad=grad,
