@@ -501,6 +501,12 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     capability = torch.backends.cpu.get_cpu_capability()
     assert doc["machine"]["torch_cpu_capability"] == capability
     assert f"torch's CPU kernels {capability}; " in md
+    # and whether it has bfloat16 arithmetic, for score_dtype
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split()
+    low = [f for f in ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16") if f in flags]
+    assert doc["machine"]["cpu_low_precision"] == low
+    assert f"bfloat16/float16 instructions {', '.join(low) or 'none'}; " in md
     assert "| selective-backprop |" in md
     assert "4 local steps per round trip" in md and "selective-backprop:fraction=0.25" in md
     sb = [r for r in doc["runs"] if r["spec"]["arm"]["label"] == "selective-backprop"]

@@ -110,6 +110,9 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
     cpu = f"{machine['cpu']}; " if machine.get("cpu") else ""
     if machine.get("torch_cpu_capability"):
         cpu += f"torch's CPU kernels {machine['torch_cpu_capability']}; "
+    if machine.get("cpu_low_precision") is not None:
+        flags = ", ".join(machine["cpu_low_precision"]) or "none"
+        cpu += f"bfloat16/float16 instructions {flags}; "
     lines += [
         f"Machine: {machine['cores']} cores ({machine['processor']}; {cpu}{machine['platform']}), "
         f"CUDA {'yes' if machine.get('cuda') else 'no'}; Python {machine['python']}, "

@@ -48,6 +48,8 @@ def machine_info() -> dict[str, Any]:
         # float results, so a seed's run, can differ between CPUs of one name
         "cpu": _cpu_model(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        # what a ``score_dtype`` below float32 runs on
+        "cpu_low_precision": _cpu_flags(_LOW_PRECISION_FLAGS),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
@@ -60,19 +62,38 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name, family and model (Linux's ``/proc/cpuinfo``), or ``None``."""
+#: /proc/cpuinfo flags of bfloat16 and float16 arithmetic
+_LOW_PRECISION_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of Linux's ``/proc/cpuinfo`` (none elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
             text = f.read()
     except OSError:
-        return None
+        return {}
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if not line.strip():
             break  # the first processor's block
         fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _cpu_flags(wanted: tuple[str, ...]) -> list[str] | None:
+    """Which of ``wanted`` the CPU's flags list, or ``None`` where they cannot be read."""
+    fields = _cpuinfo()
+    if "flags" not in fields:
+        return None
+    flags = set(fields["flags"].split())
+    return [f for f in wanted if f in flags]
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name, family and model (Linux's ``/proc/cpuinfo``), or ``None``."""
+    fields = _cpuinfo()
     if "model name" not in fields:
         return None
     family = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]
