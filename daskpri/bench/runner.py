@@ -41,15 +41,16 @@ def machine_info() -> dict[str, Any]:
 
     import daskpri
 
+    cpuinfo = _cpuinfo()
     return {
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         # float results, so a seed's run, can differ between CPUs of one name
-        "cpu": _cpu_model(),
+        "cpu": _cpu_model(cpuinfo),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         # what a ``score_dtype`` below float32 runs on
-        "cpu_low_precision": _cpu_flags(_LOW_PRECISION_FLAGS),
+        "cpu_low_precision": _cpu_flags(cpuinfo, _LOW_PRECISION_FLAGS),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
@@ -82,18 +83,16 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
-def _cpu_flags(wanted: tuple[str, ...]) -> list[str] | None:
-    """Which of ``wanted`` the CPU's flags list, or ``None`` where they cannot be read."""
-    fields = _cpuinfo()
+def _cpu_flags(fields: Mapping[str, str], wanted: tuple[str, ...]) -> list[str] | None:
+    """Which of ``wanted`` the CPU's flags (``fields``: :func:`_cpuinfo`) list, or ``None``."""
     if "flags" not in fields:
         return None
     flags = set(fields["flags"].split())
     return [f for f in wanted if f in flags]
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name, family and model (Linux's ``/proc/cpuinfo``), or ``None``."""
-    fields = _cpuinfo()
+def _cpu_model(fields: Mapping[str, str]) -> str | None:
+    """The CPU's model name, family and model (``fields``: :func:`_cpuinfo`), or ``None``."""
     if "model name" not in fields:
         return None
     family = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]

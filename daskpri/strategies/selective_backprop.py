@@ -120,8 +120,9 @@ class SelectiveBackprop(Strategy):
         selected samples' training step stays in float32. Where the
         hardware has the arithmetic (AVX512-BF16 or AMX on a CPU, a GPU)
         and the layers are large enough, a lower one scores faster: the
-        ``mnist5k`` CNN's pass 1.72x on an AVX512-BF16 CPU, MNIST-1D's small
-        models not at all. Losses differ by a few percent; ranks barely.
+        ``mnist5k`` CNN's pass 1.58x-1.67x on an AVX512-BF16 CPU, MNIST-1D's
+        small models not at all (``benchmarks/score_dtype.py``). Losses
+        differ by a few percent; ranks barely.
 
     Examples
     --------
