@@ -14,13 +14,16 @@ import threading
 import time
 import urllib.request
 
+import dask
 import numpy as np
 import pytest
 from bokeh.client import pull_session
 from bokeh.server.server import BokehTornado
 from distributed import Client, LocalCluster, Scheduler
+from distributed.protocol import pickle
 
 import daskpri
+from daskpri._wire import pack
 from daskpri.dashboard.components import (
     PartitionHeatmap,
     PriorityHistogram,
@@ -315,6 +318,77 @@ def test_dashboard_follows_the_newest_run_until_one_is_picked():
     assert dash.status.source.data["value"][0] == "p"
 
 
+def plugin_with(**runs: TableRun) -> TablePlugin:
+    plugin = TablePlugin()
+    plugin.runs.update(runs)
+    return plugin
+
+
+def test_a_closed_run_stays_on_the_scheduler_read_only():
+    run = make_run("uniform")
+    add_step(run, 0, [0, 1], [1.0, 2.0], accuracy=0.5)
+    plugin = plugin_with(u=run)
+    plugin._close("u")
+    assert plugin._runs() == ["u"] and run.closed
+    assert plugin._metrics("u")[0]["step"] == 0  # the dashboard can still read it
+    assert bool(plugin._summary("u")["closed"]) is True
+    for write in (
+        lambda: plugin._step("u", 1),
+        lambda: plugin._update("u", []),
+        lambda: plugin._unselect("u"),
+        lambda: plugin._set_owner("u", {}),
+        lambda: plugin._load("u", {}),
+    ):
+        with pytest.raises(KeyError, match="run 'u' is closed.*keep-closed"):
+            write()
+    plugin._close("u")  # closing twice, or a run never made, changes nothing
+    plugin._close("nope")
+    assert plugin._runs() == ["u"]
+
+
+def test_only_the_newest_closed_runs_are_kept():
+    plugin = plugin_with(**{name: make_run() for name in ("a", "b", "live", "c", "d")})
+    with dask.config.set({"daskpri.table.keep-closed": 2}):
+        for name in ("a", "b", "c", "d"):
+            plugin._close(name)
+    assert plugin._runs() == ["live", "c", "d"]  # the live run stays, whatever its age
+    with dask.config.set({"daskpri.table.keep-closed": 0}):
+        plugin._close("live")
+    assert plugin._runs() == []
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "4"])
+def test_keep_closed_is_checked(value):
+    plugin = plugin_with(a=make_run())
+    with (
+        dask.config.set({"daskpri.table.keep-closed": value}),
+        pytest.raises(ValueError, match=rf"keep-closed should be a non-negative integer.*"
+                                        rf"{re.escape(repr(value))}"),
+    ):
+        plugin._close("a")
+
+
+def test_a_run_made_again_becomes_the_newest():
+    plugin = plugin_with(a=make_run(), b=make_run())
+    plugin._close("a")
+    plugin._create(
+        "a", pack(np.array([4, 4])), pack(np.array([0, 1])), pickle.dumps(get_strategy("uniform")),
+        seed=0, batch_size=2, staleness="keep", n_bins=8, info={"strategy": "uniform"},
+    )
+    assert plugin._runs() == ["b", "a"] and not plugin.runs["a"].closed
+
+
+def test_the_status_says_whether_the_run_is_closed():
+    run = make_run("uniform")
+    add_step(run, 0, [0], [1.0])
+    comp = RunStatus()
+    comp.update(snapshot_from_run(run, name="u"))
+    assert comp.source.data["value"][1] == "live"
+    run.closed = True
+    comp.update(snapshot_from_run(run, name="u"))
+    assert comp.source.data["value"][1] == "closed (kept for the dashboard)"
+
+
 def test_install_skips_a_scheduler_without_dashboard(caplog):
     async def main():
         async with Scheduler(
@@ -495,6 +569,39 @@ def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
 
         server.io_loop.add_callback(stop)
         thread.join(10)
+
+
+def test_a_closed_uniform_run_stays_the_baseline_of_the_next_run(small_data):
+    """Trainers used as context managers close their runs: the page keeps them."""
+    train, test = small_data
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        page = f"http://127.0.0.1:{cluster.scheduler.http_server.port}/daskpri"
+        names = {}
+        for strategy, steps in (("uniform", 20), ("loss", 10)):
+            with daskpri.Trainer(
+                build_model("mlp", train, seed=0), strategy=strategy, client=client, seed=0,
+                batch_size=32, eval_every=5,
+            ) as tr:
+                tr.fit(train, eval_data=test, max_steps=steps, progress=False)
+                names[strategy] = tr.run_id
+                if strategy == "loss":
+                    with pull_session(url=page) as session:
+                        fields = status_of(session.document)
+                        assert fields["run"] == names["loss"] and fields["state"] == "live"
+                        assert fields["baseline"] == names["uniform"]
+                        baseline = session.document.get_model_by_name("daskpri-baseline-loss")
+                        assert len(baseline.data["loss"]) == 20
+        # both closed: the page still shows the last run beside its baseline
+        with pull_session(url=page) as session:
+            fields = status_of(session.document)
+            assert fields["run"] == names["loss"] and fields["state"].startswith("closed")
+            assert fields["baseline"] == names["uniform"] and fields["step"] == "9"
+        assert list(client.sync(client.scheduler.daskpri_runs)) == [names["uniform"], names["loss"]]
 
 
 def test_preloaded_scheduler_serves_the_page(tmp_path):

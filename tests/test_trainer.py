@@ -234,7 +234,12 @@ def test_table_lives_in_the_scheduler_and_round_trips_its_state(gpu_client, smal
     finally:
         a.close()
         b.close()
-    assert a.run_id not in gpu_client.sync(gpu_client.scheduler.daskpri_runs)
+    # closed runs stay, read-only, for the dashboard (daskpri.table.keep-closed)
+    assert {a.run_id, b.run_id} <= set(gpu_client.sync(gpu_client.scheduler.daskpri_runs))
+    from daskpri.table.plugin import RemoteTable
+
+    with pytest.raises(KeyError, match="is closed"):
+        RemoteTable(gpu_client, a.run_id).update([])
 
 
 def test_step_metrics_reach_the_scheduler(gpu_client, small_data):

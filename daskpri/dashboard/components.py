@@ -217,6 +217,7 @@ class RunStatus(DashboardComponent):
 
     FIELDS = (
         "run",
+        "state",
         "strategy",
         "parameters",
         "step",
@@ -241,7 +242,7 @@ class RunStatus(DashboardComponent):
         )
         # A Div, not a DataTable: Bokeh 3.9.1-3.9.2's DataTable does not redraw
         # when its source changes (bokeh/bokeh#15328).
-        opts: dict[str, Any] = {"width": 560, "height": 320, "name": "daskpri-status-table"}
+        opts: dict[str, Any] = {"width": 560, "height": 345, "name": "daskpri-status-table"}
         opts.update(kwargs)
         self.root = Div(text=self._html(), **opts)
 
@@ -258,6 +259,7 @@ class RunStatus(DashboardComponent):
         base = snapshot.get("baseline")
         values = (
             snapshot["run"],
+            "closed (kept for the dashboard)" if snapshot.get("closed") else "live",
             snapshot["strategy"],
             snapshot["params"],
             f"{snapshot['step']:,}",

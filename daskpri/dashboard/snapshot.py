@@ -91,7 +91,8 @@ def snapshot_from_run(
     Returns
     -------
     dict
-        ``run``, ``strategy``, ``params``, ``n_workers``, ``n_samples``,
+        ``run``, ``closed`` (the trainer closed the run; the scheduler keeps
+        it for the dashboard), ``strategy``, ``params``, ``n_workers``, ``n_samples``,
         ``step`` (last selected), ``table_step`` (last step whose priorities
         reached the table, -1 before any), ``n_updates``, ``elapsed``,
         ``partitions`` (per-partition ``sum``, ``max``, ``count``, ``seen``,
@@ -135,6 +136,7 @@ def snapshot_from_run(
         n_metrics=len(run.metrics),
         start_histogram=start_histogram,
         n_bins=n_bins,
+        closed=run.closed,
     )
     if baseline is not None:
         snap["baseline"] = _baseline(
@@ -195,6 +197,7 @@ async def snapshot_from_rpc(
         n_metrics=n_metrics,
         start_histogram=start_histogram,
         n_bins=n_bins,
+        closed=bool(summary.get("closed", False)),
     )
     if baseline is not None:
         info = unpack_tree(await scheduler.daskpri_summary(run=baseline))["info"]
@@ -254,6 +257,7 @@ def _assemble(
     n_metrics: int,
     start_histogram: dict[str, Any] | None,
     n_bins: int,
+    closed: bool = False,
 ) -> dict[str, Any]:
     """The snapshot, from a run's summary, per-sample arrays and new metrics."""
     count = np.asarray(summary["count"], dtype=np.int64)
@@ -274,6 +278,7 @@ def _assemble(
     next_cursor = _advance(cursor, rows, n_metrics)
     return {
         "run": name,
+        "closed": bool(closed),
         "strategy": str(info.get("strategy", "")),
         "params": str(info.get("params", "")),
         "n_workers": int(info.get("n_workers", 0)),

@@ -72,6 +72,9 @@ class TableRun:
     #: rounds of a strategy that reads the table selected ahead, and declined
     ahead_taken: int = 0
     ahead_declined: int = 0
+    #: the trainer closed the run: kept, read-only, for the dashboard
+    #: (``daskpri.table.keep-closed``)
+    closed: bool = False
 
     def set_owner(self, owner: np.ndarray) -> None:
         owner = np.asarray(owner, dtype=np.int64)
@@ -182,13 +185,21 @@ class TablePlugin(SchedulerPlugin):
     async def close(self) -> None:
         self.runs.clear()
 
-    def _run(self, run: str) -> TableRun:
+    def _run(self, run: str, *, live: bool = False) -> TableRun:
+        """The run named ``run``; with ``live``, only one not closed (for writes)."""
         try:
-            return self.runs[run]
+            tr = self.runs[run]
         except KeyError:
             raise KeyError(
                 f"no daskpri run {run!r} on this scheduler; runs: {sorted(self.runs)}"
             ) from None
+        if live and tr.closed:
+            raise KeyError(
+                f"daskpri run {run!r} is closed: the scheduler keeps its table and metrics "
+                f"for the dashboard only (daskpri.table.keep-closed); fit again to start a "
+                f"new table"
+            )
+        return tr
 
     # -- handlers (called with the message's keyword arguments) ----------------
 
@@ -217,6 +228,7 @@ class TablePlugin(SchedulerPlugin):
             info=info,
         )
         tr.set_owner(unpack(owner))
+        self.runs.pop(run, None)  # a run made again (new data) is the newest
         self.runs[run] = tr
 
     def _apply(self, tr: TableRun, updates: list | None, metrics: list | dict | None) -> None:
@@ -246,7 +258,7 @@ class TablePlugin(SchedulerPlugin):
         priorities (:class:`~daskpri.strategies.base.NotAhead`), the
         selection is taken back at once and the answer is ``None``.
         """
-        tr = self._run(run)
+        tr = self._run(run, live=True)
         self._apply(tr, updates, metrics)
         tr.undo = None
         if undo:
@@ -271,22 +283,22 @@ class TablePlugin(SchedulerPlugin):
 
     def _unselect(self, run: str) -> None:
         """Take back the last selection made with ``undo`` (a round selected ahead, unused)."""
-        tr = self._run(run)
+        tr = self._run(run, live=True)
         if tr.undo is not None:
             tr.rng.bit_generator.state, tr.state, tr.last_step, tr.inflight = tr.undo
             tr.undo = None
 
     def _update(self, run: str, updates: list, metrics: list | dict | None = None) -> None:
-        self._apply(self._run(run), updates, metrics)
+        self._apply(self._run(run, live=True), updates, metrics)
 
     def _set_owner(self, run: str, owner: dict) -> None:
-        self._run(run).set_owner(unpack(owner))
+        self._run(run, live=True).set_owner(unpack(owner))
 
     def _state(self, run: str) -> dict:
         return pack_tree(self._run(run).state_dict())
 
     def _load(self, run: str, state: dict) -> None:
-        tr = self._run(run)
+        tr = self._run(run, live=True)
         tr.load_state_dict(unpack_tree(state))
         tr.undo = None
 
@@ -299,6 +311,7 @@ class TablePlugin(SchedulerPlugin):
             last_step=tr.last_step,
             info=tr.info,
             selection_seconds=tr.selection_seconds,
+            closed=tr.closed,
         )
         return pack_tree(s)
 
@@ -310,10 +323,35 @@ class TablePlugin(SchedulerPlugin):
         return list(self._run(run).metrics)[start:]
 
     def _runs(self) -> list[str]:
-        return list(self.runs)  # oldest first: the dashboard follows the newest
+        """The runs' names, closed ones kept included, oldest first (the dashboard
+        follows the newest)."""
+        return list(self.runs)
 
     def _close(self, run: str) -> None:
-        self.runs.pop(run, None)
+        """Close a run: it stays, read-only, among the last ``daskpri.table.keep-closed``.
+
+        The dashboard can then still show it, and compare a later run with it
+        as its uniform baseline (a run is usually closed before the next starts).
+        """
+        tr = self.runs.get(run)
+        if tr is None:
+            return
+        tr.closed, tr.undo, tr.inflight = True, None, None
+        keep = _keep_closed()
+        closed = [name for name, r in self.runs.items() if r.closed]
+        for name in closed[: max(len(closed) - keep, 0)]:  # the oldest closed go first
+            del self.runs[name]
+
+
+def _keep_closed() -> int:
+    """``daskpri.table.keep-closed``, checked: how many closed runs the scheduler keeps."""
+    value = _config.get("table.keep-closed")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"daskpri.table.keep-closed should be a non-negative integer (0: drop a run's "
+            f"table when it closes), but got {value!r}"
+        )
+    return value
 
 
 def dask_setup(scheduler: Scheduler) -> None:
