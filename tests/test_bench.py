@@ -340,11 +340,29 @@ def test_scaling_rows_give_throughput_and_time_efficiency():
     ]
     summary = summarize(cfg, records, SIZES)
     two = next(r for r in summary["scaling"] if r["arm"] == "uniform" and r["n_workers"] == 2)
-    assert two["time_efficiency"] == pytest.approx(40.0 / (2 * 25.0))
+    assert two["time_efficiency"].median == pytest.approx(40.0 / (2 * 25.0))
     # samples/s: 64*20/40 = 32 on 1 worker, 128*20/25 = 102.4 on 2
     assert two["vs_n0"].median == pytest.approx(102.4 / 32)
     assert two["throughput_efficiency"] == pytest.approx(102.4 / (2 * 32))
     assert two["samples_per_second"].median == pytest.approx(102.4)
+
+
+def test_scaling_time_efficiency_pairs_the_seeds_and_counts_a_miss_as_zero():
+    # the sweep's best accuracy is 1.0: the first target is 0.97
+    cfg = _config(seeds=4, workers=(1, 2), ddp=False)
+    records = [_record(accuracy=[0.5, 1.0])]
+    # seconds to target, (1 worker, 2 workers) by seed: the machine slows over the
+    # seeds; seed 2's two workers miss the target, seed 3's one worker does
+    for seed, (t1, t2) in enumerate([(10.0, 5.0), (20.0, 12.5), (40.0, None), (None, 50.0)]):
+        for n, t in ((1, t1), (2, t2)):
+            accuracy = [0.5, 1.0] if t is not None else [0.5, 0.6]
+            records.append(_record(accuracy=accuracy, times=[1.0, t or 60.0], seed=seed,
+                                   n_workers=n, phase="scaling"))
+    summary = summarize(cfg, records, SIZES)
+    two = next(r for r in summary["scaling"] if r["n_workers"] == 2)
+    # per seed 10/(2*5) = 1.0, 20/(2*12.5) = 0.8, a miss 0.0; seed 3 left out
+    eff = two["time_efficiency"]
+    assert (eff.median, eff.low, eff.high, eff.n) == (pytest.approx(0.8), 0.0, 1.0, 3)
 
 
 def test_scaling_and_overhead_ratios_pair_the_runs_of_each_seed():

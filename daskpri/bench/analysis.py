@@ -23,6 +23,7 @@ __all__ = [
     "Spread",
     "accuracy_at",
     "efficiency",
+    "paired_efficiencies",
     "paired_ratios",
     "speedup",
     "spread",
@@ -155,6 +156,37 @@ def paired_ratios(numerators: Sequence[RunRecord], denominators: Sequence[RunRec
         for r in numerators
         if by_seed.get(r.spec.seed, 0) > 0
     )
+
+
+def paired_efficiencies(
+    runs_n: Sequence[RunRecord], runs_n0: Sequence[RunRecord], target: float, n0: int, n: int
+) -> Spread:
+    """Each seed's time efficiency ``T_n0 / ((n/n0) T_n)`` to ``target``, paired by seed.
+
+    A seed whose ``n`` workers missed the target where its ``n0`` reached it
+    counts as 0; one whose ``n0`` missed it is left out (its efficiency is
+    not known), as are seeds missing from either side.
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, Curve, RunSpec
+    >>> def run(seed, n, seconds):
+    ...     spec = RunSpec("scaling", "daskpri", "d", "mlp", Arm("uniform", "uniform", 64, 64),
+    ...                    0.1, seed, n, 60.0)
+    ...     return RunRecord(spec, Curve([seconds], [1], [0.9], [1.0]), 64, 64, 61.0)
+    >>> two = [run(0, 2, 25.0), run(1, 2, 20.0), run(2, 2, 30.0)]
+    >>> one = [run(0, 1, 40.0), run(1, 1, 40.0), run(2, 1, 45.0)]
+    >>> paired_efficiencies(two, one, 0.9, 1, 2)
+    Spread(median=0.8, low=0.75, high=1.0, n=3, reached=3)
+    """
+    base = {r.spec.seed: time_to_target(r.curve, target) for r in runs_n0}
+    values = []
+    for r in runs_n:
+        t0 = base.get(r.spec.seed, math.inf)
+        if math.isfinite(t0):
+            values.append(efficiency(t0, time_to_target(r.curve, target), n0, n)
+                          if math.isfinite(time_to_target(r.curve, target)) else 0.0)
+    return spread(values)
 
 
 @dataclass(frozen=True)
@@ -306,7 +338,6 @@ def _scaling(config: BenchConfig, arms: Sequence[Any], records: Sequence[RunReco
                        label=arm.label, learning_rate=lr, n_workers=n)
             for n in config.workers
         }
-        t0 = spread(time_to_target(r.curve, target) for r in runs[n0]).median
         for n in config.workers:
             sps = spread(samples_per_second(r) for r in runs[n])
             tta = spread(time_to_target(r.curve, target) for r in runs[n])
@@ -320,7 +351,7 @@ def _scaling(config: BenchConfig, arms: Sequence[Any], records: Sequence[RunReco
                 "of_plain_loops": ratio.median / loops.median
                 if loops is not None and loops.median > 0 else math.nan,
                 "seconds": tta,
-                "time_efficiency": efficiency(t0, tta.median, n0, n),
+                "time_efficiency": paired_efficiencies(runs[n], runs[n0], target, n0, n),
             })
 
 

@@ -250,14 +250,16 @@ def _scaling_section(summary: Mapping[str, Any]) -> list[str]:
              "one-thread processes that share nothing (a reference, not a strict bound: "
              "a daskpri worker's step is not the plain loop's); "
              "`of plain loops`: daskpri's ratio over theirs (uniform only). Time efficiency: "
-             "T_n0 / ((n/n0) T_n), with median times to the first target.", ""]
+             "each seed's T_n0 / ((n/n0) T_n) to the first target, paired like the "
+             "samples/s, median [min–max] (0 where n workers missed a target that n0 "
+             "reached; seeds where n0 missed it are left out).", ""]
     body = [
         [f"{r['dataset']}/{r['model']}", r["arm"], str(r["n_workers"]),
          fmt_spread(r["samples_per_second"], 0), fmt_spread(r["vs_n0"], 2),
          _num(r["throughput_efficiency"]),
          "—" if r.get("plain_loops_vs_n0") is None else fmt_spread(r["plain_loops_vs_n0"], 2),
          _num(r.get("of_plain_loops", math.nan)),
-         fmt_spread(r["seconds"]), _num(r["time_efficiency"])]
+         fmt_spread(r["seconds"]), fmt_spread(r["time_efficiency"], 2)]
         for r in rows
     ]
     return lines + _table(["dataset/model", "arm", "workers", "samples/s", "samples/s vs n0",
