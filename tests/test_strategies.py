@@ -277,6 +277,36 @@ def test_selective_backprop_stale_beta_needs_beta_and_stale_steps():
     assert s.get_params()["stale_beta"] == 3
 
 
+def test_selective_backprop_prefilter_scores_the_tables_top_share_of_a_larger_draw():
+    # one worker of 16 samples; batch 4, fraction 0.5: 8 candidates scored a step,
+    # drawn as the top half (prefilter 0.5) of 16 by the table's losses
+    table = PriorityTable([16])
+    losses = np.array([0.1, 0.9, 0.5, 0.2, 0.8, 0.3, 0.7, 0.4] * 2) + np.repeat([0, 0.01], 8)
+    table.update(np.arange(16), losses, step=0)
+    table.forget(np.array([0]))  # unseen: ranks first
+    ctx = make_ctx([16], [0], batch_size=4, table=table)
+    s = get_strategy("selective-backprop", prefilter=0.5)
+    first = s.select(ctx)[0]
+    assert first.train.tolist() == [0, 1, 4, 6, 9, 10, 12, 14]  # scored afresh on the worker
+    assert "stale" not in first.extra
+    assert walk_epoch(ctx, 0) == 1  # the 16 drawn are spent: the next step is a new epoch
+    # without it, the step scores the walk's next 8 candidates whatever the table says
+    ctx = make_ctx([16], [0], batch_size=4, table=table)
+    assert get_strategy("selective-backprop").select(ctx)[0].train.size == 8
+    assert walk_epoch(ctx, 0) == 0
+    # stale steps (refresh) are not prefiltered: they rank by the table already
+    ctx = make_ctx([16], [0], batch_size=4, table=table)
+    s = get_strategy("selective-backprop", refresh=2, prefilter=0.5)
+    s.select(ctx)
+    ctx.step = 1
+    stale = s.select(ctx)[0]
+    assert "stale" in stale.extra and stale.train.size == 4
+    with pytest.raises(ValueError, match=r"prefilter should be a number in \(0, 1\], but got "
+                       r"prefilter=0"):
+        get_strategy("selective-backprop", prefilter=0)
+    assert get_strategy("selective-backprop", prefilter=0.75).get_params()["prefilter"] == 0.75
+
+
 def test_selective_backprop_stale_step_backpropagates_every_row():
     torch.manual_seed(0)
     replica = Replica(torch.nn.Linear(3, 2), "cpu")

@@ -123,6 +123,20 @@ class SelectiveBackprop(Strategy):
         ``mnist5k`` CNN's pass 1.58x-1.67x on an AVX512-BF16 CPU, MNIST-1D's
         small models not at all (``benchmarks/score_dtype.py``). Losses
         differ by a few percent; ranks barely.
+    prefilter : float
+        Share of a fresh step's candidates that its scoring pass forwards,
+        in (0, 1]: the step draws ``1/prefilter`` times as many candidates
+        from the walk and scores only the top ``prefilter`` of them by the
+        table's losses (unseen samples first), so the samples that the
+        table already knows to be easy are passed over without a forward
+        pass. 1 (the default) scores every candidate. Stale steps rank by
+        the table anyway and are not affected. With ``beta``, the scored
+        candidates rank higher against the CDF than a plain draw's, so a
+        step keeps more than ``batch_size`` in expectation. On the MNIST-1D
+        CNN (``beta=1, refresh=3, warmup=1, stale_beta=5``, 10 seeds),
+        ``prefilter=0.75`` reached the target in 320 steps against 360,
+        1.38x uniform's time against 1.22x in the same run, at 70 gradients
+        a step and worker against 65: one run, not yet a default.
 
     Examples
     --------
@@ -145,6 +159,7 @@ class SelectiveBackprop(Strategy):
         warmup: int = 0,
         stale_beta: float | None = None,
         score_dtype: str = "float32",
+        prefilter: float = 1.0,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -156,6 +171,7 @@ class SelectiveBackprop(Strategy):
             else check_number("stale_beta", stale_beta, 0.0, low_open=True)
         )
         self.score_dtype = check_score_dtype(score_dtype)
+        self.prefilter = check_fraction("prefilter", prefilter, low_open=True)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
                 "stale_beta sets the probabilistic rule's selectivity in stale steps, so it "
@@ -211,6 +227,12 @@ class SelectiveBackprop(Strategy):
             if not fresh and self.beta is not None:
                 kept = self._draw_stale(ctx, s, size, extra["reference"])
                 out.append(Selection(train=kept, extra={"stale": _STALE}))
+                continue
+            if fresh and self.prefilter < 1.0:  # the table's easy samples are not scored
+                cand = epoch_batches(ctx, s, math.ceil(n_cand / self.prefilter))
+                ctx.check_ahead(cand)
+                cand = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), self.prefilter)]
+                out.append(Selection(train=cand, extra=extra))
                 continue
             cand = epoch_batches(ctx, s, n_cand)
             if fresh:
