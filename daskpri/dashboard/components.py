@@ -11,8 +11,8 @@ Examples
 --------
 >>> from daskpri.dashboard.components import RunStatus
 >>> status = RunStatus()
->>> status.source.data["field"][:2]
-['run', 'strategy']
+>>> status.source.data["field"][:3]
+['run', 'state', 'strategy']
 """
 
 from __future__ import annotations
