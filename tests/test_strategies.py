@@ -305,6 +305,9 @@ def test_selective_backprop_prefilter_scores_the_tables_top_share_of_a_larger_dr
                        r"prefilter=0"):
         get_strategy("selective-backprop", prefilter=0)
     assert get_strategy("selective-backprop", prefilter=0.75).get_params()["prefilter"] == 0.75
+    # it reads the table, so a round selected ahead is checked against the one in flight
+    assert get_strategy("selective-backprop", prefilter=0.75).reads_table
+    assert not get_strategy("selective-backprop").reads_table
 
 
 def test_selective_backprop_stale_step_backpropagates_every_row():

@@ -182,8 +182,9 @@ class SelectiveBackprop(Strategy):
     @property  # a property, not a parameter: get_params() gives __init__'s only
     def reads_table(self) -> bool:  # type: ignore[override]
         """Candidates come from the shuffled walk alone, unless ranked by the
-        table's losses (``refresh``) or drawn against their distribution (``beta``)."""
-        return self.beta is not None or self.refresh is not None
+        table's losses (``refresh``, ``prefilter``) or drawn against their
+        distribution (``beta``)."""
+        return self.beta is not None or self.refresh is not None or self.prefilter < 1.0
 
     def fresh(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) of the walk scores afresh.
