@@ -182,10 +182,9 @@ def paired_efficiencies(
     base = {r.spec.seed: time_to_target(r.curve, target) for r in runs_n0}
     values = []
     for r in runs_n:
-        t0 = base.get(r.spec.seed, math.inf)
+        t0, t_n = base.get(r.spec.seed, math.inf), time_to_target(r.curve, target)
         if math.isfinite(t0):
-            values.append(efficiency(t0, time_to_target(r.curve, target), n0, n)
-                          if math.isfinite(time_to_target(r.curve, target)) else 0.0)
+            values.append(efficiency(t0, t_n, n0, n) if math.isfinite(t_n) else 0.0)
     return spread(values)
 
 

@@ -134,9 +134,11 @@ class SelectiveBackprop(Strategy):
         candidates rank higher against the CDF than a plain draw's, so a
         step keeps more than ``batch_size`` in expectation. On the MNIST-1D
         CNN (``beta=1, refresh=3, warmup=1, stale_beta=5``, 10 seeds),
-        ``prefilter=0.75`` reached the target in 320 steps against 360,
-        1.38x uniform's time against 1.22x in the same run, at 70 gradients
-        a step and worker against 65: one run, not yet a default.
+        ``prefilter=0.75`` reached the target in 320 steps against 360 in
+        two runs, 1.38x and 1.44x uniform's time against 1.22x and 1.19x
+        in the same runs, at 69-70 gradients a step and worker against
+        63-65; on the ``mnist5k`` MLP (``fraction=0.25, refresh=4``)
+        ``prefilter=0.5`` cost steps (128 against 96). Not yet a default.
 
     Examples
     --------
