@@ -368,6 +368,21 @@ def test_keep_closed_is_checked(value):
         plugin._close("a")
 
 
+def test_a_bad_keep_closed_fails_the_plugins_registration():
+    async def main():
+        async with Scheduler(
+            dashboard=False, dashboard_address="127.0.0.1:0", host="127.0.0.1", port=0
+        ) as s:
+            with (
+                dask.config.set({"daskpri.table.keep-closed": -1}),
+                pytest.raises(ValueError, match="keep-closed should be a non-negative integer"),
+            ):
+                await s.register_scheduler_plugin(TablePlugin(), idempotent=False)
+            assert "daskpri_close" not in s.handlers
+
+    asyncio.run(main())
+
+
 def test_a_run_made_again_becomes_the_newest():
     plugin = plugin_with(a=make_run(), b=make_run())
     plugin._close("a")

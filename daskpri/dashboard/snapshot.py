@@ -257,7 +257,7 @@ def _assemble(
     n_metrics: int,
     start_histogram: dict[str, Any] | None,
     n_bins: int,
-    closed: bool = False,
+    closed: bool,
 ) -> dict[str, Any]:
     """The snapshot, from a run's summary, per-sample arrays and new metrics."""
     count = np.asarray(summary["count"], dtype=np.int64)

@@ -159,6 +159,7 @@ class TablePlugin(SchedulerPlugin):
         self.scheduler: Scheduler | None = None
 
     async def start(self, scheduler: Scheduler) -> None:
+        _keep_closed()  # a bad value fails the plugin's registration, not a run's close
         self.scheduler = scheduler
         for op in (
             "create",
@@ -333,11 +334,11 @@ class TablePlugin(SchedulerPlugin):
         The dashboard can then still show it, and compare a later run with it
         as its uniform baseline (a run is usually closed before the next starts).
         """
+        keep = _keep_closed()  # checked before the run changes
         tr = self.runs.get(run)
         if tr is None:
             return
         tr.closed, tr.undo, tr.inflight = True, None, None
-        keep = _keep_closed()
         closed = [name for name, r in self.runs.items() if r.closed]
         for name in closed[: max(len(closed) - keep, 0)]:  # the oldest closed go first
             del self.runs[name]
