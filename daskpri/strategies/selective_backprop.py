@@ -231,19 +231,18 @@ class SelectiveBackprop(Strategy):
                 kept = self._draw_stale(ctx, s, size, extra["reference"])
                 out.append(Selection(train=kept, extra={"stale": _STALE}))
                 continue
-            if fresh and self.prefilter < 1.0:  # the table's easy samples are not scored
-                cand = epoch_batches(ctx, s, math.ceil(n_cand / self.prefilter))
-                ctx.check_ahead(cand)
-                cand = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), self.prefilter)]
+            prefilter = fresh and self.prefilter < 1.0
+            draw = math.ceil(n_cand / self.prefilter) if prefilter else n_cand
+            cand = epoch_batches(ctx, s, draw)
+            if fresh and not prefilter:
                 out.append(Selection(train=cand, extra=extra))
                 continue
-            cand = epoch_batches(ctx, s, n_cand)
-            if fresh:
-                out.append(Selection(train=cand, extra=extra))
-            else:  # ranked by the table's losses; the worker's step is a plain one
-                ctx.check_ahead(cand)
-                kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), self.fraction)]
-                out.append(Selection(train=kept, extra={"stale": _STALE}))
+            # ranked by the table's losses: the top share is scored afresh on the worker
+            # (prefilter: the table's easy samples are not), or trained in a plain step (stale)
+            ctx.check_ahead(cand)
+            share = self.prefilter if fresh else self.fraction
+            kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), share)]
+            out.append(Selection(train=kept, extra=extra if fresh else {"stale": _STALE}))
         return out
 
     def _draw_stale(
