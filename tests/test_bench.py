@@ -162,6 +162,73 @@ def test_learning_rate_pick_breaks_ties_toward_the_smaller_rate_and_avoids_nan()
     assert pick_learning_rates(records)[("mnist1d", "mlp", "uniform")] == 0.05
 
 
+def _slow_and_high_fast_and_lower() -> list[RunRecord]:
+    """lr 0.05 ends at 0.90 after 30 s; lr 0.1 reaches 0.89 at 10 s and ends at 0.85."""
+    return [
+        rec
+        for seed in range(3)
+        for rec in (
+            _record(accuracy=[0.6, 0.8, 0.90], times=[10.0, 20.0, 30.0], lr=0.05, seed=seed),
+            _record(accuracy=[0.89, 0.88, 0.85], times=[10.0, 20.0, 30.0], lr=0.1, seed=seed),
+            _record(LOSS, accuracy=[0.5, 0.6, 0.7], lr=0.05, seed=seed),  # never reaches 0.891
+            _record(LOSS, accuracy=[0.5, 0.6, 0.65], lr=0.1, seed=seed),
+        )
+    ]
+
+
+def test_time_pick_takes_each_arms_rate_that_reaches_the_highest_target_soonest():
+    records = _slow_and_high_fast_and_lower()
+    # by final accuracy uniform keeps 0.05, which reaches 99% of 0.90 only at 30 s
+    assert pick_learning_rates(records)[("mnist1d", "mlp", "uniform")] == 0.05
+    # 99% of 0.90 (0.891): only 0.05 reaches it (at 30 s), so it is kept
+    picks = pick_learning_rates(records, by="time", fraction=0.99)
+    assert picks[("mnist1d", "mlp", "uniform")] == 0.05
+    # 97% (0.873): 0.1 reaches it at 10 s, 0.05 at 30 s
+    picks = pick_learning_rates(records, by="time", fraction=0.97)
+    assert picks[("mnist1d", "mlp", "uniform")] == 0.1
+    # loss reaches neither target at any rate: it keeps its best final accuracy
+    assert picks[("mnist1d", "mlp", "loss")] == 0.05
+
+
+def test_time_pick_targets_come_from_uniforms_best_rate_not_its_pick():
+    records = _slow_and_high_fast_and_lower()
+    picks = pick_learning_rates(records, by="time", fraction=0.97)
+    got = targets(records, "mnist1d", "mlp", picks, [0.97], by="time")
+    assert got == pytest.approx({0.97: 0.97 * 0.90})  # lr 0.05's best, though 0.1 is picked
+    got = targets(records, "mnist1d", "mlp", picks, [0.97])  # by="final": the pick's best
+    assert got == pytest.approx({0.97: 0.97 * 0.89})
+
+
+def test_time_pick_breaks_ties_toward_the_better_final_accuracy():
+    records = [_record(accuracy=[0.9, 0.8], lr=0.1), _record(accuracy=[0.9, 0.85], lr=0.2)]
+    assert pick_learning_rates(records, by="time")[("mnist1d", "mlp", "uniform")] == 0.2
+    with pytest.raises(ValueError, match="by should be one of 'time', 'final', but got 'fast'"):
+        pick_learning_rates(records, by="fast")
+
+
+def test_report_says_when_a_pick_is_at_the_edge_of_the_sweep(tmp_path: Path):
+    cfg = _config(seeds=3, workers=(2,), learning_rates=(0.05, 0.1), target_fractions=(0.97,))
+    records = _slow_and_high_fast_and_lower()
+    summary = summarize(cfg, records, SIZES)
+    sweep = {(r["arm"], r["learning_rate"]): r for r in summary["lr_sweep"]}
+    assert sweep[("uniform", 0.1)]["picked"] and sweep[("uniform", 0.1)]["edge"] == "largest"
+    assert sweep[("loss", 0.05)]["edge"] == "smallest"
+    assert sweep[("uniform", 0.05)]["edge"] is None  # not picked
+    assert sweep[("uniform", 0.05)]["seconds"].median == 30.0  # to 97% of 0.90: 0.873
+    md = render_markdown(cfg, MACHINE, summary, [])
+    assert ("**uniform's learning rate 0.1 is the largest swept: its best may lie outside "
+            "the sweep; widen --learning-rates.**") in md
+    assert "soonest" in md and "at the learning rate swept where it is highest" in md
+    # a pick inside the grid is not flagged
+    wide = _config(seeds=3, workers=(2,), learning_rates=(0.025, 0.05, 0.1, 0.2),
+                   target_fractions=(0.97,))
+    assert "is the largest swept" not in render_markdown(
+        wide, MACHINE, summarize(wide, records + [
+            _record(accuracy=[0.1], lr=lr, seed=seed, arm=arm)
+            for lr in (0.025, 0.2) for seed in range(3) for arm in (UNIFORM, LOSS)
+        ], SIZES), [])
+
+
 def test_projection_gets_a_uniform_baseline_of_equal_gradient_budget():
     assert gradients_per_step("projection", 64, [8000, 8000]) == 64 + 80
     assert gradients_per_step("projection", 64, [8000], k=32, renew=0.0) == 32
@@ -441,6 +508,9 @@ def test_config_names_the_bad_value():
     with pytest.raises(ValueError, match="staleness should be one of 'keep', 'exp-linear', "
                        "'exp-quadratic', but got 'linear'"):
         BenchConfig(staleness="linear")
+    with pytest.raises(ValueError, match="pick should be one of 'time', 'final', but got "
+                       "pick='fastest'"):
+        BenchConfig(pick="fastest")
 
 
 def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsys):

@@ -15,8 +15,14 @@ from typing import Any
 import numpy as np
 
 from daskpri.bench.config import BenchConfig
-from daskpri.bench.protocol import equal_gradient_label, make_arms, pick_learning_rates, targets
-from daskpri.bench.records import Curve, RunRecord
+from daskpri.bench.protocol import (
+    equal_gradient_label,
+    grid_edges,
+    make_arms,
+    pick_learning_rates,
+    targets,
+)
+from daskpri.bench.records import Curve, RunRecord, time_to_target
 
 __all__ = [
     "Ratio",
@@ -34,20 +40,6 @@ __all__ = [
 
 
 # -- one run -----------------------------------------------------------------------
-
-
-def time_to_target(curve: Curve, target: float) -> float:
-    """Training seconds at the first evaluation whose accuracy reached ``target`` (else inf).
-
-    Examples
-    --------
-    >>> c = Curve([1.0, 2.0, 3.0], [1, 2, 3], [0.5, float("nan"), 0.9], [1.0, 1.0, 1.0])
-    >>> time_to_target(c, 0.8), time_to_target(c, 0.95)
-    (3.0, inf)
-    """
-    t, _, acc = curve.evaluated()
-    hit = np.flatnonzero(acc >= target)
-    return float(t[hit[0]]) if hit.size and math.isfinite(target) else math.inf
 
 
 def steps_to_target(curve: Curve, target: float) -> float:
@@ -256,7 +248,7 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
         ``scaling`` and ``overhead``: lists of rows (dicts of plain values,
         :class:`Spread` and :class:`Ratio`).
     """
-    picks = pick_learning_rates(records)
+    picks = pick_learning_rates(records, config.pick, max(config.target_fractions))
     out: dict[str, list[dict[str, Any]]] = {
         k: [] for k in ("targets", "lr_sweep", "time_to_target", "budgets", "scaling",
                         "overhead")
@@ -266,11 +258,14 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
         for model in config.models:
             arms = make_arms(config, sizes[dataset], model)
             dm = {"dataset": dataset, "model": model}
-            goal = targets(records, dataset, model, picks, config.target_fractions)
+            goal = targets(records, dataset, model, picks, config.target_fractions,
+                           config.pick)
             best = next(iter(goal.values())) / config.target_fractions[0]
             for f, t in goal.items():
                 out["targets"].append({**dm, "fraction": f, "target": t, "uniform_best": best})
             tuned: dict[str, list[RunRecord]] = {}
+            edges = grid_edges(picks, config.learning_rates)
+            headline = goal[max(goal)]
             for arm in arms:
                 lr = picks.get((dataset, model, arm.label), math.nan)
                 for rate in config.learning_rates:
@@ -279,6 +274,8 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
                     out["lr_sweep"].append({
                         **dm, "arm": arm.label, "learning_rate": rate, "picked": rate == lr,
                         "final": spread(final_accuracy(r.curve) for r in runs),
+                        "seconds": spread(time_to_target(r.curve, headline) for r in runs),
+                        "edge": edges.get((dataset, model, arm.label)) if rate == lr else None,
                     })
                 tuned[arm.label] = _select(records, phase="sweep", dataset=dataset, model=model,
                                            label=arm.label, learning_rate=lr, n_workers=main)

@@ -73,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds of training per run, " + _defaults("budget"))
     how.add_argument("--learning-rates", type=_listof(float, "numbers"), metavar="LR[,LR...]",
                      help="the sweep, " + _defaults("learning_rates"))
+    how.add_argument("--pick", choices=("time", "final"),
+                     help="how each arm's learning rate is chosen from the sweep: the one "
+                          "reaching the highest target soonest (time, the default; the target "
+                          "from uniform's best accuracy at any learning rate), or the one of "
+                          "best final accuracy (final)")
     how.add_argument("--batch-size", type=int, metavar="N",
                      help="samples per worker per step (default: the trainer's, 64)")
     how.add_argument("--eval-every", type=int, metavar="N",
@@ -114,6 +119,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         workers=args.workers,
         learning_rates=args.learning_rates,
         budget=args.budget,
+        pick=args.pick,
         baseline_budget=args.baseline_budget,
         batch_size=_config.get("trainer.batch-size", args.batch_size),
         eval_every=args.eval_every,

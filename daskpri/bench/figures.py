@@ -44,7 +44,7 @@ class AccuracyLine:
 def accuracy_lines(config: BenchConfig, records: Sequence[RunRecord], dataset: str,
                    model: str) -> list[AccuracyLine]:
     """Each arm's runs at its chosen learning rate, on the comparison's worker count."""
-    picks = pick_learning_rates(records)
+    picks = pick_learning_rates(records, config.pick, max(config.target_fractions))
     out = []
     for r in records:
         s = r.spec

@@ -38,13 +38,14 @@ from typing import TypeVar
 import numpy as np
 
 from daskpri.bench.config import BenchConfig, strategy_of
-from daskpri.bench.records import Arm, RunRecord, RunSpec
+from daskpri.bench.records import Arm, RunRecord, RunSpec, time_to_target
 
 __all__ = [
     "best_median_accuracy",
     "count_runs",
     "equal_gradient_label",
     "gradients_per_step",
+    "grid_edges",
     "group_sizes",
     "make_arms",
     "next_runs",
@@ -54,6 +55,9 @@ __all__ = [
 
 #: (dataset, model, arm label) -> learning rate
 Picks = dict[tuple[str, str, str], float]
+
+#: How the sweep chooses each arm's learning rate (:func:`pick_learning_rates`).
+PICKS = ("time", "final")
 
 DDP_PROCESSES = 2
 
@@ -224,7 +228,7 @@ def next_runs(
     todo = [s for s in _sweep(config, sizes) if s not in done]
     if todo:
         return todo
-    picks = pick_learning_rates(records)
+    picks = pick_learning_rates(records, config.pick, max(config.target_fractions))
     for phase in (_scaling, _overhead):
         todo = [s for s in phase(config, sizes, picks) if s not in done]
         if todo:
@@ -265,36 +269,96 @@ def _median(values: Sequence[float]) -> float:
     return float(np.median(arr)) if arr.size else -math.inf
 
 
-def pick_learning_rates(records: Iterable[RunRecord]) -> Picks:
-    """For each (dataset, model, arm): the sweep's learning rate of best median final accuracy.
+def pick_learning_rates(records: Iterable[RunRecord], by: str = "final",
+                        fraction: float = 0.99) -> Picks:
+    """For each (dataset, model, arm): the learning rate the sweep chose for it.
 
-    Ties go to the smaller learning rate; a learning rate whose runs have no
-    accuracy at all is never picked unless every one is so.
+    ``by="final"``: the one of best median final accuracy. ``by="time"``:
+    the one that reaches ``fraction`` times uniform's best accuracy (the
+    median over seeds, at the learning rate where it is highest, see
+    :func:`best_median_accuracy`) in the fewest median seconds, so that
+    uniform is tuned for the speed it is compared on; a learning rate
+    whose median misses the target loses to any that reaches it, and an
+    arm that never reaches it keeps its final-accuracy pick. Ties go to
+    the better final accuracy, then to the smaller learning rate; a
+    learning rate whose runs have no accuracy at all is never picked unless
+    every one is so.
 
     Examples
     --------
     >>> from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
     >>> arm = Arm("uniform", "uniform", 64, 64)
-    >>> def rec(lr, acc):
+    >>> def rec(lr, times, accs):
     ...     spec = RunSpec("sweep", "daskpri", "d", "m", arm, lr, 0, 2, 10.0)
-    ...     return RunRecord(spec, Curve([1.0], [1], [acc], [0.5]), 64, 64, 1.0)
-    >>> pick_learning_rates([rec(0.05, 0.8), rec(0.1, 0.9)])
+    ...     n = len(accs)
+    ...     return RunRecord(spec, Curve(times, range(n), accs, [0.5] * n), 64, 64, 1.0)
+    >>> records = [rec(0.05, [1.0, 9.0], [0.5, 0.9]), rec(0.1, [1.0, 9.0], [0.89, 0.8])]
+    >>> pick_learning_rates(records)  # the better final accuracy
+    {('d', 'm', 'uniform'): 0.05}
+    >>> pick_learning_rates(records, by="time", fraction=0.97)  # 0.873 at 1 s against 9 s
     {('d', 'm', 'uniform'): 0.1}
     """
+    if by not in PICKS:
+        raise ValueError(f"by should be one of {', '.join(map(repr, PICKS))}, but got {by!r}")
+    records = list(records)
     finals: dict[tuple[str, str, str], dict[float, list[float]]] = defaultdict(
         lambda: defaultdict(list)
     )
+    times: dict[tuple[str, str, str], dict[float, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    goals: dict[tuple[str, str], float] = {}
     for r in records:
         if r.spec.phase == "sweep":
             s = r.spec
-            finals[(s.dataset, s.model, s.arm.label)][s.learning_rate].append(_final_accuracy(r))
-    return {key: max(by_lr, key=lambda lr: (_median(by_lr[lr]), -lr))
-            for key, by_lr in finals.items()}
+            key = (s.dataset, s.model, s.arm.label)
+            finals[key][s.learning_rate].append(_final_accuracy(r))
+            if by == "time":
+                if (s.dataset, s.model) not in goals:
+                    goals[(s.dataset, s.model)] = fraction * best_median_accuracy(
+                        records, s.dataset, s.model
+                    )
+                times[key][s.learning_rate].append(
+                    time_to_target(r.curve, goals[(s.dataset, s.model)])
+                )
+    picks = {}
+    for key, by_lr in finals.items():
+        def final(lr: float, by_lr: dict[float, list[float]] = by_lr) -> tuple[float, float]:
+            return (_median(by_lr[lr]), -lr)
+
+        seconds = {lr: float(np.median(t)) for lr, t in times[key].items()}
+        if seconds and math.isfinite(min(seconds.values())):
+            picks[key] = min(by_lr, key=lambda lr: (seconds[lr], *(-v for v in final(lr))))
+        else:
+            picks[key] = max(by_lr, key=final)
+    return picks
+
+
+def grid_edges(picks: Mapping[tuple[str, str, str], float],
+               learning_rates: Sequence[float]) -> dict[tuple[str, str, str], str]:
+    """The arms whose pick is the sweep's ``"largest"`` or ``"smallest"`` learning rate.
+
+    Their best may lie outside the grid: a baseline tuned at the grid's
+    edge is not tuned. Empty for a sweep of one learning rate (no sweep).
+
+    Examples
+    --------
+    >>> grid_edges({("d", "m", "uniform"): 0.1, ("d", "m", "loss"): 0.05}, [0.025, 0.05, 0.1])
+    {('d', 'm', 'uniform'): 'largest'}
+    """
+    if len(learning_rates) < 2:
+        return {}
+    low, high = min(learning_rates), max(learning_rates)
+    return {key: "largest" if lr == high else "smallest"
+            for key, lr in picks.items() if lr in (low, high)}
 
 
 def best_median_accuracy(records: Iterable[RunRecord], dataset: str, model: str,
-                         picks: Mapping[tuple[str, str, str], float]) -> float:
-    """Median over seeds of the best accuracy of tuned uniform (sweep, chosen learning rate).
+                         picks: Mapping[tuple[str, str, str], float] | None = None) -> float:
+    """Median over seeds of uniform's best accuracy in the sweep.
+
+    At uniform's chosen learning rate (``picks``), or with ``picks=None``
+    at the learning rate where that median is highest.
 
     Examples
     --------
@@ -308,26 +372,32 @@ def best_median_accuracy(records: Iterable[RunRecord], dataset: str, model: str,
     >>> best_median_accuracy(rs, "d", "m", {("d", "m", "uniform"): 0.05})
     0.8
     """
-    lr = picks.get((dataset, model, "uniform"))
-    best = [
-        float(np.nanmax(r.curve.accuracy))
-        for r in records
-        if r.spec.phase == "sweep"
-        and (r.spec.dataset, r.spec.model, r.spec.arm.label) == (dataset, model, "uniform")
-        and r.spec.learning_rate == lr
-        and not np.isnan(r.curve.accuracy).all()
-    ]
-    return float(np.median(best)) if best else math.nan
+    lr = None if picks is None else picks.get((dataset, model, "uniform"))
+    best: dict[float, list[float]] = defaultdict(list)
+    for r in records:
+        if (
+            r.spec.phase == "sweep"
+            and (r.spec.dataset, r.spec.model, r.spec.arm.label) == (dataset, model, "uniform")
+            and (picks is None or r.spec.learning_rate == lr)
+            and not np.isnan(r.curve.accuracy).all()
+        ):
+            best[r.spec.learning_rate].append(float(np.nanmax(r.curve.accuracy)))
+    return max((float(np.median(v)) for v in best.values()), default=math.nan)
 
 
 def targets(records: Sequence[RunRecord], dataset: str, model: str, picks: Picks,
-            fractions: Sequence[float]) -> dict[float, float]:
+            fractions: Sequence[float], by: str = "final") -> dict[float, float]:
     """The target accuracies: ``fraction`` times uniform's median best accuracy.
+
+    That accuracy is taken at uniform's chosen learning rate where the
+    sweep picks ``by="final"``, and at the learning rate where it is
+    highest where the sweep picks ``by="time"`` (the picks then depend on
+    the target, not the target on them).
 
     Examples
     --------
     >>> targets([], "d", "m", {}, [0.97])
     {0.97: nan}
     """
-    best = best_median_accuracy(records, dataset, model, picks)
+    best = best_median_accuracy(records, dataset, model, None if by == "time" else picks)
     return {float(f): float(f) * best for f in fractions}

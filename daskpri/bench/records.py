@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 from numpy.typing import ArrayLike
 
-__all__ = ["Arm", "Curve", "RunRecord", "RunSpec", "record_from_history"]
+__all__ = ["Arm", "Curve", "RunRecord", "RunSpec", "record_from_history", "time_to_target"]
 
 #: How a run is executed.
 KINDS = ("daskpri", "torch", "ddp")
@@ -138,6 +138,20 @@ class Curve:
             return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
         return cls(d["time"], d["step"], floats(d["accuracy"]), floats(d["loss"]))
+
+
+def time_to_target(curve: Curve, target: float) -> float:
+    """Training seconds at the first evaluation whose accuracy reached ``target`` (else inf).
+
+    Examples
+    --------
+    >>> c = Curve([1.0, 2.0, 3.0], [1, 2, 3], [0.5, float("nan"), 0.9], [1.0, 1.0, 1.0])
+    >>> time_to_target(c, 0.8), time_to_target(c, 0.95)
+    (3.0, inf)
+    """
+    t, _, acc = curve.evaluated()
+    hit = np.flatnonzero(acc >= target)
+    return float(t[hit[0]]) if hit.size and math.isfinite(target) else math.inf
 
 
 @dataclass

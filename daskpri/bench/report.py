@@ -151,8 +151,10 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         "values are medians over seeds with [min–max]. Arms run interleaved "
         "(for each dataset, model, seed and learning rate, every arm in turn). "
         "Targets: " + ", ".join(_pct(f) for f in config.target_fractions)
-        + " of the median (over seeds) best accuracy of the tuned uniform baseline. "
-        "`n.r.`: not reached within the budget (a median of `n.r.` means half the seeds or "
+        + (" of uniform's median (over seeds) best accuracy, at the learning rate swept "
+           "where it is highest. " if config.pick == "time" else
+           " of the median (over seeds) best accuracy of the tuned uniform baseline. ")
+        + "`n.r.`: not reached within the budget (a median of `n.r.` means half the seeds or "
         "more missed it); `≥`: uniform missed the target, so the speedup is at least the "
         "budget over the arm's time. `uniform@G`: uniform with batch G, as many gradients "
         "per step as the strategies that compute G. samples/s counts every sample "
@@ -164,9 +166,11 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         lines += [f"**Single learning rate {config.learning_rates[0]:g}: no sweep"
                   + (" (--quick)" if config.quick else "") + ".**", ""]
     else:
+        rule = (f"the one that reaches {_pct(max(config.target_fractions))} soonest "
+                "(median seconds; the one of best median final accuracy where none does)"
+                if config.pick == "time" else "the one of best median final accuracy")
         lines += ["Learning rates " + ", ".join(f"{lr:g}" for lr in config.learning_rates)
-                  + " swept for every arm; each keeps the one of best median final accuracy.",
-                  ""]
+                  + f" swept for every arm; each keeps {rule}.", ""]
     if config.quick:
         lines += ["**--quick: small budgets and seeds; a smoke test of the protocol, "
                   "not a measurement to quote.**", ""]
@@ -221,17 +225,37 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
     lines += _table(["arm", *header, "best", "steps", "samples/s", "grads/step/worker"], rows)
     sweep = _rows(summary, "lr_sweep", dm)
     if len(config.learning_rates) > 1:
-        lines += ["### Learning-rate sweep (final accuracy; **picked**)", ""]
+        headline = _pct(max(config.target_fractions))
+        lines += [f"### Learning-rate sweep (final accuracy; seconds to {headline}; **picked**)",
+                  ""]
         arms = list(dict.fromkeys(r["arm"] for r in sweep))
         rows = []
         for arm in arms:
             cells = []
             for r in (r for r in sweep if r["arm"] == arm):
-                cell = fmt_spread(r["final"], 4)
+                cell = f"{fmt_spread(r['final'], 4)}; {_seconds(r['seconds'].median)}"
                 cells.append(f"**{cell}**" if r["picked"] else cell)
             rows.append([arm, *cells])
         lines += _table(["arm", *(f"lr {lr:g}" for lr in config.learning_rates)], rows)
+        for r in sweep:
+            if r.get("edge"):
+                lines += [f"**{r['arm']}'s learning rate {r['learning_rate']:g} is the "
+                          f"{r['edge']} swept: its best may lie outside the sweep; widen "
+                          "--learning-rates.**", ""]
     return lines
+
+
+def _seconds(value: float) -> str:
+    """A median time to target: ``n.r.`` for one not reached, ``—`` for no runs.
+
+    Examples
+    --------
+    >>> _seconds(0.375), _seconds(math.inf), _seconds(math.nan)
+    ('0.38 s', 'n.r.', '—')
+    """
+    if math.isnan(value):
+        return "—"
+    return f"{value:.2f} s" if math.isfinite(value) else "n.r."
 
 
 def _scaling_section(summary: Mapping[str, Any]) -> list[str]:
