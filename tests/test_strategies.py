@@ -11,7 +11,7 @@ from daskpri.replicas.replica import Replica
 from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
 from daskpri.strategies.base import SCORE_DTYPES, Batch, concat_selections, walk_epoch
 from daskpri.strategies.loss import importance_sample, sampling_probabilities
-from daskpri.strategies.selective_backprop import keep_by_cdf, keep_top_fraction
+from daskpri.strategies.selective_backprop import keep_by_cdf, keep_top_fraction, top_rows
 from daskpri.table.table import PriorityTable
 
 
@@ -135,6 +135,15 @@ def test_selective_backprop_keeps_the_high_loss_fraction():
     s = get_strategy("selective-backprop", fraction=0.25)
     sels = s.select(make_ctx([40, 40], [0, 1], batch_size=4))
     assert [sel.train.size for sel in sels] == [16, 16]
+
+
+def test_the_workers_top_rows_are_the_drivers_top_fraction():
+    # the worker chooses in torch (top_rows), the driver's stale steps in numpy
+    rng = np.random.default_rng(0)
+    for n, fraction in [(256, 0.25), (128, 0.5), (7, 0.3), (5, 0.01), (1, 1.0)]:
+        losses = rng.random(n).astype(np.float32)
+        got = top_rows(torch.as_tensor(losses), fraction)
+        assert got.tolist() == keep_top_fraction(losses.astype(np.float64), fraction).tolist()
 
 
 def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():

@@ -40,6 +40,19 @@ def keep_top_fraction(losses: np.ndarray, fraction: float) -> np.ndarray:
     return np.sort(np.argsort(-losses, kind="stable")[:keep])
 
 
+def top_rows(losses: torch.Tensor, fraction: float) -> torch.Tensor:
+    """:func:`keep_top_fraction` on a tensor, where it lies: the kept rows, in row order.
+
+    Examples
+    --------
+    >>> top_rows(torch.tensor([0.1, 0.9, 0.5, 0.2]), 0.5).tolist()
+    [1, 2]
+    """
+    n = losses.numel()
+    keep = min(n, max(1, math.ceil(fraction * n)))
+    return torch.topk(losses, keep, sorted=False).indices.sort().values
+
+
 def keep_by_cdf(
     losses: np.ndarray, reference: np.ndarray, beta: float, rng: np.random.Generator
 ) -> np.ndarray:
@@ -202,13 +215,6 @@ class SelectiveBackprop(Strategy):
             return False
         return self.refresh is None or (epoch - self.warmup) % self.refresh == 0
 
-    def _keep(
-        self, losses: np.ndarray, extra: dict[str, np.ndarray], rng: np.random.Generator
-    ) -> np.ndarray:
-        if self.beta is None:
-            return keep_top_fraction(losses, self.fraction)
-        return keep_by_cdf(losses, extra["reference"], self.beta, rng)
-
     def select(self, ctx: SelectContext) -> list[Selection]:
         size = self.batch_size or ctx.batch_size
         keep = self.fraction if self.beta is None else 1.0 / (self.beta + 1.0)
@@ -283,19 +289,25 @@ class SelectiveBackprop(Strategy):
         if "stale" in batch.extra:
             return super().compute(replica, batch)
         losses, logits = replica.losses(batch.x, batch.y, SCORE_DTYPES[self.score_dtype])
-        loss_np = losses.cpu().numpy().astype(np.float64)
-        rows = self._keep(loss_np, batch.extra, batch.rng)
-        if rows.size:
+        if self.beta is None:
+            # chosen where the losses are, and the step's numbers left as tensors that the
+            # worker converts once a round: a small model's step is a fraction of a
+            # millisecond, which a numpy round trip each step adds to
+            sel = top_rows(losses, self.fraction)
+        else:
+            rows = keep_by_cdf(losses.cpu().numpy().astype(np.float64),
+                               batch.extra["reference"], self.beta, batch.rng)
             sel = torch.as_tensor(rows, device=batch.x.device)
+        if sel.numel():
             grad, _ = replica.grad_and_logits(batch.x[sel], batch.y[sel])
         else:
             grad = torch.zeros(replica.n_params, device=batch.x.device)
         return Computed(
             grad=grad,
-            n_grad=int(rows.size),
-            rows=np.arange(batch.x.shape[0]),
-            priorities=loss_np,
-            loss_sum=float(loss_np.sum()),
-            n_loss=int(loss_np.size),
-            correct=int((logits.argmax(1) == batch.y).sum()),
+            n_grad=int(sel.numel()),
+            rows=None,
+            priorities=losses,
+            loss_sum=losses.double().sum(),
+            n_loss=int(losses.numel()),
+            correct=(logits.argmax(1) == batch.y).sum(),
         )
