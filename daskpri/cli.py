@@ -43,7 +43,12 @@ from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
 from daskpri.table.staleness import STALENESS_MODELS
 from daskpri.training._checks import check_float, check_int
-from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
+from daskpri.training.cluster import (
+    drop_abandoned_gathers,
+    local_cluster,
+    one_torch_thread,
+    stop_heartbeats,
+)
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 from daskpri.training.schedule import SCHEDULES
@@ -353,6 +358,7 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
         nonlocal interrupted
         interrupted = True
         trainer.stop()
+        drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, handler)

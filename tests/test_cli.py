@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import os
 import re
@@ -334,6 +336,50 @@ def test_workers_stop_their_heartbeats_before_a_cluster_daskpri_started_closes(g
                    for names in gpu_client.run(_filters).values())
     finally:
         gpu_client.run(_start_heartbeat)  # the fixture's workers go on
+
+
+def _abandon(exc: Exception) -> None:
+    """A task that fails with ``exc`` and is dropped unawaited, as an interrupted gather's."""
+    loop = asyncio.new_event_loop()
+
+    async def wait() -> None:
+        raise exc
+
+    task = loop.create_task(wait())
+    loop.run_until_complete(asyncio.sleep(0))  # it runs and fails; nothing retrieves it
+    loop.close()
+    del task
+    gc.collect()  # asyncio reports it as its task is collected
+
+
+def test_an_interrupted_gathers_waits_are_not_reported_after_the_interrupt():
+    # a Ctrl-C in Client.gather leaves its waits to end with AllExit as the
+    # cluster closes; asyncio would print each with a traceback after
+    # "daskpri: interrupted"
+    from distributed.client import AllExit
+
+    from daskpri.training.cluster import _AbandonedGatherFilter, drop_abandoned_gathers
+
+    logger = logging.getLogger("asyncio")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        _abandon(AllExit())
+        _abandon(ValueError("a real failure"))
+        assert [type(r.exc_info[1]) for r in records if r.exc_info] == [AllExit, ValueError]
+        records.clear()
+        drop_abandoned_gathers()
+        drop_abandoned_gathers()  # twice: one filter
+        assert sum(isinstance(f, _AbandonedGatherFilter) for f in logger.filters) == 1
+        _abandon(AllExit())
+        _abandon(ValueError("a real failure"))
+        assert [type(r.exc_info[1]) for r in records if r.exc_info] == [ValueError]
+    finally:
+        logger.removeHandler(handler)
+        for f in [f for f in logger.filters if isinstance(f, _AbandonedGatherFilter)]:
+            logger.removeFilter(f)
 
 
 def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_data):

@@ -11,6 +11,7 @@ from typing import Any
 import dask.config
 import torch
 from distributed import Client, LocalCluster
+from distributed.client import AllExit
 from distributed.security import Security
 
 
@@ -87,6 +88,30 @@ def _stop_heartbeat(dask_worker: Any) -> None:
     logger = logging.getLogger("distributed.worker")
     if not any(isinstance(f, _ClosingHeartbeatFilter) for f in logger.filters):
         logger.addFilter(_ClosingHeartbeatFilter())
+
+
+class _AbandonedGatherFilter(logging.Filter):
+    """Drop asyncio's report of a gather's wait that ended after its caller had gone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], AllExit))
+
+
+def drop_abandoned_gathers() -> None:
+    """Stop asyncio from reporting the waits of a ``Client.gather`` left by an interrupt.
+
+    A Ctrl-C while the main thread waits in ``Client.gather`` leaves the
+    gather's coroutine on the client's event loop; once the cluster closes,
+    its inner waits end with distributed's ``AllExit`` (its signal to stop
+    waiting, which carries nothing), no one retrieves them, and asyncio logs
+    each with a traceback ("Task exception was never retrieved") after the
+    interrupt's own message. This filter drops those records, and only
+    those, from the ``asyncio`` logger; it is installed once, in the
+    driver's process, when an interrupt arrives.
+    """
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _AbandonedGatherFilter) for f in logger.filters):
+        logger.addFilter(_AbandonedGatherFilter())
 
 
 def stop_heartbeats(client: Client) -> None:
