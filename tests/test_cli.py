@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,14 +298,23 @@ def _filters(dask_worker) -> list[str]:
     return [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
 
 
-def _logged_errors(dask_worker) -> list[str]:
-    # what distributed's worker logs when a heartbeat fails, and another ERROR
-    logger = logging.getLogger("distributed.worker")
+@contextlib.contextmanager
+def _captured(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
+    """The records ``logger`` passes on (after its filters) while the block runs."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     logger.addHandler(handler)
     try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+def _logged_errors(dask_worker) -> list[str]:
+    # what distributed's worker logs when a heartbeat fails, and another ERROR
+    logger = logging.getLogger("distributed.worker")
+    with _captured(logger) as records:
         for message in ("Failed to communicate with scheduler during heartbeat.",
                         "Failed to communicate with scheduler during heartbeat, and more",
                         "Unexpected exception during heartbeat. Closing worker."):
@@ -311,8 +322,6 @@ def _logged_errors(dask_worker) -> list[str]:
                 raise OSError("Stream is closed")
             except OSError:
                 logger.exception(message)
-    finally:
-        logger.removeHandler(handler)
     return [r.getMessage() for r in records]
 
 
@@ -361,23 +370,19 @@ def test_an_interrupted_gathers_waits_are_not_reported_after_the_interrupt():
     from daskpri.training.cluster import _AbandonedGatherFilter, drop_abandoned_gathers
 
     logger = logging.getLogger("asyncio")
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger.addHandler(handler)
     try:
-        _abandon(AllExit())
-        _abandon(ValueError("a real failure"))
+        with _captured(logger) as records:
+            _abandon(AllExit())
+            _abandon(ValueError("a real failure"))
         assert [type(r.exc_info[1]) for r in records if r.exc_info] == [AllExit, ValueError]
-        records.clear()
         drop_abandoned_gathers()
         drop_abandoned_gathers()  # twice: one filter
         assert sum(isinstance(f, _AbandonedGatherFilter) for f in logger.filters) == 1
-        _abandon(AllExit())
-        _abandon(ValueError("a real failure"))
+        with _captured(logger) as records:
+            _abandon(AllExit())
+            _abandon(ValueError("a real failure"))
         assert [type(r.exc_info[1]) for r in records if r.exc_info] == [ValueError]
     finally:
-        logger.removeHandler(handler)
         for f in [f for f in logger.filters if isinstance(f, _AbandonedGatherFilter)]:
             logger.removeFilter(f)
 
