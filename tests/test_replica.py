@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 
-from daskpri.replicas.replica import Replica, Weights
+from daskpri.replicas.replica import Replica, Weights, sample_losses
 
 
 def _loop_grads(module, x, y):
@@ -115,3 +117,20 @@ def test_step_messages_carry_tensors_as_numpy_and_arrive_equal_and_writable():
     w.params.add_(1.0)
     assert float(buf[0]) == 1.0 and float(w.params[0]) == 1.0
     assert float(base[0]) == 0.0  # the sender's tensor is untouched
+
+
+@pytest.mark.parametrize(
+    "rows, classes", [(1, 10), (127, 10), (128, 10), (4096, 10), (300, 31), (300, 32), (300, 100)]
+)
+def test_sample_losses_equal_torch_cross_entropy_on_either_path(rows, classes):
+    # the CPU fast path (few classes, many rows) and torch's own, with logits far
+    # apart enough that a naive log(sum(exp)) would overflow
+    g = torch.Generator().manual_seed(rows * classes)
+    logits = torch.randn(rows, classes, generator=g) * 30.0
+    labels = torch.randint(0, classes, (rows,), generator=g)
+    ours = sample_losses(logits, labels)
+    assert ours.shape == (rows,) and ours.dtype == torch.float32
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(
+        ours, F.cross_entropy(logits, labels, reduction="none"), rtol=1e-5, atol=1e-4
+    )

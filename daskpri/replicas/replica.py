@@ -34,6 +34,29 @@ class Weights(TensorsAsNumpy):
     mean_grad: torch.Tensor | None = None
 
 
+def sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-sample cross-entropy losses, ``F.cross_entropy(..., reduction="none")``.
+
+    On a CPU with few classes (under 32) and many rows (128 or more) as
+    ``logsumexp - logit of the label``, which gives the same losses to a few
+    ulps: there torch's ``log_softmax`` over a short last dimension is slow,
+    3.4 ms against 0.8 ms for 32,768 rows of 10 classes on one thread (the
+    losses of a round of 512 local steps), 28 us against 16 us for 256. Elsewhere
+    (a GPU's fused kernel, many classes, few rows) ``F.cross_entropy`` itself.
+
+    Examples
+    --------
+    >>> logits, labels = torch.randn(300, 10), torch.randint(0, 10, (300,))
+    >>> ours = sample_losses(logits, labels)
+    >>> torch.allclose(ours, F.cross_entropy(logits, labels, reduction="none"), atol=1e-5)
+    True
+    """
+    rows, classes = logits.shape
+    if logits.device.type == "cpu" and classes < 32 and rows >= 128:
+        return torch.logsumexp(logits, 1) - logits.gather(1, labels.unsqueeze(1)).squeeze(1)
+    return F.cross_entropy(logits, labels, reduction="none")
+
+
 def flat_params(params: Iterable[torch.Tensor]) -> torch.Tensor:
     """The parameters as one flat vector (a copy), in their order.
 
@@ -125,7 +148,7 @@ class Replica:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample losses and logits, forward only (``dtype``: see :meth:`logits`)."""
         logits = self.logits(x, dtype)
-        return F.cross_entropy(logits, y, reduction="none"), logits
+        return sample_losses(logits, y), logits
 
     def logits(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The module's output, forward only.
@@ -180,7 +203,7 @@ class Replica:
             F.cross_entropy(logits, y, reduction="mean" if self.keep_grads else "sum").backward()
             logits = logits.detach()
             if need_losses:
-                losses = F.cross_entropy(logits, y, reduction="none")
+                losses = sample_losses(logits, y)
         else:
             losses = F.cross_entropy(logits, y, reduction="none")
             total = losses.sum() if w is None else (losses * w).sum()

@@ -20,7 +20,6 @@ from typing import Any
 import dask.config
 import numpy as np
 import torch
-import torch.nn.functional as F
 from distributed import WorkerPlugin, get_worker
 from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
@@ -28,7 +27,7 @@ from distributed.protocol.serialize import to_serialize
 from daskpri._wire import TensorsAsNumpy
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
-from daskpri.replicas.replica import Replica, Weights, flat_params
+from daskpri.replicas.replica import Replica, Weights, flat_params, sample_losses
 from daskpri.strategies.base import Batch, Computed, Strategy, concat_selections
 
 
@@ -604,7 +603,7 @@ def _finish_deferred(
     steps = [c for _, c in deferred]
     logits = torch.cat([c.logits for c in steps])  # type: ignore[misc]
     labels = torch.cat([c.labels for c in steps])  # type: ignore[misc]
-    losses = F.cross_entropy(logits, labels, reduction="none")
+    losses = sample_losses(logits, labels)
     hits = logits.argmax(1) == labels
     sizes = [int(c.labels.shape[0]) for c in steps]  # type: ignore[union-attr]
     if all(c.n_loss == size for c, size in zip(steps, sizes, strict=True)):
