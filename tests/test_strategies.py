@@ -331,6 +331,30 @@ def test_selective_backprop_stale_step_backpropagates_every_row():
     assert c.n_grad == 4 and len(c.priorities) == 4
 
 
+def test_selective_backprop_fresh_step_with_beta_keeps_at_most_the_batch():
+    # a reference below every loss: the CDF rule keeps all 8 candidates, and the
+    # driver's batch of 3 caps the step at the 3 highest losses
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Linear(3, 2), "cpu")
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    losses = torch.nn.functional.cross_entropy(replica.module(x), y, reduction="none").detach()
+    grads, _, _ = replica.per_sample_grads(x, y)
+    s = get_strategy("selective-backprop", beta=1)
+    batch = _batch(x, y, 8)
+    batch.extra = {"reference": np.zeros(4), "batch_size": np.asarray(3)}
+    c = s.compute(replica, batch)
+    assert c.n_grad == 3
+    torch.testing.assert_close(c.grad, grads[torch.topk(losses, 3).indices].sum(0),
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c.priorities, losses)  # every candidate's loss
+    batch = _batch(x, y, 8)
+    batch.extra = {"reference": np.zeros(4), "batch_size": np.asarray(8)}
+    assert s.compute(replica, batch).n_grad == 8
+    # the driver sends the cap with the CDF's reference
+    ctx = make_ctx([600], [0], batch_size=16)
+    assert int(s.select(ctx)[0].extra["batch_size"]) == 16
+
+
 def _batch(x, y, n_train, weights=None, mean_grad=None):
     return Batch(
         x=x,

@@ -114,8 +114,9 @@ class SelectiveBackprop(Strategy):
         Selectivity of the probabilistic rule; ``None`` keeps the top fraction.
     batch_size : int, optional
         Samples backpropagated per worker per step (with ``beta``: in
-        expectation where scored afresh, exactly in stale steps); ``None``
-        takes the trainer's.
+        expectation where scored afresh, and never more: a fresh step whose
+        rule keeps more backpropagates the highest losses among them;
+        exactly in stale steps); ``None`` takes the trainer's.
     refresh : int, optional
         Score afresh in epochs ``w, w + k, w + 2k, ...`` of the candidate
         walk (``w``: ``warmup``) and by the table's losses in the others;
@@ -226,6 +227,7 @@ class SelectiveBackprop(Strategy):
                 # drawn with replacement: a draw without permutes all the losses
                 seen = seen[ctx.rng.integers(0, seen.size, _REFERENCE_SIZE)]
             extra["reference"] = np.sort(ctx.table.estimate(ctx.step, seen))
+            extra["batch_size"] = np.asarray(size)  # the most a fresh step keeps
         out = []
         for s in range(len(ctx.groups)):
             epoch = walk_epoch(ctx, s)
@@ -295,8 +297,13 @@ class SelectiveBackprop(Strategy):
             # millisecond, which a numpy round trip each step adds to
             sel = top_rows(losses, self.fraction)
         else:
-            rows = keep_by_cdf(losses.cpu().numpy().astype(np.float64),
-                               batch.extra["reference"], self.beta, batch.rng)
+            scores = losses.cpu().numpy().astype(np.float64)
+            rows = keep_by_cdf(scores, batch.extra["reference"], self.beta, batch.rng)
+            cap = int(batch.extra.get("batch_size", rows.size))
+            if rows.size > cap:
+                # the rule keeps more than the batch where the candidates rank high against
+                # the CDF (prefilter): the batch's worth of the highest losses among them
+                rows = np.sort(rows[np.argsort(-scores[rows], kind="stable")[:cap]])
             sel = torch.as_tensor(rows, device=batch.x.device)
         if sel.numel():
             grad, _ = replica.grad_and_logits(batch.x[sel], batch.y[sel])
