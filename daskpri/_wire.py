@@ -81,8 +81,14 @@ _NUMPY_DTYPES = {
 
 
 def pack(a: np.ndarray) -> dict[str, Any]:
-    """A msgpack-friendly form of ``a``."""
-    a = np.ascontiguousarray(a)
+    """A msgpack-friendly form of ``a``, its shape kept (0-d arrays too).
+
+    Examples
+    --------
+    >>> unpack(pack(np.asarray(64))).shape, unpack(pack(np.arange(6).reshape(2, 3).T)).tolist()
+    ((), [[0, 3], [1, 4], [2, 5]])
+    """
+    a = np.asarray(a, order="C")  # not ascontiguousarray, which makes a 0-d array 1-d
     return {"dtype": a.dtype.str, "shape": list(a.shape), "data": a.tobytes()}
 
 

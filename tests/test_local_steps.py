@@ -94,10 +94,12 @@ def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_cli
     assert np.isfinite(warm.values).all() and (warm["version"].values >= 0).all()
 
 
-# uniform selects rounds ahead; selective-backprop with refresh and beta too,
-# checking what it reads, and draws its CDF reference from the table then
+# uniform selects rounds ahead; selective-backprop with refresh, beta and prefilter too,
+# checking what it reads, and draws its CDF reference from the table then (and sends
+# its 0-d batch cap through the wire)
 @pytest.mark.parametrize("strategy, options", [
-    ("loss", {}), ("uniform", {}), ("selective-backprop", {"refresh": 2, "beta": 1.0})])
+    ("loss", {}), ("uniform", {}),
+    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5})])
 def test_a_resumed_run_of_local_rounds_continues_exactly(
     gpu_client, small_data, tmp_path, strategy, options
 ):

@@ -138,7 +138,8 @@ def test_a_round_of_selections_travels_packed_and_arrives_equal():
         Selection(train=np.array([3, 1, 2])),
         Selection(train=np.array([5, 4]), weights=np.array([0.5, 2.0]), score=np.array([7])),
         Selection(train=np.array([], dtype=np.int64), extra={"stale": np.empty(0)}),
-        Selection(train=np.array([9]), weights=np.array([1.5]), extra={"ref": np.arange(3.0)}),
+        Selection(train=np.array([9]), weights=np.array([1.5]),
+                  extra={"ref": np.arange(3.0), "batch_size": np.asarray(64)}),
     ]
     # through msgpack, as the scheduler's RPC sends it
     wire = msgpack.unpackb(msgpack.packb(_pack_round(steps), use_bin_type=True))
@@ -154,6 +155,7 @@ def test_a_round_of_selections_travels_packed_and_arrives_equal():
         assert g.extra.keys() == s.extra.keys()
         for key in s.extra:
             assert np.array_equal(g.extra[key], s.extra[key])
+            assert g.extra[key].shape == s.extra[key].shape  # a 0-d array stays 0-d
     assert _unpack_round(_pack_round([])) == []
 
     # a round without extras sends none, and each step unpacks with a dict of its own
