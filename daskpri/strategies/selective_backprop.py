@@ -145,14 +145,20 @@ class SelectiveBackprop(Strategy):
         table already knows to be easy are passed over without a forward
         pass. 1 (the default) scores every candidate. Stale steps rank by
         the table anyway and are not affected. With ``beta``, the scored
-        candidates rank higher against the CDF than a plain draw's, so a
-        step keeps more than ``batch_size`` in expectation. On the MNIST-1D
-        CNN (``beta=1, refresh=3, warmup=1, stale_beta=5``, 10 seeds),
-        ``prefilter=0.75`` reached the target in 320 steps against 360 in
-        two runs, 1.38x and 1.44x uniform's time against 1.22x and 1.19x
-        in the same runs, at 69-70 gradients a step and worker against
-        63-65; on the ``mnist5k`` MLP (``fraction=0.25, refresh=4``)
-        ``prefilter=0.5`` cost steps (128 against 96). Not yet a default.
+        candidates rank higher against the CDF than a plain draw's, so the
+        rule keeps more than ``batch_size`` of them in expectation; a step
+        backpropagates ``batch_size`` at most. A smaller share also makes
+        the fresh epochs shorter (each step spends more of the walk), so
+        fewer scoring passes come between the stale epochs. On the MNIST-1D
+        CNN (``beta=1, refresh=3, warmup=1, stale_beta=5``, 10 seeds, lr
+        0.1), ``prefilter=0.75`` reached the target in 320 steps against
+        360 in two runs (fifteenth session), and ``prefilter=0.5`` in 360
+        steps against uniform's 672, 1.51x and, capped at the batch, 1.55x
+        uniform's time against 1.48x for 0.75 (sixteenth and seventeenth
+        sessions); counted in steps alone (eval every 8 steps), 0.5 took
+        328, 0.75 352, 0.33 384. On the ``mnist5k`` MLP (``fraction=0.25,
+        refresh=4``) ``prefilter=0.5`` cost steps (128 against 96). Not yet
+        a default.
 
     Examples
     --------
