@@ -1,0 +1,98 @@
+"""Steps (and seconds) to a target accuracy for strategy settings, seed by seed.
+
+Run, for example::
+
+    python benchmarks/steps_to_target.py --dataset mnist1d --model cnn --target 0.9765 \\
+        --seeds 10 --eval-every 8 --arm uniform=uniform:0.1 \\
+        --arm pf50=selective-backprop:0.1:beta=1,refresh=3,warmup=1,stale_beta=5,prefilter=0.5
+
+Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``. Every arm runs
+each seed on one LocalCluster of 2 one-thread workers (batch 64 a worker,
+16 local steps, SGD with momentum 0.9, partitions of 1,000, as
+``daskpri bench`` runs them) until the test accuracy reaches ``--target``
+or ``--max-steps``. It prints each run's steps and training seconds to the
+target, then per arm the median and each seed's steps.
+
+Steps to the target depend on the selection alone (a seed selects the
+same samples each time), so they compare settings without the machine's
+noise; the seconds are one run's, for scale: ``daskpri bench`` measures
+time. Evaluations are not charged; how often they run sets the steps'
+resolution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+
+import numpy as np
+from dask.distributed import Client
+
+import daskpri
+from daskpri.models import build_model
+from daskpri.training.cluster import local_cluster, one_torch_thread
+
+
+def parse_arm(text: str) -> tuple[str, str, float, dict]:
+    """``LABEL=STRATEGY:LR[:OPTION=VALUE,...]`` as (label, strategy, lr, options).
+
+    Examples
+    --------
+    >>> parse_arm("pf=selective-backprop:0.1:beta=1,prefilter=0.5")
+    ('pf', 'selective-backprop', 0.1, {'beta': 1, 'prefilter': 0.5})
+    >>> parse_arm("u=uniform:0.2")
+    ('u', 'uniform', 0.2, {})
+    """
+    label, sep, rest = text.partition("=")
+    parts = rest.split(":", 2)
+    if not sep or len(parts) < 2:
+        raise argparse.ArgumentTypeError(
+            f"an arm should read LABEL=STRATEGY:LR[:OPTION=VALUE,...], but got {text!r}"
+        )
+    options = {}
+    for item in parts[2].split(",") if len(parts) == 3 and parts[2] else []:
+        key, _, value = item.partition("=")
+        try:
+            options[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return label, parts[0], float(parts[1]), options
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="mnist1d")
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--target", type=float, required=True)
+    parser.add_argument("--max-steps", type=int, default=2000)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--eval-every", type=int, default=16)
+    parser.add_argument("--arm", type=parse_arm, action="append", required=True)
+    args = parser.parse_args()
+    train, test = daskpri.datasets.load(args.dataset)
+    found: dict[str, list[int | None]] = {}
+    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+        for seed in range(args.seeds):
+            for label, strategy, lr, options in args.arm:
+                model = build_model(args.model, train, seed=seed)
+                with one_torch_thread(), daskpri.Trainer(
+                    model, strategy=strategy, client=client, seed=seed, n_workers=2,
+                    learning_rate=lr, momentum=0.9, eval_every=args.eval_every,
+                    local_steps=16, partition_size=1000, **options,
+                ) as trainer:
+                    h = trainer.fit(train, eval_data=test, max_steps=args.max_steps,
+                                    target_accuracy=args.target, progress=False)
+                acc = h["accuracy"].dropna("step")
+                hit = acc.step.values[acc.values >= args.target]
+                steps = int(hit[0]) + 1 if hit.size else None
+                seconds = float(h["time"].sel(step=hit[0])) if hit.size else None
+                found.setdefault(label, []).append(steps)
+                print(f"{label} seed {seed}: {steps or 'not reached'} steps"
+                      + (f", {seconds:.2f} s" if seconds is not None else ""), flush=True)
+    for label, steps in found.items():
+        median = np.median([s if s is not None else np.inf for s in steps])
+        print(f"{label:20s} median {median:g} steps; each seed {steps}")
+
+
+if __name__ == "__main__":
+    main()
