@@ -390,9 +390,33 @@ def test_summary_compares_each_arm_with_uniform_and_with_uniform_of_equal_gradie
     assert row["vs_uniform"] == Ratio(6.0, "exact")
     assert row["equal_gradients"] == "uniform@144"
     assert row["vs_equal_gradients"] == Ratio(2.0, "exact")
+    assert row["vs_uniform_paired"].median == 6.0  # one seed: its own ratio
     budgets = {r["arm"]: r for r in summary["budgets"]}
     assert budgets["projection"]["grads_per_step"] == 144
     assert budgets["uniform"]["at"][0.5].median == 0.5  # at 10 s of 20
+
+
+def test_paired_speedup_sets_each_seed_against_its_own_uniform_run():
+    # the arm takes half uniform's time in each seed's pair but one: seed 0 runs fast,
+    # seed 2 at a third of the speed, and in seed 1 the machine slowed between uniform's
+    # run and the arm's. The ratio of the medians (20 s over 30 s) says 0.67x; the
+    # seeds' own ratios (2.0, 0.67, 2.0) say 2.0x, the one disturbed seed at the bottom
+    cfg = _config(seeds=3, workers=(2,), strategies=("uniform", "projection"), budget=100.0)
+    proj = Arm("projection", "projection", 64, 144)
+    records = []
+    for seed, (t_u, t_p) in enumerate([(20.0, 10.0), (20.0, 30.0), (60.0, 30.0)]):
+        records += [
+            _record(accuracy=[0.5, 1.0], times=[t_u / 2, t_u], seed=seed),
+            _record(proj, accuracy=[0.5, 1.0], times=[t_p / 2, t_p], seed=seed),
+        ]
+    summary = summarize(cfg, records, SIZES)
+    row = {(r["arm"], r["fraction"]): r for r in summary["time_to_target"]}[("projection", 0.99)]
+    assert row["vs_uniform"].value == pytest.approx(20.0 / 30.0)
+    paired = row["vs_uniform_paired"]
+    assert (paired.median, paired.high, paired.n) == (2.0, 2.0, 3)
+    assert paired.low == pytest.approx(20.0 / 30.0)
+    md = render_markdown(cfg, MACHINE, summary, [])
+    assert "| paired by seed |" in md and "| 2.00x [0.67x–2.00x] |" in md
 
 
 def test_scaling_rows_give_throughput_and_time_efficiency():

@@ -31,6 +31,7 @@ __all__ = [
     "efficiency",
     "paired_efficiencies",
     "paired_ratios",
+    "paired_speedups",
     "speedup",
     "spread",
     "steps_to_target",
@@ -148,6 +149,39 @@ def paired_ratios(numerators: Sequence[RunRecord], denominators: Sequence[RunRec
         for r in numerators
         if by_seed.get(r.spec.seed, 0) > 0
     )
+
+
+def paired_speedups(
+    runs: Sequence[RunRecord], baseline: Sequence[RunRecord], target: float
+) -> Spread:
+    """Each seed's speedup to ``target``: the baseline's seconds over the arm's, paired by seed.
+
+    The protocol runs every arm of a seed in turn, so a seed's pair shares
+    the machine's speed of the moment, where the ratio of two medians over
+    seeds may set a fast seed's time against a slow one's. A seed whose arm
+    missed the target where the baseline reached it counts as 0; one whose
+    baseline missed it is left out (its speedup is not known), as are seeds
+    missing from either side.
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, Curve, RunSpec
+    >>> def run(label, seed, seconds):
+    ...     spec = RunSpec("sweep", "daskpri", "d", "mlp", Arm(label, label, 64, 64),
+    ...                    0.1, seed, 2, 60.0)
+    ...     return RunRecord(spec, Curve([seconds], [1], [0.9], [1.0]), 64, 64, 61.0)
+    >>> ours = [run("sb", 0, 10.0), run("sb", 1, 20.0), run("sb", 2, math.inf)]
+    >>> theirs = [run("uniform", 0, 20.0), run("uniform", 1, 30.0), run("uniform", 2, 40.0)]
+    >>> paired_speedups(ours, theirs, 0.9)
+    Spread(median=1.5, low=0.0, high=2.0, n=3, reached=3)
+    """
+    base = {r.spec.seed: time_to_target(r.curve, target) for r in baseline}
+    values = []
+    for r in runs:
+        t0, t = base.get(r.spec.seed, math.inf), time_to_target(r.curve, target)
+        if math.isfinite(t0):
+            values.append(t0 / t if math.isfinite(t) and t > 0 else 0.0)
+    return spread(values)
 
 
 def paired_efficiencies(
@@ -302,6 +336,7 @@ def _comparison(config: BenchConfig, arms: Sequence[Any], tuned: dict[str, list[
                 "seconds": times,
                 "steps": spread(steps_to_target(r.curve, t) for r in runs),
                 "vs_uniform": speedup(base.median, times.median, budget),
+                "vs_uniform_paired": paired_speedups(runs, tuned.get("uniform", []), t),
                 "equal_gradients": equal,
                 "vs_equal_gradients": speedup(same.median, times.median, budget),
             })

@@ -52,6 +52,23 @@ def write_json(
     tmp.replace(path)
 
 
+def _paired(s: Spread | None) -> str:
+    """A paired speedup's cell: ``median [min–max]`` of the seeds' ratios, ``x`` after each.
+
+    Examples
+    --------
+    >>> _paired(Spread(1.5, 0.0, 2.0, 3, 3))
+    '1.50x [0.00x–2.00x]'
+    >>> _paired(None), _paired(Spread(math.nan, math.nan, math.nan, 0, 0))
+    ('—', '—')
+    """
+    if s is None or s.n == 0:
+        return "—"
+    if s.n == 1:
+        return f"{s.median:.2f}x"
+    return f"{s.median:.2f}x [{s.low:.2f}x–{s.high:.2f}x]"
+
+
 def fmt_spread(s: Spread, digits: int = 1) -> str:
     """``median [min–max]`` over seeds; ``n.r.`` for a target not reached.
 
@@ -206,12 +223,13 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
         [r["arm"], f"{r['learning_rate']:g}", f"{_pct(r['fraction'])} ({r['target']:.4f})",
          fmt_spread(r["seconds"]), fmt_spread(r["steps"], 0),
          "—" if r["arm"] == "uniform" else fmt_ratio(r["vs_uniform"]),
+         "—" if r["arm"] == "uniform" else _paired(r.get("vs_uniform_paired")),
          "—" if r["arm"] == r["equal_gradients"]
          else f"{fmt_ratio(r['vs_equal_gradients'])} (vs {r['equal_gradients']})"]
         for r in _rows(summary, "time_to_target", dm)
     ]
     lines += _table(["arm", "lr", "target", "seconds", "steps", "speedup vs uniform",
-                     "speedup vs uniform of equal gradients"], rows)
+                     "paired by seed", "speedup vs uniform of equal gradients"], rows)
     fractions = list(config.budget_fractions)
     lines += ["### Accuracy at equal wall-clock budgets", ""]
     rows = [
