@@ -175,13 +175,8 @@ def paired_speedups(
     >>> paired_speedups(ours, theirs, 0.9)
     Spread(median=1.5, low=0.0, high=2.0, n=3, reached=3)
     """
-    base = {r.spec.seed: time_to_target(r.curve, target) for r in baseline}
-    values = []
-    for r in runs:
-        t0, t = base.get(r.spec.seed, math.inf), time_to_target(r.curve, target)
-        if math.isfinite(t0):
-            values.append(t0 / t if math.isfinite(t) and t > 0 else 0.0)
-    return spread(values)
+    return spread(t0 / t if math.isfinite(t) and t > 0 else 0.0
+                  for t0, t in _paired_times(runs, baseline, target))
 
 
 def paired_efficiencies(
@@ -205,13 +200,18 @@ def paired_efficiencies(
     >>> paired_efficiencies(two, one, 0.9, 1, 2)
     Spread(median=0.8, low=0.75, high=1.0, n=3, reached=3)
     """
-    base = {r.spec.seed: time_to_target(r.curve, target) for r in runs_n0}
-    values = []
-    for r in runs_n:
-        t0, t_n = base.get(r.spec.seed, math.inf), time_to_target(r.curve, target)
-        if math.isfinite(t0):
-            values.append(efficiency(t0, t_n, n0, n) if math.isfinite(t_n) else 0.0)
-    return spread(values)
+    return spread(efficiency(t0, t_n, n0, n) if math.isfinite(t_n) else 0.0
+                  for t0, t_n in _paired_times(runs_n, runs_n0, target))
+
+
+def _paired_times(
+    runs: Sequence[RunRecord], baseline: Sequence[RunRecord], target: float
+) -> list[tuple[float, float]]:
+    """(baseline's seconds, run's seconds) to ``target`` for each seed of ``runs``
+    whose baseline run reached it (``inf``: the run missed it)."""
+    base = {r.spec.seed: time_to_target(r.curve, target) for r in baseline}
+    pairs = ((base.get(r.spec.seed, math.inf), time_to_target(r.curve, target)) for r in runs)
+    return [(t0, t) for t0, t in pairs if math.isfinite(t0)]
 
 
 @dataclass(frozen=True)
