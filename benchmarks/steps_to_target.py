@@ -6,7 +6,8 @@ Run, for example::
         --seeds 10 --eval-every 8 --arm uniform=uniform:0.1 \\
         --arm pf50=selective-backprop:0.1:beta=1,refresh=3,warmup=1,stale_beta=5,prefilter=0.5
 
-Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``. Every arm runs
+Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``, the options the
+strategy's (checked before the cluster starts). Every arm runs
 each seed on one LocalCluster of 2 one-thread workers (batch 64 a worker,
 16 local steps, SGD with momentum 0.9, partitions of 1,000, as
 ``daskpri bench`` runs them) until the test accuracy reaches ``--target``
@@ -30,6 +31,7 @@ from dask.distributed import Client
 
 import daskpri
 from daskpri.models import build_model
+from daskpri.strategies import get_strategy
 from daskpri.training.cluster import local_cluster, one_torch_thread
 
 
@@ -56,7 +58,16 @@ def parse_arm(text: str) -> tuple[str, str, float, dict]:
             options[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             options[key] = value
-    return label, parts[0], float(parts[1]), options
+    try:
+        lr = float(parts[1])
+        get_strategy(parts[0], **options)  # an unknown strategy or option fails here, not later
+    except (ValueError, TypeError, KeyError) as e:
+        raise argparse.ArgumentTypeError(f"arm {text!r}: {e}") from None
+    if not lr > 0:
+        raise argparse.ArgumentTypeError(
+            f"arm {text!r}: the learning rate should be a number > 0, but got {parts[1]!r}"
+        )
+    return label, parts[0], lr, options
 
 
 def main() -> None:

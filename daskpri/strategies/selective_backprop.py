@@ -36,8 +36,18 @@ def keep_top_fraction(losses: np.ndarray, fraction: float) -> np.ndarray:
     [1, 2]
     """
     n = losses.size
-    keep = min(n, max(1, math.ceil(fraction * n)))
-    return np.sort(np.argsort(-losses, kind="stable")[:keep])
+    return keep_top(losses, min(n, max(1, math.ceil(fraction * n))))
+
+
+def keep_top(losses: np.ndarray, k: int) -> np.ndarray:
+    """Rows of the ``k`` highest losses (ties to the earlier row), in row order.
+
+    Examples
+    --------
+    >>> keep_top(np.array([0.1, 0.9, 0.5, 0.9]), 2).tolist()
+    [1, 3]
+    """
+    return np.sort(np.argsort(-losses, kind="stable")[:k])
 
 
 def top_rows(losses: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -309,7 +319,7 @@ class SelectiveBackprop(Strategy):
             if rows.size > cap:
                 # the rule keeps more than the batch where the candidates rank high against
                 # the CDF (prefilter): the batch's worth of the highest losses among them
-                rows = np.sort(rows[np.argsort(-scores[rows], kind="stable")[:cap]])
+                rows = rows[keep_top(scores[rows], cap)]
             sel = torch.as_tensor(rows, device=batch.x.device)
         if sel.numel():
             grad, _ = replica.grad_and_logits(batch.x[sel], batch.y[sel])
