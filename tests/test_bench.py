@@ -419,6 +419,35 @@ def test_paired_speedup_sets_each_seed_against_its_own_uniform_run():
     assert "| paired by seed |" in md and "| 2.00x [0.67x–2.00x] |" in md
 
 
+def test_the_report_says_where_each_arms_training_time_goes():
+    cfg = _config(seeds=2, workers=(2,), strategies=("uniform", "loss"))
+    records = []
+    for seed, selection in enumerate([0.5, 1.5]):  # of 10 s of step time
+        for arm, parts, ahead in (
+            (UNIFORM, {"compute": 8.0, "selection": 0.0, "optimizer": 1.0,
+                       "communication": 1.0}, 0.9),
+            (LOSS, {"compute": 8.0 - selection, "selection": selection, "optimizer": 1.0,
+                    "communication": 1.0}, 0.0),
+        ):
+            r = _record(arm, seed=seed)
+            r.info.update(time_parts=parts, selected_ahead=ahead)
+            records.append(r)
+    summary = summarize(cfg, records, SIZES)
+    loss = next(r for r in summary["budgets"] if r["arm"] == "loss")
+    assert loss["time_shares"]["selection"] == Spread(0.1, 0.05, 0.15, 2, 2)
+    assert loss["selected_ahead"].median == 0.0
+    md = render_markdown(cfg, MACHINE, summary, [])
+    assert "### Where the training time goes" in md
+    assert "| arm | compute | selection | optimizer | communication | rounds selected ahead |" in md
+    assert "| uniform | 80.0% [80.0–80.0%] | 0.0% [0.0–0.0%] | 10.0% [10.0–10.0%] |" in md
+    assert "| loss | 70.0% [65.0–75.0%] | 10.0% [5.0–15.0%] |" in md
+    # results written before the time parts were kept: no table, nothing made up
+    for r in records:
+        r.info.clear()
+    md = render_markdown(cfg, MACHINE, summarize(cfg, records, SIZES), [])
+    assert "Where the training time goes" not in md
+
+
 def test_scaling_rows_give_throughput_and_time_efficiency():
     cfg = _config(seeds=1, workers=(1, 2))
     records = [
@@ -633,6 +662,17 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     assert doc["config"]["staleness"] == "exp-linear" and "staleness model exp-linear" in md
     daskpri_runs = [r for r in doc["runs"] if r["spec"]["kind"] == "daskpri"]
     assert daskpri_runs and {r["info"]["staleness"] for r in daskpri_runs} == {"exp-linear"}
+    # each run keeps where its step time went, and how many rounds were selected ahead
+    for r in daskpri_runs:
+        parts = r["info"]["time_parts"]
+        assert set(parts) == {"compute", "selection", "optimizer", "communication"}
+        assert all(v >= 0 for v in parts.values()) and parts["compute"] > 0
+        assert sum(parts.values()) <= r["curve"]["time"][-1] + 1e-6
+        assert 0.0 <= r["info"]["selected_ahead"] <= 1.0
+    # uniform never reads the table: the rounds after the first are selected ahead
+    assert all(r["info"]["selected_ahead"] > 0.5 for r in daskpri_runs
+               if r["spec"]["arm"]["strategy"] == "uniform")
+    assert "### Where the training time goes" in md
     for png in ("accuracy_synthetic_mlp.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "results.html").read_text()

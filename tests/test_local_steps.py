@@ -274,6 +274,10 @@ def test_selecting_the_next_round_ahead_changes_no_selection(
     # selected while the second fit's last round ran, was taken back when the
     # target ended it, and selected again by the third fit.
     assert none == [] and some == [4, 8, 18, 22]
+    # the history marks the rounds whose selection was made ahead and used: the
+    # rounds from 4, 8 and 22 (the one from 18 was selected again, after)
+    assert h1["selected_ahead"].values.tolist() == [0, 1, 1, 0, 0, 0, 1, 0]
+    assert h0["selected_ahead"].values.tolist() == [0] * 8
     np.testing.assert_array_equal(h0["step"], h1["step"])
     np.testing.assert_array_equal(h0["selection_digest"], h1["selection_digest"])
     assert torch.equal(p0, p1), "bitwise equal parameters on CPU"

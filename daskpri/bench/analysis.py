@@ -22,7 +22,7 @@ from daskpri.bench.protocol import (
     pick_learning_rates,
     targets,
 )
-from daskpri.bench.records import Curve, RunRecord, time_to_target
+from daskpri.bench.records import TIME_PARTS, Curve, RunRecord, time_to_target
 
 __all__ = [
     "Ratio",
@@ -90,6 +90,27 @@ def samples_per_second(record: RunRecord) -> float:
     """Samples processed per second of training."""
     t = record.train_seconds
     return record.samples / t if t > 0 else math.nan
+
+
+def time_share(record: RunRecord, part: str) -> float:
+    """Share of the run's step time spent in ``part`` (a :data:`TIME_PARTS` name).
+
+    NaN where the record does not keep its time parts (results written
+    before they were kept).
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, RunSpec
+    >>> spec = RunSpec("compare", "daskpri", "d", "mlp", Arm("uniform", "uniform", 64, 64),
+    ...                0.1, 0, 2, 10.0)
+    >>> r = RunRecord(spec, Curve([4.0], [1], [0.5], [1.0]), 64, 64, 5.0,
+    ...               info={"time_parts": {"compute": 3.0, "selection": 1.0}})
+    >>> time_share(r, "selection"), time_share(r, "optimizer")
+    (0.25, 0.0)
+    """
+    parts = record.info.get("time_parts") or {}
+    total = sum(parts.values())
+    return parts.get(part, 0.0) / total if total > 0 else math.nan
 
 
 # -- over seeds ----------------------------------------------------------------------
@@ -350,6 +371,9 @@ def _comparison(config: BenchConfig, arms: Sequence[Any], tuned: dict[str, list[
             "steps": spread(r.steps for r in runs),
             "samples_per_second": spread(samples_per_second(r) for r in runs),
             "grads_per_step": float(np.median(grads)) if grads else math.nan,
+            "time_shares": {part: spread(time_share(r, part) for r in runs)
+                            for part in TIME_PARTS},
+            "selected_ahead": spread(r.info.get("selected_ahead", math.nan) for r in runs),
         })
 
 

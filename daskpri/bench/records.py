@@ -218,6 +218,9 @@ def record_from_history(spec: RunSpec, history: xr.Dataset, wall_seconds: float)
     """
     n = history.sizes.get("step", 0)
     last = (lambda name: int(history[name].values[-1])) if n else (lambda name: 0)
+    parts = {part: float(np.nansum(history[f"{part}_time"].values)) for part in TIME_PARTS
+             if f"{part}_time" in history}
+    ahead = history["selected_ahead"].values if "selected_ahead" in history else np.empty(0)
     return RunRecord(
         spec=spec,
         curve=Curve(
@@ -232,5 +235,12 @@ def record_from_history(spec: RunSpec, history: xr.Dataset, wall_seconds: float)
         info={
             "strategy": str(history.attrs.get("strategy_params", spec.arm.strategy)),
             "staleness": str(history.attrs.get("staleness", "")),
+            "time_parts": parts,
+            "selected_ahead": float(ahead.mean()) if ahead.size else math.nan,
         },
     )
+
+
+#: The parts of a step's wall time that the history keeps (``<part>_time``), which
+#: :func:`record_from_history` sums into ``info["time_parts"]``.
+TIME_PARTS = ("compute", "selection", "optimizer", "communication")

@@ -11,7 +11,7 @@ from typing import Any
 
 from daskpri.bench.analysis import Ratio, Spread, summarize
 from daskpri.bench.config import BenchConfig
-from daskpri.bench.records import RunRecord
+from daskpri.bench.records import TIME_PARTS, RunRecord
 
 __all__ = ["fmt_ratio", "fmt_spread", "render_markdown", "write_json", "write_report"]
 
@@ -67,6 +67,43 @@ def _paired(s: Spread | None) -> str:
     if s.n == 1:
         return f"{s.median:.2f}x"
     return f"{s.median:.2f}x [{s.low:.2f}x–{s.high:.2f}x]"
+
+
+def _time_parts(summary: Mapping[str, Any], dm: tuple[str, str]) -> list[str]:
+    """The table of where each arm's step time goes (none for results that lack it)."""
+    rows = [r for r in _rows(summary, "budgets", dm) if "time_shares" in r]
+    if not rows or all(r["time_shares"]["compute"].n == 0 for r in rows):
+        return []
+    lines = ["### Where the training time goes", "",
+             "Share of the step time, median [min–max] over seeds: the slowest worker's "
+             "computation; selection (the table's update and the next samples' selection, "
+             "where the workers wait for it); the optimizer; communication. Rounds selected "
+             "ahead were selected while the workers computed the round before; the others "
+             "were selected after it, while the workers waited (a strategy that reads a "
+             "priority still in flight).", ""]
+    table = [
+        [r["arm"], *(_share(r["time_shares"][part]) for part in TIME_PARTS),
+         _share(r["selected_ahead"])]
+        for r in rows
+    ]
+    return lines + _table(["arm", *TIME_PARTS, "rounds selected ahead"], table)
+
+
+def _share(s: Spread) -> str:
+    """A share over seeds as percentages.
+
+    Examples
+    --------
+    >>> _share(Spread(0.061, 0.05, 0.07, 3, 3))
+    '6.1% [5.0–7.0%]'
+    >>> _share(Spread(math.nan, math.nan, math.nan, 0, 0))
+    '—'
+    """
+    if s.n == 0:
+        return "—"
+    if s.n == 1:
+        return f"{100 * s.median:.1f}%"
+    return f"{100 * s.median:.1f}% [{100 * s.low:.1f}–{100 * s.high:.1f}%]"
 
 
 def fmt_spread(s: Spread, digits: int = 1) -> str:
@@ -241,6 +278,7 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
     header = [f"{_pct(f)} ({f * config.budget:g} s)" for f in fractions]
     header[-1] += " = final"
     lines += _table(["arm", *header, "best", "steps", "samples/s", "grads/step/worker"], rows)
+    lines += _time_parts(summary, dm)
     sweep = _rows(summary, "lr_sweep", dm)
     if len(config.learning_rates) > 1:
         headline = _pct(max(config.target_fractions))

@@ -229,6 +229,7 @@ class RunMixin:
         for attempt in range(int(_config.get("trainer.max-retries")) + 1):
             t0 = time.perf_counter()
             ahead = self._take_prefetched(step, count)
+            selected_ahead = ahead is not None
             if ahead is not None:
                 rounds = ahead
             else:
@@ -291,6 +292,7 @@ class RunMixin:
             step_time=step_time,
             selection_time=t_select,
             optimizer_time=t_opt,
+            selected_ahead=selected_ahead,
         )
 
     def _run_tasks(

@@ -24,6 +24,8 @@ STEP_VARIABLES: dict[str, tuple[str, str]] = {
     "compute_time": ("s", "slowest worker's computation time in the step"),
     "communication_time": ("s", "step time spent shipping weights, tasks and results"),
     "selection_time": ("s", "time to update the priority table and select the next samples"),
+    "selected_ahead": ("", "1 where the step's samples were selected while the workers computed "
+                       "the round before (0: selected after it, while the workers waited)"),
     "optimizer_time": ("s", "time to combine the gradients and step the optimizer"),
     "eval_time": ("s", "time spent evaluating after the step"),
     "n_workers": ("", "workers that took part in the step"),

@@ -132,6 +132,7 @@ def step_record(
     step_time: float,
     selection_time: float,
     optimizer_time: float,
+    selected_ahead: bool = False,
 ) -> dict[str, Any]:
     """The history record of a step (or round) that ended at ``step``.
 
@@ -157,6 +158,7 @@ def step_record(
         "step_time": step_time,
         "compute_time": compute,
         "selection_time": selection_time,
+        "selected_ahead": float(selected_ahead),
         "optimizer_time": optimizer_time,
         "communication_time": max(0.0, step_time - selection_time - compute - optimizer_time),
         "n_workers": len(results),
