@@ -302,6 +302,41 @@ def test_the_table_takes_back_a_selection_made_ahead():
     assert plugin._step("r", 6, count=2) != second
 
 
+def test_a_selective_backprop_round_taken_back_is_selected_again_the_same():
+    # the beta rule's CDF reference is drawn once for each state of the table
+    # and kept in the strategy's state: a round selected ahead and taken back
+    # leaves no trace, and the round selected then is the one taken back
+    from daskpri.table.plugin import TablePlugin, TableRun
+    from daskpri.table.table import PriorityTable
+
+    strategy = get_strategy("selective-backprop", beta=1.0, refresh=2, stale_beta=3)
+    tr = TableRun(table=PriorityTable([800, 800]), strategy=strategy,
+                  rng=np.random.default_rng(0), owner=np.zeros(0, np.int64), batch_size=8,
+                  info={})
+    tr.set_owner(np.array([0, 1]))
+    plugin = TablePlugin()
+    plugin.runs["r"] = tr
+    seen = np.arange(1600)
+    losses = np.random.default_rng(1).exponential(1.0, 1600)
+    update = [{"indices": pack(seen), "priorities": pack(losses), "step": 0}]
+    plugin._step("r", 0, updates=update, count=4)
+    before = tr.state["reference"]["losses"]
+    ahead = plugin._step("r", 4, count=4, undo=True)
+    assert ahead is not None
+    plugin._unselect("r")
+    np.testing.assert_array_equal(tr.state["reference"]["losses"], before)
+    again = plugin._step("r", 4, count=4)
+
+    def steps(packed):
+        return [[(sel.train.tolist(), sel.extra["reference"].tolist() if "reference" in sel.extra
+                  else None) for sel in _unpack_round(slot)] for slot in packed]
+
+    assert steps(again) == steps(ahead)
+    # the round's fresh steps share one reference, the table's as it stands
+    refs = [sel.extra["reference"] for sel in _unpack_round(again[0]) if "reference" in sel.extra]
+    assert refs and all(np.array_equal(r, refs[0]) for r in refs)
+
+
 def test_a_round_selected_ahead_that_reads_a_priority_in_flight_is_declined():
     from daskpri.table.plugin import TablePlugin, TableRun
     from daskpri.table.table import PriorityTable

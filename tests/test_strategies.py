@@ -137,6 +137,81 @@ def test_selective_backprop_keeps_the_high_loss_fraction():
     assert [sel.train.size for sel in sels] == [16, 16]
 
 
+@pytest.mark.parametrize("beta", [0.5, 1.0, 5.0])
+def test_the_cdf_rule_keeps_the_rows_a_search_of_the_reference_would(beta):
+    # keep_by_cdf reads the reference at floor(u^(1/beta) * n) instead of
+    # searching it; the same draws must keep the same rows, ties with the
+    # reference's losses, repeated losses and unseen (inf) samples included
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        reference = np.sort(rng.choice(rng.exponential(1.0, 300), rng.integers(1, 1500)))
+        losses = rng.exponential(1.0, rng.integers(0, 600))
+        losses[: losses.size // 3] = rng.choice(reference, losses.size // 3)
+        losses[rng.random(losses.size) < 0.05] = np.inf
+        u = np.random.default_rng([seed, 1]).random(losses.size)
+        searched = np.searchsorted(reference, losses, side="right") / reference.size
+        want = np.flatnonzero(u < searched**beta)
+        got = keep_by_cdf(losses, reference, beta, np.random.default_rng([seed, 1]))
+        np.testing.assert_array_equal(got, want)
+    # an empty reference keeps all
+    assert keep_by_cdf(np.ones(3), np.empty(0), beta, np.random.default_rng(0)).tolist() == [
+        0, 1, 2]
+
+
+def test_the_cdf_reference_is_drawn_once_for_each_state_of_the_table():
+    table = PriorityTable([1000, 1000])
+    table.update(np.arange(2000), np.random.default_rng(0).exponential(1.0, 2000), step=0)
+    ctx = make_ctx([1000, 1000], [0, 1], table=table, batch_size=8)
+    s = get_strategy("selective-backprop", beta=1.0)
+    first = s.select(ctx)[0].extra["reference"]
+    ctx.step = 1  # the next step of a round: the table has not changed
+    assert s.select(ctx)[0].extra["reference"] is first
+    table.update(np.arange(10), np.full(10, 9.0), step=1)  # a round's priorities arrive
+    ctx.step = 2
+    second = s.select(ctx)[0].extra["reference"]
+    assert second is not first and second.size == 1024 and np.all(np.diff(second) >= 0)
+    # where losses are extrapolated to each step, each step draws its own
+    moving = PriorityTable([500, 500], staleness="exp-linear")
+    moving.update(np.arange(1000), np.ones(1000), step=0)
+    ctx = make_ctx([500, 500], [0, 1], table=moving, batch_size=8)
+    a = s.select(ctx)[0].extra["reference"]
+    ctx.step = 1
+    assert s.select(ctx)[0].extra["reference"] is not a
+
+
+def test_a_stale_step_reads_only_the_candidates_it_consumes():
+    # one worker of 400 samples, the table's losses all above the reference's:
+    # every candidate is kept, so a stale step of 8 consumes the walk's next 8
+    # of the 24 it draws (half again the 16 it expects to need at beta=1); a
+    # priority in flight among those it returns to the walk is not read, one
+    # among the 8 is
+    from daskpri.strategies.base import NotAhead
+
+    def stale_ctx():
+        table = PriorityTable([400])
+        table.update(np.arange(400), np.full(400, 5.0), step=0)
+        ctx = make_ctx([400], [0], table=table, batch_size=8)
+        s = get_strategy("selective-backprop", beta=1.0, refresh=2, warmup=1)
+        while walk_epoch(ctx, 0) == 0:  # the warmup epoch, then the first stale one
+            s.select(ctx)
+            ctx.step += 1
+        return s, ctx
+
+    s, ctx = stale_ctx()
+    pos, perm = ctx.state["pos"][0], ctx.state["perm"][0]
+    reference = np.linspace(0.0, 1.0, 64)
+    ctx.inflight = np.zeros(400, dtype=bool)
+    ctx.inflight[perm[pos + 9]] = True  # drawn, then returned to the walk
+    kept = s._draw_stale(ctx, 0, 8, reference)
+    assert kept.tolist() == sorted(perm[pos:pos + 8].tolist()) and ctx.state["pos"][0] == pos + 8
+    s, ctx = stale_ctx()
+    pos, perm = ctx.state["pos"][0], ctx.state["perm"][0]
+    ctx.inflight = np.zeros(400, dtype=bool)
+    ctx.inflight[perm[pos + 7]] = True  # consumed: the step must wait for it
+    with pytest.raises(NotAhead):
+        s._draw_stale(ctx, 0, 8, reference)
+
+
 def test_the_workers_top_rows_are_the_drivers_top_fraction():
     # the worker chooses in torch (top_rows), the driver's stale steps in numpy
     rng = np.random.default_rng(0)
