@@ -22,7 +22,11 @@ from daskpri.bench.protocol import (
     pick_learning_rates,
     targets,
 )
-from daskpri.bench.records import TIME_PARTS, Curve, RunRecord, time_to_target
+from daskpri.bench.records import Curve, RunRecord, time_to_target
+from daskpri.training.history import TIME_PARTS
+
+#: the parts of a step's time that the report gives the share of, as a record keeps them
+PARTS = tuple(name.removesuffix("_time") for name in TIME_PARTS)
 
 __all__ = [
     "Ratio",
@@ -93,7 +97,7 @@ def samples_per_second(record: RunRecord) -> float:
 
 
 def time_share(record: RunRecord, part: str) -> float:
-    """Share of the run's step time spent in ``part`` (a :data:`TIME_PARTS` name).
+    """Share of the run's step time spent in ``part`` ("compute", "selection", ...).
 
     NaN where the record does not keep its time parts (results written
     before they were kept).
@@ -372,7 +376,7 @@ def _comparison(config: BenchConfig, arms: Sequence[Any], tuned: dict[str, list[
             "samples_per_second": spread(samples_per_second(r) for r in runs),
             "grads_per_step": float(np.median(grads)) if grads else math.nan,
             "time_shares": {part: spread(time_share(r, part) for r in runs)
-                            for part in TIME_PARTS},
+                            for part in PARTS},
             "selected_ahead": spread(r.info.get("selected_ahead", math.nan) for r in runs),
         })
 

@@ -16,6 +16,8 @@ import numpy as np
 import xarray as xr
 from numpy.typing import ArrayLike
 
+from daskpri.training.history import TIME_PARTS
+
 __all__ = ["Arm", "Curve", "RunRecord", "RunSpec", "record_from_history", "time_to_target"]
 
 #: How a run is executed.
@@ -218,8 +220,8 @@ def record_from_history(spec: RunSpec, history: xr.Dataset, wall_seconds: float)
     """
     n = history.sizes.get("step", 0)
     last = (lambda name: int(history[name].values[-1])) if n else (lambda name: 0)
-    parts = {part: float(np.nansum(history[f"{part}_time"].values)) for part in TIME_PARTS
-             if f"{part}_time" in history}
+    parts = {name.removesuffix("_time"): float(np.nansum(history[name].values))
+             for name in TIME_PARTS if name in history}
     ahead = history["selected_ahead"].values if "selected_ahead" in history else np.empty(0)
     return RunRecord(
         spec=spec,
@@ -239,8 +241,3 @@ def record_from_history(spec: RunSpec, history: xr.Dataset, wall_seconds: float)
             "selected_ahead": float(ahead.mean()) if ahead.size else math.nan,
         },
     )
-
-
-#: The parts of a step's wall time that the history keeps (``<part>_time``), which
-#: :func:`record_from_history` sums into ``info["time_parts"]``.
-TIME_PARTS = ("compute", "selection", "optimizer", "communication")

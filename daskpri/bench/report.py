@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from daskpri.bench.analysis import Ratio, Spread, summarize
+from daskpri.bench.analysis import PARTS, Ratio, Spread, summarize
 from daskpri.bench.config import BenchConfig
-from daskpri.bench.records import TIME_PARTS, RunRecord
+from daskpri.bench.records import RunRecord
 
 __all__ = ["fmt_ratio", "fmt_spread", "render_markdown", "write_json", "write_report"]
 
@@ -71,22 +71,22 @@ def _paired(s: Spread | None) -> str:
 
 def _time_parts(summary: Mapping[str, Any], dm: tuple[str, str]) -> list[str]:
     """The table of where each arm's step time goes (none for results that lack it)."""
-    rows = [r for r in _rows(summary, "budgets", dm) if "time_shares" in r]
-    if not rows or all(r["time_shares"]["compute"].n == 0 for r in rows):
+    rows = _rows(summary, "budgets", dm)
+    if all(r["time_shares"]["compute"].n == 0 for r in rows):
         return []
     lines = ["### Where the training time goes", "",
              "Share of the step time, median [min–max] over seeds: the slowest worker's "
-             "computation; selection (the table's update and the next samples' selection, "
-             "where the workers wait for it); the optimizer; communication. Rounds selected "
+             "computation; communication; selection (the table's update and the next "
+             "samples' selection, where the workers wait for it); the optimizer. Rounds selected "
              "ahead were selected while the workers computed the round before; the others "
              "were selected after it, while the workers waited (a strategy that reads a "
              "priority still in flight).", ""]
     table = [
-        [r["arm"], *(_share(r["time_shares"][part]) for part in TIME_PARTS),
+        [r["arm"], *(_share(r["time_shares"][part]) for part in PARTS),
          _share(r["selected_ahead"])]
         for r in rows
     ]
-    return lines + _table(["arm", *TIME_PARTS, "rounds selected ahead"], table)
+    return lines + _table(["arm", *PARTS, "rounds selected ahead"], table)
 
 
 def _share(s: Spread) -> str:

@@ -10,8 +10,7 @@ from bokeh.plotting import figure
 
 #: Colors of the run and of its baseline.
 RUN_COLOR, BASELINE_COLOR = Category10_10[0], Category10_10[7]
-#: Parts of a step's time, in stacking order, and their colors.
-TIME_PARTS = ("compute_time", "communication_time", "selection_time", "optimizer_time")
+#: Colors of the parts of a step's time, in the order of ``daskpri.training.history.TIME_PARTS``.
 TIME_COLORS = (Category10_10[2], Category10_10[1], Category10_10[4], Category10_10[9])
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 

@@ -20,11 +20,11 @@ from daskpri.dashboard._plotting import (
     BASELINE_COLOR,
     RUN_COLOR,
     TIME_COLORS,
-    TIME_PARTS,
     empty,
     new_figure,
 )
 from daskpri.dashboard.measures import speedup_curve
+from daskpri.training.history import TIME_PARTS
 
 
 class TrainingCurves(DashboardComponent):

@@ -34,10 +34,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from daskpri.dashboard._plotting import BASELINE_COLOR, RUN_COLOR, TIME_PARTS
+from daskpri.dashboard._plotting import BASELINE_COLOR, RUN_COLOR
 from daskpri.dashboard.measures import speedup_curve
 from daskpri.dashboard.snapshot import METRIC_COLUMNS, WORKER_COLUMNS
 from daskpri.data.io import _format_of
+from daskpri.training.history import TIME_PARTS
 
 __all__ = ["REQUIRED_VARIABLES", "load_history", "write_report"]
 

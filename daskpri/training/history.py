@@ -33,6 +33,10 @@ STEP_VARIABLES: dict[str, tuple[str, str]] = {
     "priority_max": ("", "max of the priorities computed in the step"),
 }
 
+#: The parts of a step's wall time, as :data:`STEP_VARIABLES` names them: they add up
+#: to ``step_time`` (the dashboards stack them; ``daskpri bench`` reports their shares).
+TIME_PARTS = ("compute_time", "communication_time", "selection_time", "optimizer_time")
+
 #: Per-step, per-worker-slot metrics.
 WORKER_VARIABLES: dict[str, tuple[str, str]] = {
     "worker_samples": ("", "samples processed by each worker slot in the step"),

@@ -132,7 +132,7 @@ def step_record(
     step_time: float,
     selection_time: float,
     optimizer_time: float,
-    selected_ahead: bool = False,
+    selected_ahead: bool,
 ) -> dict[str, Any]:
     """The history record of a step (or round) that ended at ``step``.
 
