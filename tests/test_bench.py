@@ -448,6 +448,12 @@ def test_the_report_says_where_each_arms_training_time_goes():
         r.info.clear()
     md = render_markdown(cfg, MACHINE, summarize(cfg, records, SIZES), [])
     assert "Where the training time goes" not in md
+    # a run without a round writes NaN, which results.json reads back as null
+    for r in records:
+        r.info.update(time_parts={}, selected_ahead=None)
+    back = [RunRecord.from_dict(json.loads(json.dumps(r.to_dict()))) for r in records]
+    loss = next(r for r in summarize(cfg, back, SIZES)["budgets"] if r["arm"] == "loss")
+    assert loss["selected_ahead"].n == 0 and loss["time_shares"]["selection"].n == 0
 
 
 def test_scaling_rows_give_throughput_and_time_efficiency():
