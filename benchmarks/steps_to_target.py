@@ -77,13 +77,15 @@ def main() -> None:
     parser.add_argument("--target", type=float, required=True)
     parser.add_argument("--max-steps", type=int, default=2000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="seeds run from this one on (more seeds for a second run)")
     parser.add_argument("--eval-every", type=int, default=16)
     parser.add_argument("--arm", type=parse_arm, action="append", required=True)
     args = parser.parse_args()
     train, test = daskpri.datasets.load(args.dataset)
     found: dict[str, list[int | None]] = {}
     with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for label, strategy, lr, options in args.arm:
                 model = build_model(args.model, train, seed=seed)
                 with one_torch_thread(), daskpri.Trainer(

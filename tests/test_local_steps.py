@@ -99,7 +99,9 @@ def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_cli
 # its 0-d batch cap through the wire)
 @pytest.mark.parametrize("strategy, options", [
     ("loss", {}), ("uniform", {}),
-    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5})])
+    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5}),
+    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5,
+                            "wait_for_inflight": False})])
 def test_a_resumed_run_of_local_rounds_continues_exactly(
     gpu_client, small_data, tmp_path, strategy, options
 ):
@@ -281,6 +283,30 @@ def test_selecting_the_next_round_ahead_changes_no_selection(
     np.testing.assert_array_equal(h0["step"], h1["step"])
     np.testing.assert_array_equal(h0["selection_digest"], h1["selection_digest"])
     assert torch.equal(p0, p1), "bitwise equal parameters on CPU"
+
+
+def test_selective_backprop_without_waiting_selects_every_round_ahead_and_the_same_each_run(
+    gpu_client, small_data
+):
+    # refresh: a new pass of the walk puts the round in flight's samples among the
+    # next round's candidates, and waiting for their priorities declines rounds;
+    # without waiting, none is declined, and a run still selects the same
+    train, _ = small_data
+    options = {"refresh": 2, "beta": 1.0, "warmup": 1, "prefilter": 0.5}
+    runs = {}
+    for wait, repeat in ((True, 0), (False, 0), (False, 1)):
+        with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,
+                      wait_for_inflight=wait, **options) as t:
+            h = t.fit(train, max_steps=80, progress=False)
+            runs[wait, repeat] = (h, _ahead_counts(gpu_client, t._remote.run))
+    (h_wait, (taken, declined)) = runs[True, 0]
+    assert declined > 0 and taken + declined == 19  # every round but the first
+    assert h_wait["selected_ahead"].values.sum() == taken
+    (h0, counts0), (h1, counts1) = runs[False, 0], runs[False, 1]
+    assert counts0 == counts1 == (19, 0)
+    assert h0["selected_ahead"].values.tolist() == [0] + [1] * 19
+    np.testing.assert_array_equal(h0["selection_digest"], h1["selection_digest"])
+    assert not np.array_equal(h0["selection_digest"], h_wait["selection_digest"])
 
 
 def test_the_table_takes_back_a_selection_made_ahead():

@@ -212,6 +212,40 @@ def test_a_stale_step_reads_only_the_candidates_it_consumes():
         s._draw_stale(ctx, 0, 8, reference)
 
 
+def test_selective_backprop_without_waiting_reads_the_table_as_it_holds_it():
+    # one worker of 400 samples, all of them in flight: waiting for them, the
+    # first step that reads a priority declines (the stale epoch after the warmup
+    # and the fresh one; the prefiltered fresh steps at once); without waiting,
+    # each step selects what it selects with nothing in flight
+    from daskpri.strategies.base import NotAhead
+
+    table = PriorityTable([400])
+    table.update(np.arange(400), np.random.default_rng(1).random(400) * 3.0, step=0)
+    everything = np.ones(400, dtype=bool)
+
+    def run(options, inflight):
+        ctx = make_ctx([400], [0], table=table, batch_size=8)
+        s = get_strategy("selective-backprop", beta=1.0, **options)
+        picks = []
+        for _ in range(120):  # warmup 50 steps, fresh 25 (16 candidates), then stale
+            ctx.inflight = inflight
+            picks.append(s.select(ctx)[0].train.tolist())
+            ctx.step += 1
+        return picks
+
+    for options in ({"refresh": 2, "warmup": 1}, {"prefilter": 0.5}):
+        alone = run(options, None)
+        assert run({**options, "wait_for_inflight": False}, everything) == alone
+        with pytest.raises(NotAhead):
+            run(options, everything)
+    assert len({tuple(p) for p in alone}) > 100  # the steps do differ
+    assert get_strategy("selective-backprop", wait_for_inflight=False).get_params()[
+        "wait_for_inflight"] is False
+    with pytest.raises(ValueError, match=r"wait_for_inflight should be True or False, but got "
+                       r"wait_for_inflight='no'"):
+        get_strategy("selective-backprop", wait_for_inflight="no")
+
+
 def test_the_workers_top_rows_are_the_drivers_top_fraction():
     # the worker chooses in torch (top_rows), the driver's stale steps in numpy
     rng = np.random.default_rng(0)

@@ -166,9 +166,11 @@ class SelectiveBackprop(Strategy):
     The next round may be selected while the workers compute this one
     (``selects_ahead``): within an epoch its candidates are not the round in
     flight's, and where they are (a new epoch's walk), the table declines
-    and the round is selected once the priorities arrive. With ``beta``,
-    the CDF's reference is then drawn from the table before the round in
-    flight's losses reach it.
+    and the round is selected once the priorities arrive
+    (``wait_for_inflight=False``: it reads them as the table holds them, a
+    round old, and the workers never wait). With ``beta``, the CDF's
+    reference is then drawn from the table before the round in flight's
+    losses reach it.
 
     Parameters
     ----------
@@ -223,6 +225,21 @@ class SelectiveBackprop(Strategy):
         328, 0.75 352, 0.33 384. On the ``mnist5k`` MLP (``fraction=0.25,
         refresh=4``) ``prefilter=0.5`` cost steps (128 against 96). Not yet
         a default.
+    wait_for_inflight : bool
+        Where a round selected ahead (while the workers compute the round
+        before) would read the table's loss of a sample of that round in
+        flight, select it once the round's losses arrive, while the workers
+        wait (True, the default: a round reads the losses it would read
+        selected after), or read the loss the table holds, from the
+        sample's scoring before that round, and never wait (False). A run
+        selects the same samples each time either way. With ``refresh``
+        most rounds begin a new pass of the walk, whose fresh permutation
+        puts samples of the round in flight among the candidates: on the
+        MNIST-1D CNN (``beta=1, refresh=3, warmup=1, stale_beta=5,
+        prefilter=0.5``) the table declines 68 of 74 rounds, and selecting
+        them while the workers wait takes about 5% of the step time; with
+        False the steps to 99% of uniform's best accuracy stay 352 (median
+        of 40 seeds; mean 362 against 353).
 
     Examples
     --------
@@ -246,6 +263,7 @@ class SelectiveBackprop(Strategy):
         stale_beta: float | None = None,
         score_dtype: str = "float32",
         prefilter: float = 1.0,
+        wait_for_inflight: bool = True,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -258,6 +276,12 @@ class SelectiveBackprop(Strategy):
         )
         self.score_dtype = check_score_dtype(score_dtype)
         self.prefilter = check_fraction("prefilter", prefilter, low_open=True)
+        if not isinstance(wait_for_inflight, (bool, np.bool_)):
+            raise ValueError(
+                f"wait_for_inflight should be True or False, but got "
+                f"wait_for_inflight={wait_for_inflight!r}"
+            )
+        self.wait_for_inflight = bool(wait_for_inflight)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
                 "stale_beta sets the probabilistic rule's selectivity in stale steps, so it "
@@ -313,7 +337,8 @@ class SelectiveBackprop(Strategy):
                 continue
             # ranked by the table's losses: the top share is scored afresh on the worker
             # (prefilter: the table's easy samples are not), or trained in a plain step (stale)
-            ctx.check_ahead(cand)
+            if self.wait_for_inflight:
+                ctx.check_ahead(cand)
             share = self.prefilter if fresh else self.fraction
             kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), share)]
             out.append(Selection(train=kept, extra=extra if fresh else {"stale": _STALE}))
@@ -353,7 +378,8 @@ class SelectiveBackprop(Strategy):
                 cand = cand[: int(rows[-1]) + 1]
             # only the candidates this step consumed decide what it keeps (a kept row's
             # fate depends on its own loss and draw): those are the priorities it reads
-            ctx.check_ahead(cand)
+            if self.wait_for_inflight:
+                ctx.check_ahead(cand)
             parts.append(cand[rows])
             need -= rows.size
             drawn += cand.size
