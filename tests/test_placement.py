@@ -1,13 +1,16 @@
-"""Placement rules, without a cluster."""
+"""Placement rules, without a cluster; and listing a cluster's workers."""
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 import xarray as xr
+from distributed import Client, LocalCluster
 
 from daskpri.training.placement import (
     assign_owners,
+    cluster_workers,
     eligible_workers,
     parse_resources,
     partition_bounds,
@@ -61,3 +64,19 @@ def test_owners_are_balanced_and_moved_only_when_lost():
     assert np.bincount(assign_owners(10, 3)).tolist() == [4, 3, 3]
     assert reassign_owners(["a", "b", "b", "a"], ["a", "b"]) == ["a", "b", "b", "a"]
     assert reassign_owners(["a", "b", "b", "c"], ["a", "c"]) == ["a", "a", "c", "c"]
+
+
+def test_cluster_workers_lists_every_worker_while_the_client_polls():
+    # the client's periodic poll asks for no workers, and overwrites the cache that
+    # client.scheduler_info(n_workers=-1) returns (5 of 500 calls came back empty
+    # with this 5 ms poll); cluster_workers asks the scheduler directly
+    with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
+        with (
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                         dashboard_address=None) as cluster,
+            Client(cluster) as client,
+        ):
+            expected = set(cluster.scheduler.workers)
+            assert len(expected) == 2
+            for _ in range(500):
+                assert set(cluster_workers(client)) == expected

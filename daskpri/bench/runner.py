@@ -27,6 +27,7 @@ from daskpri.bench.protocol import count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
+from daskpri.training.placement import cluster_workers
 
 __all__ = ["describe", "machine_info", "run_bench"]
 
@@ -124,7 +125,7 @@ class _Clusters:
                     raise ConnectionError(
                         f"could not connect to the scheduler at {self.scheduler}: {e}"
                     ) from e
-            have = len(self._client.scheduler_info(n_workers=-1)["workers"])
+            have = len(cluster_workers(self._client))
             if have < n_workers:
                 raise ValueError(
                     f"the benchmark needs {n_workers} workers, but the scheduler at "

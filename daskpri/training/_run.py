@@ -39,7 +39,12 @@ from daskpri.table.plugin import Ahead, RemoteTable, Round
 from daskpri.training._checks import check_model, check_strategy_model
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
-from daskpri.training.placement import assign_owners, eligible_workers, partition_bounds
+from daskpri.training.placement import (
+    assign_owners,
+    cluster_workers,
+    eligible_workers,
+    partition_bounds,
+)
 from daskpri.training.recovery import LOST, check_scheduler, dask_timeout
 from daskpri.training.rounds import combine, crossed, fresh_priorities, nonfinite, step_record
 from daskpri.training.schedule import scheduled_rate
@@ -105,7 +110,7 @@ class RunMixin:
 
     def _prepare(self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str) -> None:
         client = self.client
-        workers = client.scheduler_info(n_workers=-1)["workers"]
+        workers = cluster_workers(client)
         if (
             self.resources is None
             and workers

@@ -30,7 +30,7 @@ from daskpri.replicas.worker import (
 )
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
-from daskpri.training.placement import eligible_workers, reassign_owners
+from daskpri.training.placement import cluster_workers, eligible_workers, reassign_owners
 from daskpri.training.recovery import LOST, dask_timeout, is_lost, responsive, step_timeout
 from daskpri.training.transport import run_direct, wait_tasks
 
@@ -293,7 +293,7 @@ class Deployment:
         client = self.client
         while True:
             check_scheduler()
-            workers = client.scheduler_info(n_workers=-1)["workers"]
+            workers = cluster_workers(client)
             try:
                 live = eligible_workers(workers, resources, client.scheduler.address)
                 live = [a for a in live if a not in excluded]

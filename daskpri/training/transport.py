@@ -17,7 +17,7 @@ from distributed import Client, Future
 from distributed.protocol.serialize import Serialize, to_serialize
 
 from daskpri.replicas.worker import StepResult, raise_state_lost
-from daskpri.training.placement import eligible_workers
+from daskpri.training.placement import cluster_workers, eligible_workers
 
 
 class StepTimeout(TimeoutError):
@@ -105,7 +105,7 @@ def wait_tasks(
                     late = [w for w, f in zip(workers, futures, strict=True) if not f.done()]
                     client.cancel(list(futures))
                     raise StepTimeout(late, timeout) from None
-                info = client.scheduler_info(n_workers=-1)["workers"]
+                info = cluster_workers(client)
                 try:
                     eligible_workers(info, resources, client.scheduler.address)
                     deadline = None
