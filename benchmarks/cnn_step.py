@@ -1,15 +1,15 @@
-"""The built-in 1-D CNN's training step and forward pass, against nn.MaxPool1d.
+"""The built-in CNN's training step and forward pass, against its earlier layouts.
 
 Run: ``python benchmarks/cnn_step.py [--repeats 3]``. One torch thread. For
 the MNIST-1D shape ``(40,)`` it times a training step of batch 64 (forward,
 backward, SGD with momentum) and a forward pass without gradient of 128
 samples (a scoring pass of selective-backprop), for ``daskpri.models.CNN``
-and for the same model with torch's ``nn.MaxPool1d`` (what the CNN was
-before), and for the MNIST shape ``(28, 28)`` the same two timings of the
-CNN (channels-last) and of the same model with contiguous weights (what
-it was before). Prints the
-median over ``--repeats`` rounds of each timing, the order of the two
-reversed every other round.
+(2-D channels-last kernels of shape ``(1, 5)``) and for the same weights
+in 1-D layers, ``nn.Conv1d`` with ``daskpri.models.MaxPool1d`` (what the
+CNN was before); for the MNIST shape ``(28, 28)`` the same two timings of
+the CNN (channels-last) and of the same model with contiguous weights
+(what it was before). Prints the median over ``--repeats`` rounds of each
+timing, the order of the two reversed every other round.
 """
 
 from __future__ import annotations
@@ -30,12 +30,19 @@ from daskpri.models import CNN, MaxPool1d
 def variants(shape: tuple[int, ...]) -> dict[str, nn.Module]:
     """The CNN for ``shape`` and the variant it is compared with."""
     model = CNN(shape, 10, seed=0)
-    other = copy.deepcopy(model)
     if len(shape) == 1:
-        for i, layer in enumerate(other):
-            if isinstance(layer, MaxPool1d):
-                other[i] = nn.MaxPool1d(2)
-        return {"daskpri": model, "nn.MaxPool1d": other}
+        (length,) = shape
+        convs = [m for m in model if isinstance(m, nn.Conv2d)]
+        layers: list[nn.Module] = [nn.Unflatten(1, (1, length))]
+        for conv in convs:
+            one_d = nn.Conv1d(conv.in_channels, conv.out_channels, 5, padding=2)
+            with torch.no_grad():
+                one_d.weight.copy_(conv.weight.squeeze(2))
+                one_d.bias.copy_(conv.bias)
+            layers += [one_d, nn.ReLU(), MaxPool1d()]
+        layers += [nn.Flatten(), copy.deepcopy(model[-1])]
+        return {"daskpri": model, "1-D layers": nn.Sequential(*layers)}
+    other = copy.deepcopy(model)
     for p in other.parameters():
         p.data = p.data.clone(memory_format=torch.contiguous_format)
     return {"daskpri": model, "contiguous": other}

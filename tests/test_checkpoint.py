@@ -112,3 +112,41 @@ def test_resume_needs_a_matching_model(tmp_path):
         daskpri.Trainer.resume(path)
     with pytest.raises(ValueError, match="model does not match the checkpoint's architecture"):
         daskpri.Trainer.resume(path, model=torch.nn.Linear(4, 2))
+
+
+def test_a_1d_cnn_checkpoint_saved_with_1d_weight_shapes_resumes_exactly(
+    gpu_client, small_data, tmp_path
+):
+    # the 1-D CNN ran nn.Conv1d layers before: its checkpoints hold conv weights and
+    # momentum of shape (out, in, k), where the layers now have (out, in, 1, k)
+    train, test = small_data
+    path, old = tmp_path / "run.ckpt", tmp_path / "old.ckpt"
+    kw = {"strategy": "uniform", "client": gpu_client, "seed": 5, "batch_size": 32,
+          "momentum": 0.9}
+    a = daskpri.Trainer(build_model("cnn", train, seed=1), **kw)
+    try:
+        a.fit(train, max_steps=6, progress=False)
+        a.save(path)
+        ha = a.fit(train, max_steps=12, progress=False)
+        params_a = [p.detach().clone() for p in a.model.parameters()]
+    finally:
+        a.close()
+    state = checkpoint.read(path)
+    for key in ("1.weight", "4.weight"):
+        assert state["model"][key].dim() == 4
+        state["model"][key] = state["model"][key].squeeze(2)
+    squeezed = 0
+    for buffers in state["optimizer"]["state"].values():
+        for name, value in buffers.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 4:
+                buffers[name], squeezed = value.squeeze(2), squeezed + 1
+    assert squeezed == 2  # the two convolutions' momentum
+    checkpoint.write(state, old)
+    b = daskpri.Trainer.resume(old, client=gpu_client)
+    try:
+        hb = b.fit(train, max_steps=12, progress=False)
+        np.testing.assert_array_equal(ha["selection_digest"], hb["selection_digest"])
+        for pa, pb in zip(params_a, b.model.parameters(), strict=True):
+            assert pa.shape == pb.shape and torch.equal(pa, pb)
+    finally:
+        b.close()

@@ -79,8 +79,46 @@ def test_mlp_hidden_width_is_a_parameter():
 
 
 def test_cnn_uses_1d_convolutions_for_vectors_and_2d_for_images():
-    assert any(isinstance(m, nn.Conv1d) for m in cnn(dataset((40,))).modules())
-    assert any(isinstance(m, nn.Conv2d) for m in cnn(dataset((8, 8))).modules())
+    # a vector runs through (1, 5) kernels over a one-row image; an image, 3 x 3
+    kernels = {shape: [m.kernel_size for m in cnn(dataset(shape)) if isinstance(m, nn.Conv2d)]
+               for shape in ((40,), (8, 8))}
+    assert kernels == {(40,): [(1, 5), (1, 5)], (8, 8): [(3, 3), (3, 3)]}
+
+
+@pytest.mark.parametrize("length", [7, 40])
+def test_the_1d_cnn_computes_as_1d_layers_and_loads_their_weights(length):
+    from daskpri.models import MaxPool1d
+
+    model = cnn(dataset((length,)), seed=3)
+    convs = [m for m in model if isinstance(m, nn.Conv2d)]
+    assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+    # the same weights in 1-D layers: the CNN as it was built before
+    layers: list[nn.Module] = [nn.Unflatten(1, (1, length))]
+    for conv in convs:
+        one_d = nn.Conv1d(conv.in_channels, conv.out_channels, 5, padding=2)
+        with torch.no_grad():
+            one_d.weight.copy_(conv.weight.squeeze(2))
+            one_d.bias.copy_(conv.bias)
+        layers += [one_d, nn.ReLU(), MaxPool1d()]
+    ref = nn.Sequential(*layers, nn.Flatten(), copy.deepcopy(model[-1]))
+    x = torch.randn(6, length, generator=torch.Generator().manual_seed(length))
+    y = torch.arange(6) % 10
+    outs = []
+    for m in (model, ref):
+        m.zero_grad()
+        out = m(x)
+        torch.nn.functional.cross_entropy(out, y).backward()
+        outs.append((out.detach(), [p.grad.reshape(-1) for p in m.parameters()]))
+    (a, grads_a), (b, grads_b) = outs
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for ga, gb in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-6)
+    # a state dict of the 1-D layers (a checkpoint saved before) loads, values kept
+    other = cnn(dataset((length,)), seed=0)
+    other.load_state_dict(ref.state_dict())
+    for p, q in zip(other.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert other[4].weight.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_n_classes_comes_from_labels_without_the_attribute():

@@ -15,6 +15,7 @@ as they are at each step, and update its counters (``step_``, the history).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 import uuid
@@ -204,7 +205,7 @@ class RunMixin:
 
     def _restore(self, state: dict[str, Any], owner: np.ndarray) -> None:
         assert self._opt is not None
-        self._opt.load_state_dict(state["optimizer"])
+        self._opt.load_state_dict(_state_shaped_like_params(self._opt, state["optimizer"]))
         self._mean_grad = state["mean_grad"]
         self._remote.load_state_dict(state["table"])
         # the cluster may have another size now: partitions go where they are
@@ -490,3 +491,35 @@ class RunMixin:
             self.optimizer, list(self.model.parameters()), self._optimizer_options()
         )
         self._mean_grad = None
+
+
+def _state_shaped_like_params(opt: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (an optimizer's state dict) with each buffer shaped as its parameter.
+
+    A buffer of the parameter's size in another shape (a 1-D `CNN`'s
+    momentum, ``(out, in, k)``, saved before its convolutions ran as 2-D
+    ones, ``(out, in, 1, k)``) takes the parameter's shape, its values in
+    the same order; ``load_state_dict`` would keep the saved shape, and the
+    first step would fail.
+    """
+    params = [p for group in opt.param_groups for p in group["params"]]
+    ids = [i for group in state["param_groups"] for i in group["params"]]
+    if len(ids) != len(params):
+        return state  # load_state_dict says what is wrong
+    shape = {i: p.shape for i, p in zip(ids, params, strict=True)}
+
+    def shaped(i: Any, value: Any) -> Any:
+        if (
+            isinstance(value, torch.Tensor)
+            and i in shape
+            and value.dim() > 0
+            and value.shape != shape[i]
+            and value.numel() == math.prod(shape[i])
+        ):
+            return value.reshape(shape[i])
+        return value
+
+    return {
+        **state,
+        "state": {i: {k: shaped(i, v) for k, v in s.items()} for i, s in state["state"].items()},
+    }
