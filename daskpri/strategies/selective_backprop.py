@@ -232,7 +232,9 @@ class SelectiveBackprop(Strategy):
         wait (True, the default: a round reads the losses it would read
         selected after), or read the loss the table holds, from the
         sample's scoring before that round, and never wait (False). A run
-        selects the same samples each time either way. With ``refresh``
+        selects the same samples each time either way, but with False one
+        without prefetch (``daskpri.trainer.prefetch``) selects after each
+        round and so reads other losses than one with it. With ``refresh``
         most rounds begin a new pass of the walk, whose fresh permutation
         puts samples of the round in flight among the candidates: on the
         MNIST-1D CNN (``beta=1, refresh=3, warmup=1, stale_beta=5,

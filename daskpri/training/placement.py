@@ -1,7 +1,8 @@
 """Where things run: the cluster's workers, their resources, partition owners.
 
 Pure helpers (no futures are created here) so the placement rules are tested
-without a cluster.
+without a cluster; :func:`cluster_workers` alone asks the scheduler, for the
+workers they place on.
 """
 
 from __future__ import annotations
