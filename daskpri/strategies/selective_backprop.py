@@ -241,9 +241,9 @@ class SelectiveBackprop(Strategy):
         prefilter=0.5``) the table declines 68 of 74 rounds, and selecting
         them while the workers wait takes about 5% of the step time; with
         False the steps to 99% of uniform's best accuracy stay 352 (median
-        of 40 seeds; mean 362 against 353), and four 10-seed ``daskpri
-        bench`` runs reached it 1.57x-1.65x sooner than uniform against
-        1.52x-1.56x waiting. On 2 cores the selection made ahead takes its
+        of 40 seeds; mean 362 against 353), and five 10-seed ``daskpri
+        bench`` runs reached it 1.57x-1.65x sooner than uniform (1.61x their
+        median) against 1.52x-1.56x waiting. On 2 cores the selection made ahead takes its
         CPU from the workers (the scheduler shares them); with a core of its
         own it is free. Where a worker's pass of the walk is shorter than a
         round, a loss a round old predates the sample's last pass, and
