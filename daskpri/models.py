@@ -173,12 +173,12 @@ class CNN(nn.Sequential):
         _materialize(self, seed)
         self.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # not in the stubs
         if len(shape) == 1:
-            self._register_load_state_dict_pre_hook(_conv1d_weights_as_2d)
+            self.register_load_state_dict_pre_hook(_conv1d_weights_as_2d)
         #: the constructor's arguments: a checkpoint rebuilds the model from them
         self.spec = {"name": "cnn", "in_shape": list(shape), "n_classes": int(n_classes)}
 
 
-def _conv1d_weights_as_2d(state_dict: dict, prefix: str, *args: Any) -> None:
+def _conv1d_weights_as_2d(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
     """Give a 1-D `CNN`'s state dict of ``(out, in, k)`` conv weights ``(out, in, 1, k)``.
 
     The 1-D CNN ran ``nn.Conv1d`` layers before it ran them as 2-D ones: a

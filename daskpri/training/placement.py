@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
 
 from daskpri import _config
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 def parse_resources(resources: Mapping[str, float] | str | None) -> dict[str, float] | None:
@@ -51,7 +54,7 @@ def parse_resources(resources: Mapping[str, float] | str | None) -> dict[str, fl
     return {k: float(v) for k, v in resources.items()} or None
 
 
-def cluster_workers(client: Any) -> dict[str, dict[str, Any]]:
+def cluster_workers(client: Client) -> dict[str, dict[str, Any]]:
     """Every worker the scheduler knows now, by address: its identity's ``workers``.
 
     Asked of the scheduler directly. ``client.scheduler_info(n_workers=-1)``
