@@ -229,6 +229,35 @@ def test_report_says_when_a_pick_is_at_the_edge_of_the_sweep(tmp_path: Path):
         ], SIZES), [])
 
 
+def _with_filler(records: list[RunRecord], rates: Sequence[float]) -> list[RunRecord]:
+    """``records`` and, at each of ``rates``, runs of both arms that stay at 0.1."""
+    return records + [_record(accuracy=[0.1], lr=lr, seed=seed, arm=arm)
+                      for lr in rates for seed in range(3) for arm in (UNIFORM, LOSS)]
+
+
+def test_report_says_when_the_baselines_pick_sits_between_rates_far_apart():
+    records = _slow_and_high_fast_and_lower()  # uniform picks 0.1, loss 0.05 (97% target)
+    coarse = _config(seeds=3, workers=(2,), learning_rates=(0.025, 0.05, 0.1, 0.2),
+                     target_fractions=(0.97,))
+    summary = summarize(coarse, _with_filler(records, (0.025, 0.2)), SIZES)
+    sweep = {(r["arm"], r["learning_rate"]): r for r in summary["lr_sweep"]}
+    assert sweep[("uniform", 0.1)]["picked"] and sweep[("uniform", 0.1)]["edge"] is None
+    assert sweep[("uniform", 0.1)]["coarse"] == (0.05, 0.2)
+    # only the baseline is flagged: the speedups are against it
+    assert sweep[("loss", 0.05)]["picked"] and sweep[("loss", 0.05)]["coarse"] == ()
+    md = render_markdown(coarse, MACHINE, summary, [])
+    assert ("**uniform's learning rate 0.1 has 0.05 and 0.2 next to it in the sweep, more "
+            "than 1.5x away: the baseline's best may lie between") in md
+    assert "loss's learning rate 0.05 has" not in md
+    # rates 1.25x apart around the pick: not flagged
+    fine = _config(seeds=3, workers=(2,), learning_rates=(0.05, 0.08, 0.1, 0.125),
+                   target_fractions=(0.97,))
+    summary = summarize(fine, _with_filler(records, (0.08, 0.125)), SIZES)
+    assert next(r for r in summary["lr_sweep"] if r["picked"] and r["arm"] == "uniform")[
+        "coarse"] == ()
+    assert "next to it in the sweep" not in render_markdown(fine, MACHINE, summary, [])
+
+
 def test_projection_gets_a_uniform_baseline_of_equal_gradient_budget():
     assert gradients_per_step("projection", 64, [8000, 8000]) == 64 + 80
     assert gradients_per_step("projection", 64, [8000], k=32, renew=0.0) == 32

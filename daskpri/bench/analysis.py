@@ -16,6 +16,7 @@ import numpy as np
 
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import (
+    coarse_neighbours,
     equal_gradient_label,
     grid_edges,
     make_arms,
@@ -335,6 +336,9 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
                         "final": spread(final_accuracy(r.curve) for r in runs),
                         "seconds": spread(time_to_target(r.curve, headline) for r in runs),
                         "edge": edges.get((dataset, model, arm.label)) if rate == lr else None,
+                        # the speedups are against uniform's pick: say where it may be coarse
+                        "coarse": (coarse_neighbours(lr, config.learning_rates)
+                                   if rate == lr and arm.label == "uniform" else ()),
                     })
                 tuned[arm.label] = _select(records, phase="sweep", dataset=dataset, model=model,
                                            label=arm.label, learning_rate=lr, n_workers=main)

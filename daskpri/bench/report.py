@@ -11,6 +11,7 @@ from typing import Any
 
 from daskpri.bench.analysis import PARTS, Ratio, Spread, summarize
 from daskpri.bench.config import BenchConfig
+from daskpri.bench.protocol import COARSE_RATIO
 from daskpri.bench.records import RunRecord
 
 __all__ = ["fmt_ratio", "fmt_spread", "render_markdown", "write_json", "write_report"]
@@ -298,6 +299,12 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
                 lines += [f"**{r['arm']}'s learning rate {r['learning_rate']:g} is the "
                           f"{r['edge']} swept: its best may lie outside the sweep; widen "
                           "--learning-rates.**", ""]
+            if r.get("coarse"):
+                rates = " and ".join(f"{x:g}" for x in r["coarse"])
+                lines += [f"**{r['arm']}'s learning rate {r['learning_rate']:g} has {rates} "
+                          f"next to it in the sweep, more than {COARSE_RATIO:g}x away: the "
+                          "baseline's best may lie between, and the speedups are against "
+                          "the best rate swept; add rates between to --learning-rates.**", ""]
     return lines
 
 
