@@ -25,11 +25,10 @@ import argparse
 
 import numpy as np
 from dask.distributed import Client
-from steps_to_target import parse_arm
+from steps_to_target import parse_arm, run_arm
 
 import daskpri
-from daskpri.models import build_model
-from daskpri.training.cluster import local_cluster, one_torch_thread
+from daskpri.training.cluster import local_cluster
 
 
 def main() -> None:
@@ -53,14 +52,8 @@ def main() -> None:
     with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
         for seed in range(args.seeds):
             for label, strategy, lr, options in args.arm:
-                model = build_model(args.model, train, seed=seed)
-                with one_torch_thread(), daskpri.Trainer(
-                    model, strategy=strategy, client=client, seed=seed, n_workers=2,
-                    learning_rate=lr, momentum=0.9, eval_every=args.eval_every,
-                    local_steps=16, partition_size=1000, **options,
-                ) as trainer:
-                    h = trainer.fit(train, eval_data=test, max_steps=args.max_steps,
-                                    progress=False)
+                h = run_arm(client, args.model, train, test, seed, strategy, lr, options,
+                            eval_every=args.eval_every, max_steps=args.max_steps)
                 acc = h["accuracy"].dropna("step")
                 # the history's step of an evaluation is the step it followed, from 0
                 curves.setdefault(label, []).append(acc.sel(step=[s - 1 for s in at]).values)

@@ -27,6 +27,7 @@ import argparse
 import ast
 
 import numpy as np
+import xarray as xr
 from dask.distributed import Client
 
 import daskpri
@@ -70,6 +71,25 @@ def parse_arm(text: str) -> tuple[str, str, float, dict]:
     return label, parts[0], lr, options
 
 
+def run_arm(client: Client, model_name: str, train: xr.Dataset, test: xr.Dataset, seed: int,
+            strategy: str, lr: float, options: dict, *, eval_every: int, max_steps: int,
+            target: float | None = None) -> xr.Dataset:
+    """One seed of one arm, as ``daskpri bench`` runs it: its training history.
+
+    On 2 one-thread workers of ``client``: batch 64 a worker, 16 local
+    steps, SGD with momentum 0.9, partitions of 1,000; it stops at the test
+    accuracy ``target`` (if given) or at ``max_steps``.
+    """
+    model = build_model(model_name, train, seed=seed)
+    with one_torch_thread(), daskpri.Trainer(
+        model, strategy=strategy, client=client, seed=seed, n_workers=2,
+        learning_rate=lr, momentum=0.9, eval_every=eval_every,
+        local_steps=16, partition_size=1000, **options,
+    ) as trainer:
+        return trainer.fit(train, eval_data=test, max_steps=max_steps,
+                           target_accuracy=target, progress=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="mnist1d")
@@ -87,14 +107,9 @@ def main() -> None:
     with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for label, strategy, lr, options in args.arm:
-                model = build_model(args.model, train, seed=seed)
-                with one_torch_thread(), daskpri.Trainer(
-                    model, strategy=strategy, client=client, seed=seed, n_workers=2,
-                    learning_rate=lr, momentum=0.9, eval_every=args.eval_every,
-                    local_steps=16, partition_size=1000, **options,
-                ) as trainer:
-                    h = trainer.fit(train, eval_data=test, max_steps=args.max_steps,
-                                    target_accuracy=args.target, progress=False)
+                h = run_arm(client, args.model, train, test, seed, strategy, lr, options,
+                            eval_every=args.eval_every, max_steps=args.max_steps,
+                            target=args.target)
                 acc = h["accuracy"].dropna("step")
                 hit = acc.step.values[acc.values >= args.target]
                 steps = int(hit[0]) + 1 if hit.size else None
