@@ -206,6 +206,12 @@ def test_time_pick_breaks_ties_toward_the_better_final_accuracy():
         pick_learning_rates(records, by="fast")
 
 
+def _with_filler(records: list[RunRecord], rates: Sequence[float]) -> list[RunRecord]:
+    """``records`` and, at each of ``rates``, runs of both arms that stay at 0.1."""
+    return records + [_record(accuracy=[0.1], lr=lr, seed=seed, arm=arm)
+                      for lr in rates for seed in range(3) for arm in (UNIFORM, LOSS)]
+
+
 def test_report_says_when_a_pick_is_at_the_edge_of_the_sweep(tmp_path: Path):
     cfg = _config(seeds=3, workers=(2,), learning_rates=(0.05, 0.1), target_fractions=(0.97,))
     records = _slow_and_high_fast_and_lower()
@@ -223,16 +229,7 @@ def test_report_says_when_a_pick_is_at_the_edge_of_the_sweep(tmp_path: Path):
     wide = _config(seeds=3, workers=(2,), learning_rates=(0.025, 0.05, 0.1, 0.2),
                    target_fractions=(0.97,))
     assert "is the largest swept" not in render_markdown(
-        wide, MACHINE, summarize(wide, records + [
-            _record(accuracy=[0.1], lr=lr, seed=seed, arm=arm)
-            for lr in (0.025, 0.2) for seed in range(3) for arm in (UNIFORM, LOSS)
-        ], SIZES), [])
-
-
-def _with_filler(records: list[RunRecord], rates: Sequence[float]) -> list[RunRecord]:
-    """``records`` and, at each of ``rates``, runs of both arms that stay at 0.1."""
-    return records + [_record(accuracy=[0.1], lr=lr, seed=seed, arm=arm)
-                      for lr in rates for seed in range(3) for arm in (UNIFORM, LOSS)]
+        wide, MACHINE, summarize(wide, _with_filler(records, (0.025, 0.2)), SIZES), [])
 
 
 def test_report_says_when_the_baselines_pick_sits_between_rates_far_apart():

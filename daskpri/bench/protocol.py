@@ -42,10 +42,10 @@ from daskpri.bench.records import Arm, RunRecord, RunSpec, time_to_target
 
 __all__ = [
     "best_median_accuracy",
+    "coarse_neighbours",
     "count_runs",
     "equal_gradient_label",
     "gradients_per_step",
-    "coarse_neighbours",
     "grid_edges",
     "group_sizes",
     "make_arms",
