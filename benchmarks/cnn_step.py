@@ -24,24 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from daskpri.models import CNN, MaxPool1d
+from daskpri.models import CNN
 
 
 def variants(shape: tuple[int, ...]) -> dict[str, nn.Module]:
     """The CNN for ``shape`` and the variant it is compared with."""
     model = CNN(shape, 10, seed=0)
     if len(shape) == 1:
-        (length,) = shape
-        convs = [m for m in model if isinstance(m, nn.Conv2d)]
-        layers: list[nn.Module] = [nn.Unflatten(1, (1, length))]
-        for conv in convs:
-            one_d = nn.Conv1d(conv.in_channels, conv.out_channels, 5, padding=2)
-            with torch.no_grad():
-                one_d.weight.copy_(conv.weight.squeeze(2))
-                one_d.bias.copy_(conv.bias)
-            layers += [one_d, nn.ReLU(), MaxPool1d()]
-        layers += [nn.Flatten(), copy.deepcopy(model[-1])]
-        return {"daskpri": model, "1-D layers": nn.Sequential(*layers)}
+        return {"daskpri": model, "1-D layers": model.as_1d_layers()}
     other = copy.deepcopy(model)
     for p in other.parameters():
         p.data = p.data.clone(memory_format=torch.contiguous_format)

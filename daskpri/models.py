@@ -7,9 +7,10 @@ by the caller; torch's global generator is never used.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import xarray as xr
@@ -176,6 +177,39 @@ class CNN(nn.Sequential):
             self.register_load_state_dict_pre_hook(_conv1d_weights_as_2d)
         #: the constructor's arguments: a checkpoint rebuilds the model from them
         self.spec = {"name": "cnn", "in_shape": list(shape), "n_classes": int(n_classes)}
+
+    def as_1d_layers(self) -> nn.Sequential:
+        """A 1-D CNN as ``nn.Conv1d`` layers, with copies of its weights.
+
+        What the CNN computes on vectors, in the layers it was built of
+        before it ran them as 2-D ones (kernels ``5``, `MaxPool1d`): a
+        reference for tests and timings (``benchmarks/cnn_step.py``).
+
+        Examples
+        --------
+        >>> model = CNN((40,), 10)
+        >>> x = torch.randn(3, 40)
+        >>> torch.allclose(model(x), model.as_1d_layers()(x), atol=1e-5)
+        True
+        >>> CNN((8, 8), 10).as_1d_layers()
+        Traceback (most recent call last):
+        ...
+        ValueError: as_1d_layers needs a CNN of vectors (one axis), but got in_shape=[8, 8]
+        """
+        shape = cast(list[int], self.spec["in_shape"])
+        if len(shape) != 1:
+            raise ValueError(
+                "as_1d_layers needs a CNN of vectors (one axis), but got "
+                f"in_shape={shape}"
+            )
+        layers: list[nn.Module] = [nn.Unflatten(1, (1, shape[0]))]
+        for conv in (m for m in self if isinstance(m, nn.Conv2d)):
+            one_d = nn.Conv1d(conv.in_channels, conv.out_channels, 5, padding=2)
+            with torch.no_grad():
+                one_d.weight.copy_(conv.weight.squeeze(2))
+                cast(torch.Tensor, one_d.bias).copy_(cast(torch.Tensor, conv.bias))
+            layers += [one_d, nn.ReLU(), MaxPool1d()]
+        return nn.Sequential(*layers, nn.Flatten(), copy.deepcopy(self[-1]))
 
 
 def _conv1d_weights_as_2d(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:

@@ -11,7 +11,7 @@ import torch
 import xarray as xr
 from torch import nn
 
-from daskpri.models import CNN, MLP, MODELS, build_model, cnn, mlp
+from daskpri.models import CNN, MLP, MODELS, MaxPool1d, build_model, cnn, mlp
 
 # Sample shapes of the built-in datasets: mnist1d, digits, mnist5k/mnist, cifar10.
 SHAPES = {"mnist1d": (40,), "digits": (8, 8), "mnist5k": (1, 28, 28), "cifar10": (3, 32, 32)}
@@ -87,20 +87,13 @@ def test_cnn_uses_1d_convolutions_for_vectors_and_2d_for_images():
 
 @pytest.mark.parametrize("length", [7, 40])
 def test_the_1d_cnn_computes_as_1d_layers_and_loads_their_weights(length):
-    from daskpri.models import MaxPool1d
-
     model = cnn(dataset((length,)), seed=3)
     convs = [m for m in model if isinstance(m, nn.Conv2d)]
     assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
     # the same weights in 1-D layers: the CNN as it was built before
-    layers: list[nn.Module] = [nn.Unflatten(1, (1, length))]
-    for conv in convs:
-        one_d = nn.Conv1d(conv.in_channels, conv.out_channels, 5, padding=2)
-        with torch.no_grad():
-            one_d.weight.copy_(conv.weight.squeeze(2))
-            one_d.bias.copy_(conv.bias)
-        layers += [one_d, nn.ReLU(), MaxPool1d()]
-    ref = nn.Sequential(*layers, nn.Flatten(), copy.deepcopy(model[-1]))
+    ref = model.as_1d_layers()
+    assert [type(m) for m in ref if isinstance(m, (nn.Conv1d, nn.MaxPool1d))] == [
+        nn.Conv1d, MaxPool1d, nn.Conv1d, MaxPool1d]
     x = torch.randn(6, length, generator=torch.Generator().manual_seed(length))
     y = torch.arange(6) % 10
     outs = []
@@ -158,8 +151,6 @@ def test_models_pickle_by_reference_to_this_module(name):
 
 @pytest.mark.parametrize("length", [2, 7, 40])
 def test_cnn_pooling_gives_nn_maxpool1d_values_and_gradients(length):
-    from daskpri.models import MaxPool1d
-
     rng = torch.Generator().manual_seed(length)
     x = torch.randn(3, 4, length, generator=rng)
     x[0, 0, :2] = 0.0  # a tie, as ReLU makes them: torch's pooling takes the first
