@@ -600,6 +600,31 @@ def test_config_names_the_bad_value():
         BenchConfig(pick="fastest")
 
 
+def test_default_evaluations_are_evenly_spaced_in_whole_rounds():
+    from daskpri.training.rounds import crossed
+
+    for k in (1, 2, 3, 5, 8, 13, 16, 24, 100, 512):
+        every = BenchConfig(local_steps=k).eval_every
+        assert every is not None
+        ends = range(k, 300 * k + 1, k)  # a run evaluates at the end of a round
+        evaluated = [end for end in ends if crossed(end - k, end, every)]
+        assert len(set(np.diff(evaluated))) == 1, (k, every)  # no round left out of the pattern
+        assert every % k == 0 and (abs(every - 20) <= k / 2 or every == k), (k, every)
+
+
+def test_an_evaluation_grid_that_leaves_out_some_rounds_is_refused(tmp_path: Path, capsys):
+    with pytest.raises(ValueError, match=r"eval_every should be at most local_steps=16 \(every "
+                       r"round\) or a multiple of it \(16, 32, \.\.\.\), but got eval_every=20"):
+        BenchConfig(local_steps=16, eval_every=20)
+    assert BenchConfig(local_steps=16, eval_every=4).eval_every == 4  # every round
+    assert BenchConfig(local_steps=16, eval_every=48).eval_every == 48
+    assert BenchConfig(eval_every=7).eval_every == 7  # steps are rounds
+    assert main(["bench", "--out", str(tmp_path), "--local-steps", "16", "--eval-every",
+                 "20"]) == 2
+    assert "but got eval_every=20" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsys):
     assert main(["bench", "--out", str(tmp_path), "--models", "resnet"]) == 2
     assert "models should be among 'mlp', 'cnn', but got 'resnet'" in capsys.readouterr().err

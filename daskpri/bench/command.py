@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--batch-size", type=int, metavar="N",
                      help="samples per worker per step (default: the trainer's, 64)")
     how.add_argument("--eval-every", type=int, metavar="N",
-                     help="steps between evaluations (default 20)")
+                     help="steps between evaluations: with --local-steps K above 1, at most K "
+                          "(every round) or a multiple of K (default: about 20, in whole rounds)")
     how.add_argument("--baseline-budget", type=float, metavar="S",
                      help="seconds of the plain PyTorch and DDP runs (default --budget; "
                           "--quick: 5)")

@@ -9,7 +9,10 @@ from typing import Any
 
 from daskpri.training._checks import check_float, check_int
 
-__all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig", "strategy_of"]
+__all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig", "default_eval_every", "strategy_of"]
+
+#: steps between evaluations where none is given, rounded to whole rounds
+EVAL_EVERY = 20
 
 #: Defaults of the full benchmark (``daskpri bench --out DIR``).
 FULL_DEFAULTS: dict[str, Any] = {
@@ -73,8 +76,14 @@ class BenchConfig:
         Samples per worker per step of uniform (and the strategies' default).
     momentum : float
         SGD momentum of every run (the trainer's default).
-    eval_every : int
-        Steps between evaluations on the test set (daskpri runs).
+    eval_every : int, optional
+        Steps between evaluations on the test set (daskpri runs); ``None``
+        takes :func:`default_eval_every`. A run evaluates at the end of a
+        round of ``local_steps`` steps, the round in which a multiple of
+        ``eval_every`` falls, so with ``local_steps`` above 1 it should be
+        at most ``local_steps`` (every round) or a multiple of it: 20 with
+        rounds of 16 would evaluate 4 rounds in 5, and a run that reached a
+        target in a round left out would count it a round later.
     baseline_eval_seconds : float
         Training seconds between evaluations of the plain PyTorch and DDP
         runs, whose steps are far shorter than the trainer's.
@@ -127,7 +136,7 @@ class BenchConfig:
     baseline_budget: float | None = None
     batch_size: int = 64
     momentum: float = 0.9
-    eval_every: int = 20
+    eval_every: int | None = None
     baseline_eval_seconds: float = 0.25
     target_fractions: tuple[float, ...] = (0.97, 0.99)
     pick: str = "time"
@@ -154,9 +163,12 @@ class BenchConfig:
         object.__setattr__(self, "strategies", strategies)
         check_int("seeds", self.seeds, 1)
         check_int("batch_size", self.batch_size, 1)
-        check_int("eval_every", self.eval_every, 1)
         check_int("partition_size", self.partition_size, 1)
         check_int("local_steps", self.local_steps, 1)
+        every = default_eval_every(self.local_steps) if self.eval_every is None else self.eval_every
+        check_int("eval_every", every, 1)
+        _check_eval_grid(every, self.local_steps)
+        object.__setattr__(self, "eval_every", every)
         from daskpri.table.staleness import validate_staleness
 
         validate_staleness(self.staleness)
@@ -278,6 +290,39 @@ class BenchConfig:
 
 #: the label of an arm ``NAME+LABEL``
 _LABEL = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def default_eval_every(local_steps: int) -> int:
+    """Steps between evaluations where none is given: about 20, in whole rounds.
+
+    Examples
+    --------
+    >>> [default_eval_every(k) for k in (1, 4, 8, 16, 512)]
+    [20, 20, 16, 16, 512]
+    """
+    return local_steps * max(1, round(EVAL_EVERY / local_steps))
+
+
+def _check_eval_grid(eval_every: int, local_steps: int) -> None:
+    """Raise ``ValueError`` where evaluations would leave out some rounds and not others.
+
+    Examples
+    --------
+    >>> _check_eval_grid(32, 16), _check_eval_grid(4, 16), _check_eval_grid(20, 1)
+    (None, None, None)
+    >>> _check_eval_grid(20, 16)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: eval_every should be at most local_steps=16 (every round) or a multiple of it ...
+    """
+    if eval_every <= local_steps or eval_every % local_steps == 0:
+        return
+    raise ValueError(
+        f"eval_every should be at most local_steps={local_steps} (every round) or a multiple "
+        f"of it ({local_steps}, {2 * local_steps}, ...), but got eval_every={eval_every}: runs "
+        f"evaluate at the end of a round, so {eval_every} would evaluate some rounds and not "
+        "others, and a target reached in one left out would count a round later"
+    )
 
 
 def strategy_of(arm: str) -> str:

@@ -178,7 +178,7 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         f"Protocol: every run trains for the same budget of {config.budget:g} s of training "
         "time (the history's `time`: it charges every cost of a strategy — scoring passes, "
         "per-sample gradients, table updates, selection, communication — and excludes only "
-        f"the evaluations), evaluating on the test set every {config.eval_every} steps. "
+        f"the evaluations), evaluating on the test set {_evaluations(config)}. "
         f"Comparison on {config.main_workers} worker(s), batch {config.batch_size} per worker, "
         f"partitions of {config.partition_size} samples, "
         f"SGD with momentum {config.momentum:g}"
@@ -236,6 +236,27 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs]
         lines += ["", "Interactive: [results.html](results.html).", ""]
     return "\n".join(lines)
+
+
+def _evaluations(config: BenchConfig) -> str:
+    """How often the daskpri runs evaluate, as the protocol line says it.
+
+    Examples
+    --------
+    >>> _evaluations(BenchConfig(local_steps=16))
+    'at the end of every round (16 steps)'
+    >>> _evaluations(BenchConfig(local_steps=16, eval_every=32))
+    'every 32 steps (every 2 rounds)'
+    >>> _evaluations(BenchConfig())
+    'every 20 steps'
+    """
+    every, k = config.eval_every, config.local_steps
+    assert every is not None  # resolved on construction
+    if k == 1:
+        return f"every {every} steps"
+    if every <= k:
+        return f"at the end of every round ({k} steps)"
+    return f"every {every} steps (every {every // k} rounds)"
 
 
 def _pairs(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
