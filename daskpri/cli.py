@@ -36,6 +36,7 @@ import xarray as xr
 from distributed import Client
 
 import daskpri
+from daskpri import _config
 from daskpri.bench import command as bench_command
 from daskpri.data.datasets import DATASETS
 from daskpri.data.io import to_store
@@ -51,6 +52,7 @@ from daskpri.training.cluster import (
 )
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
+from daskpri.training.rounds import whole_rounds
 from daskpri.training.schedule import SCHEDULES
 
 __all__ = ["main"]
@@ -380,6 +382,8 @@ def _demo(args: argparse.Namespace) -> int:
     check_strategy_options(_DEMO_STRATEGY, options)
     get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
     train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
+    # the trainer's period in whole rounds, so that both runs are evaluated evenly
+    eval_every = whole_rounds(int(_config.get("trainer.eval-every")), args.local_steps)
     histories: dict[str, xr.Dataset] = {}
     cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly workers
     try:
@@ -396,6 +400,7 @@ def _demo(args: argparse.Namespace) -> int:
                     model = daskpri.models.build_model(args.model, train, seed=args.seed)
                     with daskpri.Trainer(model, strategy=strategy, client=client,
                                          seed=args.seed, local_steps=args.local_steps,
+                                         eval_every=eval_every,
                                          **(options if strategy == _DEMO_STRATEGY else {}),
                                          ) as trainer, _interruptible(trainer):
                         histories[strategy] = trainer.fit(train, eval_data=test,

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from daskpri.training._checks import check_float, check_int
+from daskpri.training.rounds import whole_rounds
 
 __all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig", "default_eval_every", "strategy_of"]
 
@@ -300,7 +301,7 @@ def default_eval_every(local_steps: int) -> int:
     >>> [default_eval_every(k) for k in (1, 4, 8, 16, 512)]
     [20, 20, 16, 16, 512]
     """
-    return local_steps * max(1, round(EVAL_EVERY / local_steps))
+    return whole_rounds(EVAL_EVERY, local_steps)
 
 
 def _check_eval_grid(eval_every: int, local_steps: int) -> None:

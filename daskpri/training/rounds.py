@@ -174,6 +174,22 @@ def crossed(before: int, after: int, every: int) -> bool:
     return after // every > before // every
 
 
+def whole_rounds(every: int, local_steps: int) -> int:
+    """``every`` steps, rounded to whole rounds of ``local_steps`` (one at least).
+
+    A run evaluates at the end of the round in which a multiple of its
+    period falls (:func:`crossed`); a period of whole rounds falls every so
+    many rounds, where 20 steps with rounds of 16 would fall in 4 rounds of
+    5, leaving one out.
+
+    Examples
+    --------
+    >>> whole_rounds(20, 1), whole_rounds(20, 16), whole_rounds(50, 16), whole_rounds(20, 512)
+    (20, 16, 48, 512)
+    """
+    return local_steps * max(1, round(every / local_steps))
+
+
 def digest(selections: list[Selection]) -> float:
     """CRC-32 of a step's selected samples (exact in a float64 history)."""
     if not selections:
