@@ -378,12 +378,13 @@ def _demo(args: argparse.Namespace) -> int:
     check_int("workers", args.workers, 1)
     check_float("max_time", args.max_time)
     check_int("local_steps", args.local_steps, 1)
+    # the trainer's configured period in whole rounds, so that both runs are evaluated evenly
+    every = check_int("eval_every", _config.get("trainer.eval-every"), 1)
+    eval_every = whole_rounds(every, args.local_steps)
     options = dict(args.strategy_option)
     check_strategy_options(_DEMO_STRATEGY, options)
     get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
     train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
-    # the trainer's period in whole rounds, so that both runs are evaluated evenly
-    eval_every = whole_rounds(int(_config.get("trainer.eval-every")), args.local_steps)
     histories: dict[str, xr.Dataset] = {}
     cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly workers
     try:

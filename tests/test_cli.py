@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 import pytest
 import torch
 import xarray as xr
@@ -255,6 +256,20 @@ def test_demo_bad_option_fails_before_a_cluster_starts(
     captured = capsys.readouterr()
     assert "dashboard:" not in captured.out  # no cluster was started
     assert captured.err.startswith(f"daskpri: error: {message}")
+
+
+def test_demo_refuses_a_configured_eval_period_before_a_cluster_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the demo rounds the trainer's configured period to whole rounds: a bad one is not
+    # rounded up into a good one
+    with dask.config.set({"daskpri.trainer.eval-every": 0}):
+        assert main(["demo", "--dataset", "synthetic", "--max-time", "1",
+                     "--local-steps", "16"]) == 2
+    captured = capsys.readouterr()
+    assert "dashboard:" not in captured.out
+    assert captured.err.startswith(
+        "daskpri: error: eval_every should be a positive integer, but got eval_every=0")
 
 
 # Ctrl-C as a terminal's foreground job gets it. A shell starts background jobs
