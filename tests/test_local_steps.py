@@ -64,6 +64,34 @@ def test_rounds_on_two_workers_train_evaluate_and_end_at_max_steps(gpu_client, s
     assert h["loss"].values[-2:].mean() < h["loss"].values[:2].mean()
 
 
+def test_the_configured_evaluation_period_is_rounded_to_whole_rounds(gpu_client, small_data):
+    train, test = small_data
+    # 10 steps in rounds of 4 would evaluate at 11, 23 and 31 (gaps of 12 and 8); 8 is even
+    with dask.config.set({"daskpri.trainer.eval-every": 10}):
+        with _trainer(gpu_client, train, strategy="uniform", local_steps=4) as t:
+            assert t.eval_every == 8
+            h = t.fit(train, eval_data=test, max_steps=32, progress=False)
+    evaluated = h["step"].values[np.isfinite(h["accuracy"].values)].tolist()
+    assert evaluated == [7, 15, 23, 31]
+
+
+def test_an_evaluation_period_passed_in_part_rounds_warns_and_is_kept(gpu_client, small_data):
+    train, _ = small_data
+    with pytest.warns(daskpri.DaskpriWarning,
+                      match=r"eval_every=10 is not a whole number of rounds of local_steps=4.*"
+                            r"pass eval_every=8 \(or at most 4, every round\)"):
+        t = _trainer(gpu_client, train, strategy="uniform", local_steps=4, eval_every=10)
+    with t:
+        assert t.eval_every == 10
+    for every in (3, 4, 12):  # within a round, or whole rounds: no warning (errors here)
+        with _trainer(gpu_client, train, strategy="uniform", local_steps=4,
+                      eval_every=every) as t:
+            assert t.eval_every == every
+    with pytest.raises(ValueError, match=r"eval_every should be a positive integer, but got "
+                                         r"eval_every=0"):
+        _trainer(gpu_client, train, strategy="uniform", local_steps=4, eval_every=0)
+
+
 def test_selective_backprop_refresh_scores_afresh_every_other_epoch(gpu_client, small_data):
     train, _ = small_data
     with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,

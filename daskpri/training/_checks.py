@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,10 +19,12 @@ from distributed import Client
 from distributed.security import Security
 from torch import nn
 
+from daskpri._warnings import DaskpriWarning
 from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
 from daskpri.training.evaluation import EvalSet
+from daskpri.training.rounds import whole_rounds
 
 
 def check_real(name: str, value: Any, low: float, high: float) -> float:
@@ -74,6 +77,41 @@ def check_local_steps(local_steps: Any, strategy: Strategy) -> int:
             "(uniform, loss, selective-backprop, ...)"
         )
     return local_steps
+
+
+def check_eval_every(eval_every: Any, configured: Any, local_steps: int) -> int:
+    """The evaluation period: ``eval_every``, else ``configured`` in whole rounds.
+
+    A run evaluates at the end of the round of ``local_steps`` in which a
+    multiple of the period falls, so a period that is neither at most a
+    round nor a whole number of rounds leaves some rounds' evaluations out
+    (50 steps with rounds of 16: evaluations 48 steps apart, and now and
+    then 64). The configured default (``daskpri.trainer.eval-every``) is
+    rounded to whole rounds; an ``eval_every`` passed is kept as given,
+    with a :class:`~daskpri.DaskpriWarning` naming the even period nearest.
+
+    Examples
+    --------
+    >>> check_eval_every(None, 50, 1), check_eval_every(None, 50, 16), check_eval_every(32, 50, 16)
+    (50, 48, 32)
+    >>> check_eval_every(8, 50, 16)  # every round
+    8
+    """
+    if eval_every is None:
+        every = check_int("eval_every", configured, 1)
+        return whole_rounds(every, local_steps)
+    every = check_int("eval_every", eval_every, 1)
+    if every > local_steps and every % local_steps:
+        even = whole_rounds(every, local_steps)
+        warnings.warn(
+            f"eval_every={every} is not a whole number of rounds of local_steps="
+            f"{local_steps}: a run evaluates at the end of the round in which a multiple "
+            f"of {every} falls, so the evaluations are unevenly spaced and some rounds' are "
+            f"left out; pass eval_every={even} (or at most {local_steps}, every round)",
+            DaskpriWarning,
+            stacklevel=3,
+        )
+    return every
 
 
 def check_device(device: str | None) -> str | None:

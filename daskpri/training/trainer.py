@@ -45,6 +45,7 @@ from daskpri.training._checks import (
     check_checkpoint,
     check_choice,
     check_device,
+    check_eval_every,
     check_float,
     check_int,
     check_local_steps,
@@ -123,7 +124,12 @@ class Trainer(RunMixin):
         that pick by the previous step's priorities (``projection``,
         ``length``) need ``local_steps=1``.
     eval_every : int, optional
-        Steps between evaluations on ``eval_data``.
+        Steps between evaluations on ``eval_data``. A run evaluates at the
+        end of the round of ``local_steps`` in which a multiple of it falls,
+        so with ``local_steps > 1`` it should be a whole number of rounds
+        (or at most one, every round): another warns, as its evaluations
+        are unevenly spaced. ``None`` reads ``daskpri.trainer.eval-every``
+        (50) and rounds it to whole rounds (48 steps with rounds of 16).
     partition_size : int, optional
         Samples per partition for data not chunked along ``sample``.
     staleness : str, optional
@@ -226,7 +232,9 @@ class Trainer(RunMixin):
         self.lr_schedule, self.schedule_steps = validate_schedule(lr_schedule, schedule_steps)
         self.local_steps = check_local_steps(local_steps, self.strategy)
         check_strategy_model(self.strategy, model)
-        self.eval_every = check_int("eval_every", _config.get("trainer.eval-every", eval_every), 1)
+        self.eval_every = check_eval_every(
+            eval_every, _config.get("trainer.eval-every"), self.local_steps
+        )
         self.partition_size = (
             None if partition_size is None else check_int("partition_size", partition_size, 1)
         )
