@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -302,10 +304,35 @@ def test_selective_backprop_warmup_trains_plain_batches_then_selects():
     cand = ctx.state["perm"][0][:4]  # slot 0 holds samples 0..7: positions are samples
     top = cand[np.argsort(-table.estimate(ctx.step, cand))[:2]]
     assert "stale" in sel.extra and sel.train.tolist() == sorted(top.tolist())
-    with pytest.raises(ValueError, match="warmup should be a non-negative integer, but got "
-                       "warmup=-1"):
-        get_strategy("selective-backprop", warmup=-1)
+    for bad in (-1, float("nan"), "1"):
+        with pytest.raises(ValueError, match=r"warmup should be a finite number >= 0, but got "
+                           rf"warmup={re.escape(repr(bad))}"):
+            get_strategy("selective-backprop", warmup=bad)
     assert get_strategy("selective-backprop", warmup=2).reads_table is False
+    assert repr(get_strategy("selective-backprop", warmup=1.0)).count("warmup=1,") == 1
+
+
+def test_selective_backprop_warmup_of_part_of_an_epoch_selects_from_where_it_ends():
+    # one worker of 8 samples, batch 2, fraction 0.5, warmup=0.5: the first
+    # half of epoch 0 is plain steps; the rest of the epoch scores 4
+    # candidates a step afresh (epoch 0 is the first selective one); with
+    # refresh=2, epoch 1 ranks by the table and epoch 2 scores afresh again
+    table = PriorityTable([8])
+    ctx = make_ctx([8], [0], batch_size=2, table=table)
+    s = get_strategy("selective-backprop", refresh=2, warmup=0.5)
+    kinds = []
+    while walk_epoch(ctx, 0) < 3:
+        epoch, warm = walk_epoch(ctx, 0), s.warming(ctx, 0)
+        [sel] = s.select(ctx)
+        kinds.append((epoch, "plain" if warm else "stale" if "stale" in sel.extra else "fresh",
+                      sel.train.size))
+        table.update(sel.train, np.linspace(0.1, 0.9, sel.train.size), step=ctx.step)
+        ctx.step += 1
+    # stale steps rank 4 candidates of the walk and keep 2; fresh ones send all 4
+    assert kinds == [(0, "plain", 2), (0, "plain", 2), (0, "fresh", 4),
+                     (1, "stale", 2), (1, "stale", 2), (2, "fresh", 4), (2, "fresh", 4)]
+    # a whole number of epochs is the epoch count it was
+    assert get_strategy("selective-backprop", warmup=1.0).warmup == 1
 
 
 @pytest.mark.parametrize("staleness", ["keep", "exp-linear"])
