@@ -79,7 +79,7 @@ def test_an_evaluation_period_passed_in_part_rounds_warns_and_is_kept(gpu_client
     train, _ = small_data
     with pytest.warns(daskpri.DaskpriWarning,
                       match=r"eval_every=10 is not a whole number of rounds of local_steps=4.*"
-                            r"pass eval_every=8 \(or at most 4, every round\)"):
+                            r"pass a multiple of 4 such as 8, or 4 to evaluate every round"):
         t = _trainer(gpu_client, train, strategy="uniform", local_steps=4, eval_every=10)
     with t:
         assert t.eval_every == 10

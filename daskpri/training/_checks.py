@@ -107,7 +107,8 @@ def check_eval_every(eval_every: Any, configured: Any, local_steps: int) -> int:
             f"eval_every={every} is not a whole number of rounds of local_steps="
             f"{local_steps}: a run evaluates at the end of the round in which a multiple "
             f"of {every} falls, so the evaluations are unevenly spaced and some rounds' are "
-            f"left out; pass eval_every={even} (or at most {local_steps}, every round)",
+            f"left out; pass a multiple of {local_steps} such as {even}, or {local_steps} to "
+            f"evaluate every round",
             DaskpriWarning,
             stacklevel=3,
         )
