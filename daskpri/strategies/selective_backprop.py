@@ -195,8 +195,10 @@ class SelectiveBackprop(Strategy):
         samples. On the MNIST-1D CNN (``fraction=0.33, refresh=8``, lr
         0.15, 10 seeds, 8,000 samples a worker) the steps to 99% of
         uniform's best accuracy were 616 with no warmup, 384, 400, 336 and
-        392 with 0.5, 0.75, 1 and 1.5 epochs (uniform: 544; twenty-second
-        session); the ranking needs a model that has seen the data once.
+        392 with 0.5, 0.75, 1 and 1.5 epochs (uniform: 544), and on the
+        ``mnist5k`` CNN (``score_dtype="bfloat16"``, lr 0.075) 144, 96 and
+        120 with 0.5, 1 and 1.5 (uniform: 160; twenty-second session): the
+        ranking needs a model that has seen the data once.
     stale_beta : float, optional
         Selectivity of the probabilistic rule in the stale steps (``refresh``),
         which rank by the table's losses and forward only what they keep, so
