@@ -43,7 +43,7 @@ from daskpri.data.io import to_store
 from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
 from daskpri.table.staleness import STALENESS_MODELS
-from daskpri.training._checks import check_float, check_int
+from daskpri.training._checks import check_eval_every, check_float, check_int
 from daskpri.training.cluster import (
     drop_abandoned_gathers,
     local_cluster,
@@ -52,7 +52,6 @@ from daskpri.training.cluster import (
 )
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
-from daskpri.training.rounds import whole_rounds
 from daskpri.training.schedule import SCHEDULES
 
 __all__ = ["main"]
@@ -378,9 +377,9 @@ def _demo(args: argparse.Namespace) -> int:
     check_int("workers", args.workers, 1)
     check_float("max_time", args.max_time)
     check_int("local_steps", args.local_steps, 1)
-    # the trainer's configured period in whole rounds, so that both runs are evaluated evenly
-    every = check_int("eval_every", _config.get("trainer.eval-every"), 1)
-    eval_every = whole_rounds(every, args.local_steps)
+    # the trainer rounds its configured period to whole rounds, so that both runs are evaluated
+    # evenly; a bad one is refused here, before a cluster starts
+    check_eval_every(None, _config.get("trainer.eval-every"), args.local_steps)
     options = dict(args.strategy_option)
     check_strategy_options(_DEMO_STRATEGY, options)
     get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
@@ -401,7 +400,6 @@ def _demo(args: argparse.Namespace) -> int:
                     model = daskpri.models.build_model(args.model, train, seed=args.seed)
                     with daskpri.Trainer(model, strategy=strategy, client=client,
                                          seed=args.seed, local_steps=args.local_steps,
-                                         eval_every=eval_every,
                                          **(options if strategy == _DEMO_STRATEGY else {}),
                                          ) as trainer, _interruptible(trainer):
                         histories[strategy] = trainer.fit(train, eval_data=test,

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from daskpri.training._checks import check_float, check_int
-from daskpri.training.rounds import whole_rounds
+from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
 __all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig", "default_eval_every", "strategy_of"]
 
@@ -316,7 +316,7 @@ def _check_eval_grid(eval_every: int, local_steps: int) -> None:
     ...
     ValueError: eval_every should be at most local_steps=16 (every round) or a multiple of it ...
     """
-    if eval_every <= local_steps or eval_every % local_steps == 0:
+    if in_whole_rounds(eval_every, local_steps):
         return
     raise ValueError(
         f"eval_every should be at most local_steps={local_steps} (every round) or a multiple "

@@ -347,8 +347,6 @@ class SelectiveBackprop(Strategy):
         >>> [(sb.warming(ctx, 0), walk_next(ctx, 0, 2).size)[0] for _ in range(5)]
         [True, True, False, False, False]
         """
-        if not self.warmup:
-            return False
         epoch = walk_epoch(ctx, slot)
         if epoch >= self.warmup:
             return False
@@ -366,7 +364,7 @@ class SelectiveBackprop(Strategy):
         out = []
         for s in range(len(ctx.groups)):
             epoch = walk_epoch(ctx, s)
-            if self.warming(ctx, s):  # plain mini-batch SGD; its losses fill the table
+            if epoch < self.warmup and self.warming(ctx, s):  # plain SGD; fills the table
                 out.append(Selection(train=epoch_batches(ctx, s, size), extra={"stale": _STALE}))
                 continue
             fresh = self.fresh(epoch)

@@ -24,7 +24,7 @@ from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
 from daskpri.training.evaluation import EvalSet
-from daskpri.training.rounds import whole_rounds
+from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
 
 def check_real(name: str, value: Any, low: float, high: float) -> float:
@@ -101,7 +101,7 @@ def check_eval_every(eval_every: Any, configured: Any, local_steps: int) -> int:
         every = check_int("eval_every", configured, 1)
         return whole_rounds(every, local_steps)
     every = check_int("eval_every", eval_every, 1)
-    if every > local_steps and every % local_steps:
+    if not in_whole_rounds(every, local_steps):
         even = whole_rounds(every, local_steps)
         warnings.warn(
             f"eval_every={every} is not a whole number of rounds of local_steps="

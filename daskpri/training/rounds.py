@@ -190,6 +190,20 @@ def whole_rounds(every: int, local_steps: int) -> int:
     return local_steps * max(1, round(every / local_steps))
 
 
+def in_whole_rounds(every: int, local_steps: int) -> bool:
+    """Whether a period of ``every`` steps evaluates evenly in rounds of ``local_steps``.
+
+    At most a round (every round) or a whole number of rounds; another
+    leaves some rounds out and not others (:func:`whole_rounds`).
+
+    Examples
+    --------
+    >>> [in_whole_rounds(every, k) for every, k in [(32, 16), (4, 16), (20, 1), (20, 16)]]
+    [True, True, True, False]
+    """
+    return every <= local_steps or every % local_steps == 0
+
+
 def digest(selections: list[Selection]) -> float:
     """CRC-32 of a step's selected samples (exact in a float64 history)."""
     if not selections:
