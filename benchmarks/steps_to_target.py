@@ -7,7 +7,8 @@ Run, for example::
         --arm pf50=selective-backprop:0.1:beta=1,refresh=3,warmup=1,stale_beta=5,prefilter=0.5
 
 Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``, the options the
-strategy's (checked before the cluster starts). Every arm runs
+strategy's (checked before the cluster starts) or the trainer's learning-rate
+schedule (``lr_schedule``, ``schedule_steps``). Every arm runs
 each seed on one LocalCluster of 2 one-thread workers (batch 64 a worker,
 16 local steps, SGD with momentum 0.9, partitions of 1,000, as
 ``daskpri bench`` runs them) until the test accuracy reaches ``--target``
@@ -34,6 +35,10 @@ import daskpri
 from daskpri.models import build_model
 from daskpri.strategies import get_strategy
 from daskpri.training.cluster import local_cluster, one_torch_thread
+from daskpri.training.schedule import validate_schedule
+
+#: The arm options that go to the trainer, not the strategy.
+TRAINER_OPTIONS = ("lr_schedule", "schedule_steps")
 
 
 def parse_arm(text: str) -> tuple[str, str, float, dict]:
@@ -43,6 +48,8 @@ def parse_arm(text: str) -> tuple[str, str, float, dict]:
     --------
     >>> parse_arm("pf=selective-backprop:0.1:beta=1,prefilter=0.5")
     ('pf', 'selective-backprop', 0.1, {'beta': 1, 'prefilter': 0.5})
+    >>> parse_arm("uc=uniform:0.4:lr_schedule=cosine,schedule_steps=400")[3]
+    {'lr_schedule': 'cosine', 'schedule_steps': 400}
     >>> parse_arm("u=uniform:0.2")
     ('u', 'uniform', 0.2, {})
     """
@@ -61,7 +68,9 @@ def parse_arm(text: str) -> tuple[str, str, float, dict]:
             options[key] = value
     try:
         lr = float(parts[1])
-        get_strategy(parts[0], **options)  # an unknown strategy or option fails here, not later
+        # an unknown strategy or option fails here, not later
+        get_strategy(parts[0], **{k: v for k, v in options.items() if k not in TRAINER_OPTIONS})
+        validate_schedule(options.get("lr_schedule", "constant"), options.get("schedule_steps"))
     except (ValueError, TypeError, KeyError) as e:
         raise argparse.ArgumentTypeError(f"arm {text!r}: {e}") from None
     if not lr > 0:

@@ -63,7 +63,8 @@ def test_trainer_parameters(field, value):
     options=st.dictionaries(
         st.sampled_from(["k", "renew", "epsilon", "fraction", "beta", "batch_size",
                          "train_on_renew", "mean_grad_decay", "presample", "tau_threshold",
-                         "smoothing", "prune", "anneal", "epochs", "refresh", "warmup"]),
+                         "smoothing", "prune", "anneal", "epochs", "refresh", "warmup",
+                         "anneal_step", "stale_beta", "prefilter"]),
         anything, max_size=3,
     ),
 )

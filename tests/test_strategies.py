@@ -335,6 +335,37 @@ def test_selective_backprop_warmup_of_part_of_an_epoch_selects_from_where_it_end
     assert get_strategy("selective-backprop", warmup=1.0).warmup == 1
 
 
+def test_selective_backprop_anneal_step_trains_plain_batches_from_that_step_on():
+    # one worker of 8 samples, batch 2, fraction 0.5, refresh=2: steps 0-1
+    # score 4 candidates afresh (epoch 0), 2-3 rank by the table (epoch 1);
+    # from step 4 on (anneal_step) every step is 2 samples of the walk in
+    # order, unranked, and each sample is trained once an epoch again
+    table = PriorityTable([8])
+    ctx = make_ctx([8], [0], batch_size=2, table=table)
+    s = get_strategy("selective-backprop", refresh=2, anneal_step=4)
+    kinds, plain = [], []
+    for step in range(12):
+        ctx.step = step
+        epoch = walk_epoch(ctx, 0)
+        [sel] = s.select(ctx)
+        kinds.append("fresh" if "stale" not in sel.extra else "ranked" if step < 4 else "plain")
+        table.update(sel.train, np.linspace(0.9, 0.1, sel.train.size), step=step)
+        if step >= 4:
+            # the walk's next 2, whatever the table says of them
+            pos = ctx.state["pos"][0]
+            assert sel.train.tolist() == sorted(ctx.state["perm"][0][pos - 2 : pos].tolist())
+            plain.append((epoch, sel.train))
+    assert kinds == ["fresh", "fresh", "ranked", "ranked"] + ["plain"] * 8
+    # epochs 2 and 3 (steps 4-11) each train all 8 samples once
+    for e in (2, 3):
+        trained = np.concatenate([t for epoch, t in plain if epoch == e])
+        assert sorted(trained.tolist()) == list(range(8))
+    for bad in (-1, 2.5, True, "4"):
+        with pytest.raises(ValueError, match=r"anneal_step should be a non-negative integer, "
+                           rf"but got anneal_step={re.escape(repr(bad))}"):
+            get_strategy("selective-backprop", anneal_step=bad)
+
+
 @pytest.mark.parametrize("staleness", ["keep", "exp-linear"])
 def test_selective_backprop_stale_epochs_rank_by_the_tables_staleness_model(staleness):
     # samples 0-3 scored 2.0 at step 0 and 1.0 at step 1 (falling); 4-7 scored

@@ -16,6 +16,7 @@ from daskpri.strategies.base import (
     Selection,
     Strategy,
     check_fraction,
+    check_int,
     check_number,
     check_positive_int,
     check_score_dtype,
@@ -164,6 +165,11 @@ class SelectiveBackprop(Strategy):
     The selective epochs count from the one the warmup ends in: with
     ``refresh=k`` that one scores afresh (from where the warmup ends).
 
+    With ``anneal_step=n``, every step from the trainer's step ``n`` on is
+    plain mini-batch SGD again, in walk order and unscored (InfoBatch's
+    annealing, Qin et al. 2024): a run whose length is known ends on the
+    full data, as uniform does, rather than on the top losses alone.
+
     The next round may be selected while the workers compute this one
     (``selects_ahead``): within an epoch its candidates are not the round in
     flight's, and where they are (a new epoch's walk), the table declines
@@ -199,6 +205,17 @@ class SelectiveBackprop(Strategy):
         ``mnist5k`` CNN (``score_dtype="bfloat16"``, lr 0.075) 144, 96 and
         120 with 0.5, 1 and 1.5 (uniform: 160; twenty-second session): the
         ranking needs a model that has seen the data once.
+    anneal_step : int, optional
+        The trainer's step (counted from 0, over all rounds) from which
+        every step is plain mini-batch SGD; ``None`` selects to the end.
+        Set it where the last part of a planned run should train on the
+        full data: InfoBatch anneals at 87.5% of its epochs. On the
+        ``mnist5k`` CNN (``fraction=0.33, refresh=8, warmup=1,
+        score_dtype="bfloat16"``, lr 0.1, 10 seeds) ``anneal_step=400``
+        left the mean test accuracy at step 800 where it was (0.9615
+        against 0.9617; uniform 0.9624): the selection levels off by step
+        192, and plain steps at the same rate did not lift it there
+        (``benchmarks/accuracy_by_step.py``; twenty-third session).
     stale_beta : float, optional
         Selectivity of the probabilistic rule in the stale steps (``refresh``),
         which rank by the table's losses and forward only what they keep, so
@@ -283,6 +300,7 @@ class SelectiveBackprop(Strategy):
         score_dtype: str = "float32",
         prefilter: float = 1.0,
         wait_for_inflight: bool = True,
+        anneal_step: int | None = None,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -303,6 +321,7 @@ class SelectiveBackprop(Strategy):
                 f"wait_for_inflight={wait_for_inflight!r}"
             )
         self.wait_for_inflight = bool(wait_for_inflight)
+        self.anneal_step = None if anneal_step is None else check_int("anneal_step", anneal_step, 0)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
                 "stale_beta sets the probabilistic rule's selectivity in stale steps, so it "
@@ -361,10 +380,11 @@ class SelectiveBackprop(Strategy):
         if self.beta is not None:
             extra["reference"] = _reference(ctx)
             extra["batch_size"] = np.asarray(size)  # the most a fresh step keeps
+        annealed = self.anneal_step is not None and ctx.step >= self.anneal_step
         out = []
         for s in range(len(ctx.groups)):
             epoch = walk_epoch(ctx, s)
-            if epoch < self.warmup and self.warming(ctx, s):  # plain SGD; fills the table
+            if annealed or (epoch < self.warmup and self.warming(ctx, s)):  # plain SGD
                 out.append(Selection(train=epoch_batches(ctx, s, size), extra={"stale": _STALE}))
                 continue
             fresh = self.fresh(epoch)
