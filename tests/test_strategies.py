@@ -360,6 +360,11 @@ def test_selective_backprop_anneal_step_trains_plain_batches_from_that_step_on()
     for e in (2, 3):
         trained = np.concatenate([t for epoch, t in plain if epoch == e])
         assert sorted(trained.tolist()) == list(range(8))
+    # with the probabilistic rule too: an annealed step reads no CDF of the table
+    ctx = make_ctx([8], [0], batch_size=2)
+    [sel] = get_strategy("selective-backprop", beta=1.0, anneal_step=0).select(ctx)
+    assert sel.train.size == 2 and set(sel.extra) == {"stale"}
+    assert "reference" not in ctx.state  # the CDF's sample of the table was not drawn
     for bad in (-1, 2.5, True, "4"):
         with pytest.raises(ValueError, match=r"anneal_step should be a non-negative integer, "
                            rf"but got anneal_step={re.escape(repr(bad))}"):

@@ -376,11 +376,11 @@ class SelectiveBackprop(Strategy):
         size = self.batch_size or ctx.batch_size
         keep = self.fraction if self.beta is None else 1.0 / (self.beta + 1.0)
         n_cand = math.ceil(size / keep)
+        annealed = self.anneal_step is not None and ctx.step >= self.anneal_step
         extra: dict[str, np.ndarray] = {}
-        if self.beta is not None:
+        if self.beta is not None and not annealed:  # annealed steps read no CDF
             extra["reference"] = _reference(ctx)
             extra["batch_size"] = np.asarray(size)  # the most a fresh step keeps
-        annealed = self.anneal_step is not None and ctx.step >= self.anneal_step
         out = []
         for s in range(len(ctx.groups)):
             epoch = walk_epoch(ctx, s)
