@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from daskpri.replicas.replica import Replica, Weights, sample_losses
+from daskpri.models import CNN, MLP
+from daskpri.replicas.replica import SCORE_CHUNK_BYTES, Replica, Weights, sample_losses
 
 
 def _loop_grads(module, x, y):
@@ -134,3 +135,46 @@ def test_sample_losses_equal_torch_cross_entropy_on_either_path(rows, classes):
     torch.testing.assert_close(
         ours, F.cross_entropy(logits, labels, reduction="none"), rtol=1e-5, atol=1e-4
     )
+
+
+def _counting_forwards(replica: Replica) -> list[int]:
+    """The row counts of every forward pass of ``replica``'s module, as they happen."""
+    rows: list[int] = []
+    replica.module.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_a_cpu_scoring_pass_of_large_activations_runs_in_chunks_with_the_same_logits(dtype):
+    torch.manual_seed(0)
+    replica = Replica(CNN((1, 28, 28), 10, seed=0), "cpu")
+    calls = _counting_forwards(replica)
+    x = torch.randn(192, 1, 28, 28)
+    whole = replica.logits(x, dtype)  # the first pass runs whole and measures
+    # the largest output a row: the first convolution's, 32 x 28 x 28 elements
+    per_row = 32 * 28 * 28 * (4 if dtype is None else 2)
+    rows = SCORE_CHUNK_BYTES // per_row
+    assert replica.score_rows[((1, 28, 28), dtype)] == rows
+    chunked = replica.logits(x, dtype)
+    assert calls == [192] + [rows] * (192 // rows) + [192 % rows]
+    assert whole.dtype == chunked.dtype == torch.float32
+    tol = 1e-5 if dtype is None else 1e-2
+    torch.testing.assert_close(chunked, whole, atol=tol, rtol=tol)
+    torch.testing.assert_close(chunked, replica.module(x).detach(), atol=tol * 10, rtol=tol * 10)
+
+
+def test_small_activations_and_modules_with_buffers_score_whole():
+    mlp = Replica(MLP((40,), 10, seed=0), "cpu")
+    x = torch.randn(300, 40)
+    mlp.logits(x)
+    assert mlp.score_rows[((40,), None)] > 300  # 300 hidden floats a row: far under the budget
+    with_bn = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 2048),
+                                  torch.nn.BatchNorm1d(2048), torch.nn.Linear(2048, 10))
+    replica = Replica(with_bn, "cpu")
+    calls = _counting_forwards(replica)
+    x = torch.randn(1024, 1, 28, 28)  # 8 MiB of the wide layer's output
+    replica.logits(x)
+    replica.logits(x)
+    # batch norm in training mode normalizes over the batch: chunks would change the logits
+    assert replica.score_rows[((1, 28, 28), None)] is None
+    assert calls == [1024, 1024]
