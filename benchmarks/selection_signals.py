@@ -1,0 +1,162 @@
+"""Steps to a target accuracy for selection signals, in one process, scored afresh every step.
+
+Run, for example::
+
+    python benchmarks/selection_signals.py --dataset mnist5k --model mlp --target 0.9385 \\
+        --lr 0.3 --seeds 8 --arm uniform --arm loss --arm loss:skip=0.03 --arm rho
+
+A reference for the signal alone, without the cluster, the table or
+staleness: each step draws ``--candidates`` samples (a shuffled pass over
+the training set), forwards them all, and trains on the ``--batch`` that
+rank highest; ``uniform`` trains on ``--batch`` samples in walk order.
+SGD with momentum 0.9, one thread; evaluation every ``--eval-every``
+steps is not counted. Arms (``NAME[:OPTION=VALUE...]``):
+
+- ``uniform``: plain mini-batch SGD.
+- ``loss``: the highest losses (``selective-backprop``'s top fraction,
+  with ``fraction = batch / candidates``).
+- ``rho``: the highest reducible losses, loss minus irreducible loss
+  (RHO-LOSS, Mindermann et al. 2022). The irreducible loss of each
+  sample comes from a model of the same architecture trained for
+  ``il_epochs`` (default 3) on the other half of the training set (two
+  halves, each scoring the other, as the paper does without a holdout
+  set); its training is not charged to the steps.
+- ``skip=q`` (with ``loss`` or ``rho``): pass over the top ``q`` of the
+  ranking first, so that samples that stay hard (ambiguous or mislabelled)
+  are not trained on at every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import daskpri
+from daskpri.models import build_model
+
+
+def parse_arm(text: str) -> tuple[str, dict[str, float]]:
+    """``NAME[:OPTION=VALUE...]`` as (name, options).
+
+    Examples
+    --------
+    >>> parse_arm("rho:skip=0.05:il_epochs=10")
+    ('rho', {'skip': 0.05, 'il_epochs': 10.0})
+    """
+    name, *items = text.split(":")
+    if name not in ("uniform", "loss", "rho"):
+        raise argparse.ArgumentTypeError(
+            f"an arm's name should be uniform, loss or rho, but got {name!r}"
+        )
+    options = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in ("skip", "il_epochs"):
+            raise argparse.ArgumentTypeError(
+                f"arm {text!r}: options are skip and il_epochs, but got {key!r}"
+            )
+        options[key] = float(value)
+    return name, options
+
+
+class Walk:
+    """Shuffled passes over ``n`` samples, drawn ``k`` at a time (a new pass when one runs out)."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n, self.generator = n, generator
+        self.order, self.at = torch.randperm(n, generator=generator), 0
+
+    def draw(self, k: int) -> torch.Tensor:
+        if self.at + k > self.n:
+            self.order, self.at = torch.randperm(self.n, generator=self.generator), 0
+        self.at += k
+        return self.order[self.at - k:self.at]
+
+
+def irreducible_losses(model_name, train, x, y, *, seed, lr, batch, epochs) -> torch.Tensor:
+    """Each sample's loss under a model trained on the other half of the data."""
+    n = len(x)
+    generator = torch.Generator().manual_seed(1000 + seed)
+    halves = torch.randperm(n, generator=generator).chunk(2)
+    losses = torch.zeros(n)
+    for h, (fit, scored) in enumerate([halves, halves[::-1]]):
+        model = build_model(model_name, train, seed=seed + 77 + h)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        walk = Walk(len(fit), generator)
+        for _ in range(epochs * (len(fit) // batch)):
+            rows = fit[walk.draw(batch)]
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[rows]), y[rows]).backward()
+            optimizer.step()
+        with torch.no_grad():
+            losses[scored] = F.cross_entropy(model(x[scored]), y[scored], reduction="none")
+    return losses
+
+
+def steps_to_target(arm, options, data, args, seed) -> int | None:
+    """The first evaluated step at which one seed of one arm reaches the target."""
+    train, x, y, x_test, y_test = data
+    torch.manual_seed(seed)
+    model = build_model(args.model, train, seed=seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    irreducible = None
+    if arm == "rho":
+        irreducible = irreducible_losses(
+            args.model, train, x, y, seed=seed, lr=args.lr, batch=args.batch,
+            epochs=int(options.get("il_epochs", 3)),
+        )
+    walk = Walk(len(x), torch.Generator().manual_seed(seed))
+    skip = options.get("skip", 0.0)
+    for step in range(1, args.max_steps + 1):
+        if arm == "uniform":
+            rows = walk.draw(args.batch)
+        else:
+            candidates = walk.draw(args.candidates)
+            with torch.no_grad():
+                score = F.cross_entropy(model(x[candidates]), y[candidates], reduction="none")
+            if irreducible is not None:
+                score = score - irreducible[candidates]
+            first = int(skip * args.candidates)
+            rows = candidates[score.argsort(descending=True)[first:first + args.batch]]
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[rows]), y[rows]).backward()
+        optimizer.step()
+        if step % args.eval_every == 0:
+            with torch.no_grad():
+                accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+            if accuracy >= args.target:
+                return step
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="mnist5k")
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--target", type=float, required=True)
+    parser.add_argument("--lr", type=float, default=0.3)
+    parser.add_argument("--batch", type=int, default=128, help="samples trained on a step")
+    parser.add_argument("--candidates", type=int, default=384, help="samples scored a step")
+    parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--eval-every", type=int, default=8)
+    parser.add_argument("--max-steps", type=int, default=600)
+    parser.add_argument("--arm", type=parse_arm, action="append", required=True)
+    args = parser.parse_args()
+    if not 0 < args.batch <= args.candidates:
+        parser.error(f"--batch should be in 1..--candidates, but got {args.batch}")
+    torch.set_num_threads(1)
+    train, test = daskpri.datasets.load(args.dataset)
+    data = (train, torch.tensor(train.x.values), torch.tensor(train.y.values),
+            torch.tensor(test.x.values), torch.tensor(test.y.values))
+    for arm, options in args.arm:
+        steps = [steps_to_target(arm, options, data, args, seed) for seed in range(args.seeds)]
+        median = np.median([s if s is not None else np.inf for s in steps])
+        label = ":".join([arm, *(f"{k}={v:g}" for k, v in options.items())])
+        print(f"{label:24s} median {median:g} steps; each seed {steps}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
