@@ -150,13 +150,15 @@ def test_a_cpu_scoring_pass_of_large_activations_runs_in_chunks_with_the_same_lo
     replica = Replica(CNN((1, 28, 28), 10, seed=0), "cpu")
     calls = _counting_forwards(replica)
     x = torch.randn(192, 1, 28, 28)
+    assert replica.logits(x[:0], dtype).shape == (0, 10)  # no rows measure nothing
+    assert replica.score_rows == {}
     whole = replica.logits(x, dtype)  # the first pass runs whole and measures
     # the largest output a row: the first convolution's, 32 x 28 x 28 elements
     per_row = 32 * 28 * 28 * (4 if dtype is None else 2)
     rows = SCORE_CHUNK_BYTES // per_row
     assert replica.score_rows[((1, 28, 28), dtype)] == rows
     chunked = replica.logits(x, dtype)
-    assert calls == [192] + [rows] * (192 // rows) + [192 % rows]
+    assert calls == [0, 192] + [rows] * (192 // rows) + [192 % rows]
     assert whole.dtype == chunked.dtype == torch.float32
     tol = 1e-5 if dtype is None else 1e-2
     torch.testing.assert_close(chunked, whole, atol=tol, rtol=tol)

@@ -181,10 +181,10 @@ class Replica:
         """
         with torch.no_grad():
             key = (tuple(x.shape[1:]), dtype)
-            if key not in self.score_rows:
+            if key not in self.score_rows and x.shape[0]:
                 out, self.score_rows[key] = self._measured_forward(x, dtype)
                 return out
-            rows = self.score_rows[key]
+            rows = self.score_rows.get(key)
             if rows is None or x.shape[0] <= rows:
                 return self._forward(x, dtype)
             return torch.cat([self._forward(part, dtype) for part in x.split(rows)])
@@ -200,7 +200,7 @@ class Replica:
         self, x: torch.Tensor, dtype: torch.dtype | None
     ) -> tuple[torch.Tensor, int | None]:
         """:meth:`_forward` of ``x`` whole, and the rows a chunk of a later pass takes."""
-        if self.device.type != "cpu" or self.has_buffers or x.shape[0] == 0:
+        if self.device.type != "cpu" or self.has_buffers:
             return self._forward(x, dtype), None
         largest = [0]
 
