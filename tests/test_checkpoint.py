@@ -43,20 +43,49 @@ def test_resumed_run_selects_the_same_samples_and_reaches_the_same_weights(
         b.close()
 
 
+class _SavesCounted(daskpri.Trainer):
+    """A trainer that notes the step of each checkpoint it writes."""
+
+    saved: list[int]
+
+    def save(self, path):
+        self.__dict__.setdefault("saved", []).append(self.step_)
+        return super().save(path)
+
+
 def test_checkpoint_every_writes_the_latest_state(gpu_client, small_data, tmp_path):
     train, _ = small_data
     path = tmp_path / "periodic.ckpt"
-    t = daskpri.Trainer(build_model("mlp", train), strategy="loss", client=gpu_client,
-                        checkpoint_path=path, checkpoint_every=4)
+    t = _SavesCounted(build_model("mlp", train), strategy="loss", client=gpu_client,
+                      checkpoint_path=path, checkpoint_every=4)
     try:
         t.fit(train, max_steps=10, progress=False)
+        assert t.saved == [4, 8, 10]  # every 4 steps, and where the fit ended
+        state = checkpoint.read(path)
+        assert state["step"] == 10 and len(state["history"]) == 10
+        t.fit(train, max_steps=10, progress=False)  # nothing to do: nothing written
+        t.fit(train, max_steps=12, progress=False)  # ends on a period's step: written once
+        assert t.saved == [4, 8, 10, 12]
     finally:
         t.close()
-    state = checkpoint.read(path)
-    assert state["step"] == 8 and len(state["history"]) == 8
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
     with pytest.raises(ValueError, match="checkpoint_every= needs checkpoint_path="):
         daskpri.Trainer(build_model("mlp", train), checkpoint_every=3)
+
+
+def test_a_stopped_fit_is_checkpointed_where_it_stopped(gpu_client, small_data, tmp_path):
+    train, test = small_data
+    path = tmp_path / "stopped.ckpt"
+    t = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                        checkpoint_path=path, eval_every=1)
+    try:
+        # a target reached ends the fit as stop() would: no period given, one checkpoint
+        h = t.fit(train, eval_data=test, max_steps=500, target_accuracy=0.3, progress=False)
+        assert h.sizes["step"] < 500
+        state = checkpoint.read(path)
+        assert state["step"] == t.step_ == h.sizes["step"]
+    finally:
+        t.close()
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path):

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -484,6 +485,22 @@ def test_cosine_schedule_decays_the_learning_rate_to_zero(gpu_client, small_data
     np.testing.assert_allclose(h["lr"].values, expected, rtol=1e-12)
     assert h.attrs["lr_schedule"] == "cosine" and h.attrs["setup_time"] > 0
     trainer.close()
+
+
+def test_a_fit_past_the_end_of_its_schedule_warns(gpu_client, small_data):
+    train, _ = small_data
+    with daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                         lr_schedule="linear", schedule_steps=6) as trainer:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            trainer.fit(train, max_steps=6, progress=False)  # to the schedule's end: silent
+        with pytest.warns(daskpri.DaskpriWarning, match=r"lr_schedule='linear' decays to 0 at "
+                          r"step 6 \(schedule_steps\), but this fit runs to step 8: every "
+                          r"step past 6 trains at learning rate 0"):
+            h = trainer.fit(train, max_steps=8, progress=False)
+        assert h["lr"].values[6:].tolist() == [0.0, 0.0]
+        with pytest.warns(daskpri.DaskpriWarning, match="but this fit has no max_steps"):
+            trainer.fit(train, max_time=0.01, progress=False)
 
 
 def test_schedule_parameters_are_checked():

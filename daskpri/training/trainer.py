@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ from distributed.security import Security
 from torch import nn
 
 from daskpri import _config
+from daskpri._warnings import DaskpriWarning
 from daskpri.models import from_spec
 from daskpri.strategies import STRATEGIES, Strategy, get_strategy, unknown_options
 from daskpri.table.plugin import RemoteTable
@@ -139,7 +141,9 @@ class Trainer(RunMixin):
         Force the replicas' device (default: each worker's GPU, else CPU).
     checkpoint_path, checkpoint_every : optional
         Write a checkpoint to ``checkpoint_path`` every ``checkpoint_every``
-        steps (atomically; see :meth:`save` and :meth:`resume`).
+        steps and where each :meth:`fit` ends (its budget spent, its target
+        reached, or :meth:`stop`; atomically; see :meth:`save` and
+        :meth:`resume`).
     on_nonfinite : {"raise", "skip"}
         A step whose loss or gradient is NaN or infinite: ``"raise"`` stops
         with ``FloatingPointError`` naming the step and samples (after
@@ -269,6 +273,7 @@ class Trainer(RunMixin):
         self._prefetched = None
         self._metrics_sent = 0
         self._fit_thread: int | None = None  # the thread running a fit, if one does
+        self._checkpointed = -1  # the step last written to checkpoint_path
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
         self._kept = None
@@ -372,6 +377,7 @@ class Trainer(RunMixin):
 
         from tqdm.auto import tqdm
 
+        self._warn_past_schedule(max_steps)
         total = None if max_steps is None else max(0, max_steps - self.step_)
         bar = tqdm(total=total, disable=not progress, desc=self.strategy.name, unit="step")
         start = self._elapsed
@@ -390,8 +396,8 @@ class Trainer(RunMixin):
                     self._evaluate(evalset, record)
                 self._recorder.append(record)
                 if self.checkpoint_every and crossed(before, self.step_, self.checkpoint_every):
-                    with self._blame_scheduler():  # saving reads the table from the scheduler
-                        self.save(self.checkpoint_path)  # type: ignore[arg-type]
+                    with self._blame_scheduler():
+                        self._checkpoint()
                 bar.update(self.step_ - before)
                 postfix = {"loss": f"{record['loss']:.3f}"}
                 if not math.isnan(record.get("accuracy", math.nan)):
@@ -406,9 +412,34 @@ class Trainer(RunMixin):
             with self._blame_scheduler():
                 self._drop_prefetched()  # the round after the last: the table forgets it
                 self._flush()
+                if self.checkpoint_path is not None and self._checkpointed != self.step_:
+                    self._checkpoint()  # where the fit ended, whatever ended it
         finally:
             bar.close()
         return self.history_
+
+    def _checkpoint(self) -> None:
+        """Write the checkpoint to ``checkpoint_path`` (reads the table from the scheduler)."""
+        self.save(self.checkpoint_path)  # type: ignore[arg-type]
+        self._checkpointed = self.step_
+
+    def _warn_past_schedule(self, max_steps: int | None) -> None:
+        """Warn where this fit may step past the end of a decaying learning-rate schedule."""
+        end = self.schedule_steps
+        if self.lr_schedule == "constant" or end is None:
+            return
+        if max_steps is not None and max_steps <= end:
+            return
+        reach = "has no max_steps" if max_steps is None else f"runs to step {max_steps}"
+        warnings.warn(
+            f"lr_schedule={self.lr_schedule!r} decays to 0 at step {end} (schedule_steps), "
+            f"but this fit {reach}: every step past {end} trains at learning rate 0 and "
+            f"leaves the model as it is; pass max_steps={end} or less, or, to go on "
+            f"training a checkpointed run, resume it with a longer schedule: "
+            f"Trainer.resume(path, schedule_steps=...)",
+            DaskpriWarning,
+            stacklevel=4,
+        )
 
     def _evaluate(self, evalset: EvalSet, record: dict[str, Any]) -> None:
         t0 = time.perf_counter()
