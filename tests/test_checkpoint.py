@@ -131,6 +131,10 @@ def test_resume_errors(tmp_path, small_data):
     torch.save({"weights": torch.zeros(2)}, path)
     with pytest.raises(ValueError, match="not a daskpri checkpoint of format 1"):
         daskpri.Trainer.resume(path)
+    for text in ["root:x:0:0:root:/root:/bin/bash\n", "", "{}"]:
+        path.write_text(text)  # files that are not a pickle at all
+        with pytest.raises(ValueError, match="is not a loadable daskpri checkpoint"):
+            checkpoint.read(path)
 
 
 def test_resume_needs_a_matching_model(tmp_path):

@@ -89,7 +89,10 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise FileNotFoundError(f"no checkpoint at {path!r}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as e:
+    # what torch's weights-only unpickler raises on a file that is not a pickle of
+    # plain values: an arbitrary file (/etc/passwd) ends in an IndexError there
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError,
+            IndexError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(
             f"{path!r} is not a loadable daskpri checkpoint (it is read weights-only, "
             f"and refused if it holds anything but tensors and plain values): {e}"
