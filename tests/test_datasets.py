@@ -7,6 +7,7 @@ import os
 import pickle
 import random
 import struct
+import sys
 
 import dask.config
 import numpy as np
@@ -390,6 +391,58 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     assert os.listdir(tmp_path) == ["data.nc"]
 
 
+@pytest.mark.parametrize("name", ["victim", "victim.zarr"])
+def test_to_store_refuses_a_directory_that_is_not_a_zarr_store(tmp_path, name):
+    victim = tmp_path / name
+    victim.mkdir()
+    (victim / "important.txt").write_text("keep")
+    with pytest.raises(
+        ValueError,
+        match=rf"path should be a new path, an empty directory or a zarr store to replace, "
+        rf"but got path='[^']*{name}', a directory that holds other files",
+    ):
+        to_store(small(), victim)
+    assert (victim / "important.txt").read_text() == "keep"
+    assert os.listdir(victim) == ["important.txt"]
+    assert os.listdir(tmp_path) == [name]  # nothing written beside it either
+
+
+def test_to_store_refuses_a_file_where_a_zarr_store_would_go(tmp_path):
+    path = tmp_path / "data.zarr"
+    path.write_text("keep")
+    with pytest.raises(ValueError, match=r"but got path='[^']*data\.zarr', which is a file"):
+        to_store(small(), path)
+    assert path.read_text() == "keep"
+    assert os.listdir(tmp_path) == ["data.zarr"]
+
+
+def test_to_store_refuses_a_directory_where_a_netcdf_file_would_go(tmp_path):
+    path = tmp_path / "data.nc"
+    path.mkdir()
+    (path / "important.txt").write_text("keep")
+    with pytest.raises(
+        ValueError,
+        match=r"path should be a new path or a netCDF file to replace, "
+        r"but got path='[^']*data\.nc', which is a directory",
+    ):
+        to_store(small(), path)
+    assert (path / "important.txt").read_text() == "keep"
+    assert os.listdir(tmp_path) == ["data.nc"]
+
+
+@pytest.mark.parametrize("old", ["zarr format 2", "zarr format 3", "empty directory"])
+def test_to_store_replaces_a_zarr_store_of_either_format_or_an_empty_directory(tmp_path, old):
+    path = tmp_path / "store"
+    if old == "empty directory":
+        path.mkdir()
+    else:
+        small(n=20).to_zarr(path, zarr_format=int(old[-1]), consolidated=False)
+    new = small(n=30)
+    to_store(new, path)
+    xr.testing.assert_identical(open_dataset(path).load(), new)
+    assert os.listdir(tmp_path) == ["store"]
+
+
 def test_a_directory_without_suffix_is_opened_as_zarr(tmp_path):
     ds = small()
     to_store(ds, tmp_path / "data.zarr")
@@ -416,6 +469,73 @@ def test_open_dataset_refuses_unknown_formats(tmp_path):
     (tmp_path / "data.csv").write_text("1,2\n")
     with pytest.raises(ValueError, match=r"should be a zarr store .* netCDF file .*data\.csv"):
         open_dataset(tmp_path / "data.csv")
+
+
+def test_open_dataset_reads_a_netcdf3_file_with_scipy(tmp_path):
+    pytest.importorskip("scipy")
+    ds = small(n=30)
+    ds.to_netcdf(tmp_path / "data.nc", engine="scipy")
+    opened = open_dataset(tmp_path / "data.nc")
+    assert opened["x"].chunks is not None  # dask-backed: nothing read yet
+    # netCDF3 has no 64-bit integers: xarray stores the labels as int32
+    assert opened["y"].dtype == np.int32
+    xr.testing.assert_identical(opened.load(), ds.assign(y=ds["y"].astype(np.int32)))
+
+
+def test_open_dataset_without_scipy_names_a_netcdf3_file_and_what_to_do(tmp_path, monkeypatch):
+    pytest.importorskip("scipy")
+    small().to_netcdf(tmp_path / "data.nc", engine="scipy")
+    # a Python without scipy: importing it fails
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    monkeypatch.setitem(sys.modules, "scipy.io", None)
+    with pytest.raises(
+        ValueError,
+        match=r"train names '[^']*data\.nc', a netCDF3 file, which daskpri reads with scipy, "
+        r"but scipy is not installed; install scipy, or write the data as netCDF4",
+    ):
+        open_dataset(tmp_path / "data.nc", name="train")
+
+
+def test_open_dataset_refuses_a_netcdf_name_on_a_file_of_another_format(tmp_path):
+    (tmp_path / "data.nc").write_text("x,y\n1,2\n")
+    with pytest.raises(
+        ValueError,
+        match=r"data should be a netCDF4 file \(HDF5 inside\) or a netCDF3 file, "
+        r"but '[^']*data\.nc' is neither: it starts with the bytes 78 2c 79 0a",
+    ):
+        open_dataset(tmp_path / "data.nc")
+
+
+def test_open_dataset_refuses_a_directory_with_a_netcdf_suffix(tmp_path):
+    (tmp_path / "data.nc").mkdir()
+    with pytest.raises(ValueError, match=r"data should be a netCDF file.*which is a directory"):
+        open_dataset(tmp_path / "data.nc")
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_labels_stored_with_a_fill_value_are_refused_with_the_reason_and_the_fix(
+    tmp_path, suffix
+):
+    ds = small()
+    path = tmp_path / f"data{suffix}"
+    encoding = {"y": {"_FillValue": -1}}
+    if suffix == ".nc":
+        ds.to_netcdf(path, engine="h5netcdf", encoding=encoding)
+    else:
+        ds.to_zarr(path, encoding=encoding, consolidated=False)
+    with pytest.raises(
+        TypeError,
+        match=r"data.y should have an integer dtype, but got float64: the file stores y as "
+        r"int64 with _FillValue=-1, and xarray decodes an integer variable that has a "
+        r"_FillValue as floats.*\{'_FillValue': None\}.*mask_and_scale=False",
+    ):
+        open_dataset(path)
+    # the fix the message gives
+    if suffix == ".nc":
+        raw = xr.open_dataset(path, engine="h5netcdf", mask_and_scale=False)
+    else:
+        raw = xr.open_zarr(path, consolidated=False, mask_and_scale=False)
+    np.testing.assert_array_equal(open_dataset(raw)["y"].values, ds["y"].values)
 
 
 # --- validate_dataset / check_values ----------------------------------------

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import Client, LocalCluster
 
+import daskpri
+from daskpri.data import load
 from daskpri.models import CNN, MLP
 from daskpri.replicas.replica import SCORE_CHUNK_BYTES, Replica, Weights, sample_losses
 
@@ -39,6 +43,49 @@ def test_per_sample_grads_match_a_loop_for_mlp_and_cnn():
         )
         assert logits.shape == (6, 3)
 
+
+
+def _dropout_mlp(p: float, n_in: int = 5, n_out: int = 3) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(n_in, 16), torch.nn.ReLU(), torch.nn.Dropout(p), torch.nn.Linear(16, n_out)
+    )
+
+
+def test_per_sample_grads_of_a_model_with_dropout_draw_a_mask_for_each_sample():
+    torch.manual_seed(3)
+    replica = Replica(_dropout_mlp(0.5), "cpu")
+    assert replica.module.training
+    # eight copies of one sample: only their dropout masks can tell them apart
+    x, y = torch.randn(1, 5).expand(8, 5), torch.full((8,), 2)
+    grads, losses, logits = replica.per_sample_grads(x, y)
+    assert grads.shape == (8, replica.n_params) and torch.isfinite(grads).all()
+    torch.testing.assert_close(losses, F.cross_entropy(logits, y, reduction="none"))
+    assert len({tuple(row.tolist()) for row in logits}) > 1
+
+
+def test_per_sample_grads_with_dropout_of_zero_match_a_loop():
+    torch.manual_seed(4)
+    module = _dropout_mlp(0.0)
+    x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
+    grads, losses, _ = Replica(module, "cpu").per_sample_grads(x, y)
+    torch.testing.assert_close(grads, _loop_grads(module, x, y), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses, F.cross_entropy(module(x), y, reduction="none").detach())
+
+
+@pytest.mark.parametrize("strategy", ["projection", "length"])
+def test_strategies_of_per_sample_gradients_train_a_model_with_dropout(strategy):
+    train, _ = load("synthetic", n_samples=200, seed=0)
+    torch.manual_seed(5)
+    model = _dropout_mlp(0.5, n_in=int(train["x"].shape[1]), n_out=train.attrs["n_classes"])
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+        daskpri.Trainer(model, strategy=strategy, client=client, batch_size=16, seed=0) as t,
+    ):
+        h = t.fit(train, max_steps=3, progress=False)
+    assert h.sizes["step"] == 3 and np.isfinite(h["loss"]).all()
 
 def test_weighted_grad_is_the_weighted_sum_of_per_sample_grads():
     torch.manual_seed(1)

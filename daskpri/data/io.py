@@ -8,19 +8,25 @@ that asks for one partition reads only that partition's chunks.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import uuid
 from operator import index
 from typing import Any
 
+import h5py
 import numpy as np
 import xarray as xr
 
 __all__ = ["check_values", "open_dataset", "to_store", "validate_dataset"]
 
 _ZARR_SUFFIXES = (".zarr",)
+# Files at the top of a zarr store: format 3, then format 2's group, attributes, array.
+_ZARR_METADATA = ("zarr.json", ".zgroup", ".zattrs", ".zarray")
 _NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".h5")
+# The first four bytes of a netCDF3 file: classic, 64-bit offset, 64-bit data (CDF-5).
+_NETCDF3_MAGIC = (b"CDF\x01", b"CDF\x02", b"CDF\x05")
 _FORMATS = (
     "a zarr store (a directory, or a path ending in .zarr) "
     "or a netCDF file (.nc, .nc4, .netcdf, .h5)"
@@ -35,7 +41,10 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
     source : xarray.Dataset, str or os.PathLike
         A dataset in memory (returned as is once checked), a zarr store
         (a directory, or a path ending in ``.zarr``) or a netCDF file
-        (``.nc``, ``.nc4``, ``.netcdf``, ``.h5``, read with h5netcdf).
+        (``.nc``, ``.nc4``, ``.netcdf``, ``.h5``). netCDF4 files (HDF5 inside)
+        are read with h5netcdf; netCDF3 files (classic, as
+        ``Dataset.to_netcdf(path, engine="scipy")`` writes them) with scipy,
+        which should then be installed on the workers too.
     name : str, default "data"
         The parameter's name, used in error messages.
 
@@ -52,8 +61,9 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
     FileNotFoundError
         If the path does not exist.
     ValueError
-        If the file's format is not one of those above, or the dataset's
-        layout is not that of a training dataset (see `validate_dataset`).
+        If the file's format is not one of those above (a netCDF3 file where
+        scipy is not installed included), or the dataset's layout is not that
+        of a training dataset (see `validate_dataset`).
 
     Examples
     --------
@@ -81,9 +91,37 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
         # and asking for it warns on every store that lacks it.
         ds = xr.open_zarr(path, consolidated=False)
     else:
-        ds = xr.open_dataset(path, engine="h5netcdf", chunks={})
+        ds = _open_netcdf(path, name=name)
     validate_dataset(ds, name=name)
     return ds
+
+
+def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
+    """Open the netCDF file at ``path`` lazily with the reader its format needs."""
+    if os.path.isdir(path):
+        raise ValueError(
+            f"{name} should be a netCDF file, since its name ends in a netCDF suffix, but got "
+            f"{name}={path!r}, which is a directory"
+        )
+    if h5py.is_hdf5(path):
+        return xr.open_dataset(path, engine="h5netcdf", chunks={})
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head not in _NETCDF3_MAGIC:
+        raise ValueError(
+            f"{name} should be a netCDF4 file (HDF5 inside) or a netCDF3 file, but {path!r} "
+            f"is neither: it starts with the bytes {head.hex(' ') or 'nothing'}"
+        )
+    try:
+        # scipy is not a dependency of daskpri: only netCDF3 files need it
+        importlib.import_module("scipy.io")
+    except ImportError:
+        raise ValueError(
+            f"{name} names {path!r}, a netCDF3 file, which daskpri reads with scipy, but scipy "
+            "is not installed; install scipy, or write the data as netCDF4 "
+            "(Dataset.to_netcdf(path, engine='h5netcdf')) or as a zarr store"
+        ) from None
+    return xr.open_dataset(path, engine="scipy", chunks={})
 
 
 def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
@@ -109,6 +147,10 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
     ------
     TypeError
         If ``ds`` is not a Dataset, or ``x`` or ``y`` has the wrong dtype.
+        Integer labels stored with a ``_FillValue`` are among them: xarray
+        decodes them as floats, and the message says so and how to read
+        them as integers. Float labels are refused, not cast: a NaN or a
+        fraction among them would otherwise become a wrong class.
     ValueError
         If a dimension or variable is missing or misplaced.
 
@@ -148,7 +190,9 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
             f"samples of {name}.x, but got {got}"
         )
     if y.dtype.kind not in "iu":
-        raise TypeError(f"{name}.y should have an integer dtype, but got {y.dtype}")
+        raise TypeError(
+            f"{name}.y should have an integer dtype, but got {y.dtype}{_why_not_int(y)}"
+        )
     # Within one Dataset xarray already keeps every 'sample' axis the same
     # length; the check stays for Datasets assembled by hand from variables.
     if x.shape[0] != y.shape[0]:
@@ -167,6 +211,21 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
         "x_dtype": str(x.dtype),
         "n_classes": n_classes,
     }
+
+
+def _why_not_int(y: xr.DataArray) -> str:
+    """Why a file's integer labels came back as floats, and what to do, or ''."""
+    stored = y.encoding.get("dtype")
+    fill = y.encoding.get("_FillValue", y.attrs.get("_FillValue"))
+    if y.dtype.kind != "f" or fill is None or stored is None or np.dtype(stored).kind not in "iu":
+        return ""
+    return (
+        f": the file stores y as {np.dtype(stored)} with _FillValue={fill}, and xarray "
+        "decodes an integer variable that has a _FillValue as floats, so that missing values "
+        "can be NaN. Labels should not be missing: write y without a fill value "
+        "(encoding={'y': {'_FillValue': None}}), or open the file with "
+        "mask_and_scale=False (xarray.open_dataset or xarray.open_zarr) and pass the Dataset"
+    )
 
 
 def check_values(
@@ -238,8 +297,14 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
 
     The data is written to a temporary sibling of ``path`` first and then
     renamed into place, so readers see either the old store or the complete
-    new one, never a half-written file. An existing store at ``path`` is
-    replaced.
+    new one, never a half-written file.
+
+    Only what ``to_store`` could have written is replaced: at a zarr path, an
+    existing zarr store (a directory with ``zarr.json``, ``.zgroup``,
+    ``.zattrs`` or ``.zarray`` at its top) or an empty directory; at a netCDF
+    path, an existing file. Anything else there (a directory of other files,
+    a file where a zarr store would go, a directory where a netCDF file would
+    go) is left as it is and refused before anything is written.
 
     Parameters
     ----------
@@ -255,19 +320,39 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     str
         ``path``.
 
+    Raises
+    ------
+    TypeError
+        If ``ds`` is not a Dataset.
+    ValueError
+        If ``path`` has none of the suffixes above, or something that is not a
+        store of that format is in its place.
+
     Examples
     --------
     >>> import os, tempfile, numpy as np, xarray as xr
     >>> ds = xr.Dataset({"x": (("sample", "feature"), np.zeros((4, 3), "float32")),
     ...                  "y": ("sample", np.arange(4))})
-    >>> path = to_store(ds, os.path.join(tempfile.mkdtemp(), "train.zarr"))
+    >>> root = tempfile.mkdtemp()
+    >>> path = to_store(ds, os.path.join(root, "train.zarr"))
     >>> open_dataset(path).sizes["sample"]
     4
+
+    A directory that holds something else is not replaced:
+
+    >>> os.mkdir(os.path.join(root, "notes"))
+    >>> with open(os.path.join(root, "notes", "todo.txt"), "w") as f:
+    ...     _ = f.write("keep me")
+    >>> to_store(ds, os.path.join(root, "notes"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: path should be a new path, an empty directory or a zarr store to replace, ...
     """
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"ds should be an xarray.Dataset, but got {type(ds).__name__}")
     target = os.path.abspath(os.fspath(path))
     fmt = _format_of(target, name="path")
+    _check_target(target, fmt, name="path")
     parent, base = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
@@ -279,9 +364,13 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     try:
         if fmt == "zarr":
             out.to_zarr(tmp, mode="w", consolidated=False)
-            _replace_dir(tmp, target)
         else:
             out.to_netcdf(tmp, engine="h5netcdf")
+        # again: something may have taken the path while the data was written
+        _check_target(target, fmt, name="path")
+        if fmt == "zarr":
+            _replace_dir(tmp, target)
+        else:
             os.replace(tmp, target)
     except BaseException:
         _remove(tmp)
@@ -298,6 +387,41 @@ def _format_of(path: str, *, name: str) -> str:
     if os.path.isdir(path):
         return "zarr"
     raise ValueError(f"{name} should be {_FORMATS}, but got {path!r}")
+
+
+def _check_target(target: str, fmt: str, *, name: str) -> None:
+    """Refuse ``target`` unless a ``fmt`` store written there loses nothing.
+
+    ``fmt`` is ``"zarr"`` or ``"netcdf"`` (see `_format_of`). `to_store`
+    calls it before it writes anything; a caller that writes only at the end
+    of a long computation can call it first too, so that a bad path fails
+    before the work rather than after it.
+    """
+    if fmt == "zarr":
+        if os.path.isdir(target):
+            if os.listdir(target) and not _is_zarr_store(target):
+                raise ValueError(
+                    f"{name} should be a new path, an empty directory or a zarr store to "
+                    f"replace, but got {name}={target!r}, a directory that holds other files "
+                    "(no zarr.json, .zgroup, .zattrs or .zarray at its top); "
+                    "choose another path or move its contents away"
+                )
+        elif os.path.lexists(target):
+            raise ValueError(
+                f"{name} should be a new path, an empty directory or a zarr store to replace, "
+                f"but got {name}={target!r}, which is a file; choose another path or move the "
+                "file away"
+            )
+    elif os.path.isdir(target):
+        raise ValueError(
+            f"{name} should be a new path or a netCDF file to replace, but got "
+            f"{name}={target!r}, which is a directory; choose another path or move the "
+            "directory away"
+        )
+
+
+def _is_zarr_store(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, meta)) for meta in _ZARR_METADATA)
 
 
 def _replace_dir(tmp: str, target: str) -> None:

@@ -276,7 +276,12 @@ class Replica:
     def per_sample_grads(
         self, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-sample gradients ``(B, n_params)``, the losses and logits."""
+        """Per-sample gradients ``(B, n_params)``, the losses and logits.
+
+        Random layers (dropout) draw for each sample its own values, as a
+        forward pass over the whole batch in training mode would; vmap's
+        default would refuse them.
+        """
         params = {k: v.detach() for k, v in self.module.named_parameters()}
         buffers = {k: v.detach() for k, v in self.module.named_buffers()}
         module = self.module
@@ -285,7 +290,11 @@ class Replica:
             logits = functional_call(module, (p, b), (xi.unsqueeze(0),))
             return F.cross_entropy(logits, yi.unsqueeze(0)), logits.squeeze(0)
 
-        step = vmap(grad_and_value(loss_one, has_aux=True), in_dims=(None, None, 0, 0))
+        step = vmap(
+            grad_and_value(loss_one, has_aux=True),
+            in_dims=(None, None, 0, 0),
+            randomness="different",
+        )
         grads, (losses, logits) = step(params, buffers, x, y)
         flat = torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1)
         return flat, losses, logits
