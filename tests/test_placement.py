@@ -5,9 +5,13 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 from distributed import Client, LocalCluster
 
+import daskpri
+from daskpri.models import build_model
+from daskpri.replicas.worker import worker_device
 from daskpri.training.placement import (
     assign_owners,
     cluster_workers,
@@ -80,3 +84,20 @@ def test_cluster_workers_lists_every_worker_while_the_client_polls():
             assert len(expected) == 2
             for _ in range(500):
                 assert set(cluster_workers(client)) == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_forced_where_a_worker_has_none_is_refused_on_the_cluster(small_data):
+    train, _ = small_data
+    # the driver may have no GPU where its workers do: each worker checks its own
+    assert worker_device(None, "cpu") == torch.device("cpu")
+    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
+                                  client=client, device="cuda:0")
+        try:
+            with pytest.raises(RuntimeError, match=r"device='cuda:0', but worker tcp://127\.0\.0"
+                               r"\.1:\d+ has 0 CUDA device\(s\) .*leave device unset"):
+                trainer.fit(train, max_steps=2, progress=False)
+        finally:
+            trainer.close()

@@ -79,7 +79,15 @@ def worker_device(worker: Any, requested: str | None = None) -> torch.device:
     CUDA is available, else the CPU.
     """
     if requested is not None:
-        return torch.device(requested)
+        device = torch.device(requested)
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"device={requested!r}, but worker {getattr(worker, 'address', '?')} has "
+                f"{torch.cuda.device_count()} CUDA device(s) (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda}); leave device unset to train on each "
+                "worker's GPU where its GPU resource names one, else on its CPU"
+            )
+        return device
     resources = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
     if resources.get("GPU", 0) > 0 and torch.cuda.is_available():
         return torch.device("cuda", 0)
