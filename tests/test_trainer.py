@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import threading
 import time
 import warnings
 
+import dask
 import numpy as np
 import pytest
 import torch
@@ -212,6 +214,83 @@ def test_fit_survives_a_killed_worker(small_data):
             table = trainer.table_
             assert np.isfinite(table.values).all(), "every sample has a finite priority"
             assert float(h["accuracy"].dropna("step")[-1]) > 0.5
+        finally:
+            trainer.close()
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "selective-backprop"])
+def test_workers_that_join_take_partitions_up_to_n_workers(small_data, caplog, strategy):
+    train, _ = small_data
+    with (
+        dask.config.set({"daskpri.trainer.rescan-interval": "0s"}),
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        # 8 partitions: enough for every worker
+        grows = daskpri.Trainer(build_model("mlp", train), strategy=strategy, client=client,
+                                batch_size=16, partition_size=200)
+        capped = daskpri.Trainer(build_model("mlp", train), strategy=strategy, client=client,
+                                 batch_size=16, partition_size=200, n_workers=1)
+        try:
+            capped.fit(train, max_steps=4, progress=False)
+            with caplog.at_level(logging.WARNING, logger="daskpri"):
+                running = grows.fit_in_background(train, max_steps=100_000, progress=False)
+                while grows.step_ < 4:
+                    time.sleep(0.01)
+                cluster.scale(3)  # while it trains
+                deadline = time.monotonic() + 60
+                while grows.history_["n_workers"].values[-1] < 3:
+                    assert time.monotonic() < deadline, "the workers that joined were not used"
+                    time.sleep(0.05)
+                grows.stop()
+                h = running.result(timeout=60)
+            n = h["n_workers"].values
+            assert n[0] == 1 and n[-1] == 3 and (np.diff(n) >= 0).all()
+            grew = int(np.argmax(n == 3))
+            # every worker processes its share on its own partitions from then on
+            per_step = np.diff(h["samples"].values)
+            assert set(per_step[grew:].tolist()) == {3 * per_step[0]}
+            assert set(grows._deployment.owner_addr) == set(
+                client.scheduler_info(n_workers=-1)["workers"])
+            assert re.search(r"step \d+: [12] worker\(s\) joined the run .* it goes on with 3",
+                             caplog.text)
+            assert np.isfinite(h["loss"]).all()
+            h = capped.fit(train, max_steps=8, progress=False)  # on the grown cluster
+            assert h["n_workers"].values.tolist() == [1] * 8  # n_workers=1 asked for one
+        finally:
+            grows.close()
+            capped.close()
+
+
+def test_a_killed_worker_that_its_nanny_restarts_is_taken_back(small_data):
+    train, _ = small_data
+    with (
+        dask.config.set({"daskpri.trainer.rescan-interval": "0s"}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  batch_size=16)
+        try:
+            trainer.fit(train, max_steps=4, progress=False)
+            before = set(client.scheduler_info()["workers"])
+            pids = client.run(os.getpid)
+            os.kill(pids[sorted(pids)[1]], signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:  # the nanny starts a new worker process, under a new address
+                now = set(client.scheduler_info(n_workers=-1)["workers"])
+                if len(now) == 2 and now != before:
+                    break
+                assert time.monotonic() < deadline, "the nanny did not restart the worker"
+                time.sleep(0.1)
+            h = trainer.fit(train, max_steps=8, progress=False)
+            assert h.sizes["step"] == 8
+            assert h["n_workers"].values.tolist()[-1] == 2
+            assert set(trainer._deployment.owner_addr) == now
         finally:
             trainer.close()
 

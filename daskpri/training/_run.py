@@ -15,6 +15,7 @@ as they are at each step, and update its counters (``step_``, the history).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import time
@@ -46,10 +47,12 @@ from daskpri.training.placement import (
     eligible_workers,
     partition_bounds,
 )
-from daskpri.training.recovery import LOST, check_scheduler, dask_timeout
+from daskpri.training.recovery import LOST, check_scheduler, dask_timeout, rescan_interval
 from daskpri.training.rounds import combine, crossed, fresh_priorities, nonfinite, step_record
 from daskpri.training.schedule import scheduled_rate
 from daskpri.training.transport import StepTimeout
+
+logger = logging.getLogger(__name__)
 
 
 class RunMixin:
@@ -98,6 +101,8 @@ class RunMixin:
     _metrics_sent: int
     _deployment: Deployment | None
     _table: RemoteTable | None
+    #: when (``time.monotonic()``) to look for workers that joined next
+    _next_rescan: float
     _resume_state: dict[str, Any] | None
 
     if TYPE_CHECKING:
@@ -126,9 +131,11 @@ class RunMixin:
                 )
             addrs = addrs[: self.n_workers]
         bounds = partition_bounds(ds, self.partition_size, len(addrs))
+        # the data and its cut as one worker would have it: a cluster that grew or
+        # shrank between fits keeps the run (its partitions move, see _admit_joined)
         key = (
             str(source) if not isinstance(source, xr.Dataset) else id(source),
-            tuple(bounds.tolist()),
+            tuple(partition_bounds(ds, self.partition_size, 1).tolist()),
         )
         if key == self._data_key:
             return
@@ -187,6 +194,40 @@ class RunMixin:
                 np.array([slot_of[a] for a in self._deployment.owner_addr], dtype=np.int64),
             )
             self._resume_state = None
+        self._next_rescan = time.monotonic() + rescan_interval()
+
+    def _admit_joined(self) -> None:
+        """Move partitions to suitable workers the run does not use yet, if any.
+
+        Looked for every ``daskpri.trainer.rescan-interval`` (one call to the
+        scheduler), before a round: workers that joined the cluster, or came
+        back under a new address after a restart, up to ``n_workers`` where
+        that was given. The round selected ahead, if any, is dropped first
+        (it was selected for the workers as they were).
+        """
+        now = time.monotonic()
+        if now < self._next_rescan:
+            return
+        self._next_rescan = now + rescan_interval()
+        assert self._deployment is not None
+        if len(self._deployment.owner_addr) <= len(self._deployment.slots):
+            return  # a partition a worker already: none to move
+        limit = self.n_workers if self._own_cluster is None else None
+        new = self._deployment.joining(self.resources, self._excluded, limit)
+        if not new:
+            return
+        self._drop_prefetched()
+        try:
+            joined = self._deployment.grow(new, self.resources)
+        except (KeyError, *LOST):  # a worker lost meanwhile: as after a failed step
+            self._recover()
+            return
+        if joined:
+            self._kept = None  # a lone worker's state stands for the run's no longer
+            logger.warning(
+                "step %d: %d worker(s) joined the run (%s); it goes on with %d",
+                self.step_, len(joined), ", ".join(joined), len(self._deployment.slots),
+            )
 
     def _release(self) -> None:
         """Drop the run's table, replicas and partitions from the cluster."""
@@ -232,6 +273,7 @@ class RunMixin:
         step = self.step_
         count = self.local_steps if limit is None else max(1, min(self.local_steps, limit))
         t_start = time.perf_counter()
+        self._admit_joined()  # charged to the round: its partitions move
         for attempt in range(int(_config.get("trainer.max-retries")) + 1):
             t0 = time.perf_counter()
             ahead = self._take_prefetched(step, count)
@@ -265,6 +307,12 @@ class RunMixin:
                     )
                     self._excluded.update(e.addresses)
                 self._recover()
+                if not isinstance(e, StepTimeout):
+                    assert self._deployment is not None
+                    logger.warning(
+                        "step %d: a worker was lost (%s: %s); its partitions moved, the run "
+                        "goes on with %d", step, type(e).__name__, e, len(self._deployment.slots),
+                    )
         t1 = time.perf_counter()
         total = combine(results, self.local_steps)
         problem = nonfinite(total, step, count, self.local_steps)

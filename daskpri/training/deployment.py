@@ -30,7 +30,12 @@ from daskpri.replicas.worker import (
 )
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
-from daskpri.training.placement import cluster_workers, eligible_workers, reassign_owners
+from daskpri.training.placement import (
+    cluster_workers,
+    eligible_workers,
+    reassign_owners,
+    rebalance_owners,
+)
 from daskpri.training.recovery import LOST, dask_timeout, is_lost, responsive, step_timeout
 from daskpri.training.transport import run_direct, wait_tasks
 
@@ -256,6 +261,52 @@ class Deployment:
             a[2] = {p: (r.key if isinstance(r, Future) else r) for p, r in a[2].items()}
             calls.append((self.slots[slot], (weights, *a)))
         return run_direct(self.client, calls, self.plugin, step_timeout(), then)
+
+    # -- workers that join --------------------------------------------------------------
+
+    def joining(
+        self, resources: dict[str, float] | None, excluded: set[str], limit: int | None
+    ) -> list[str]:
+        """Suitable workers of the cluster that the run does not use yet (``limit``: in all).
+
+        Workers that joined since the run was planned, or that came back
+        under another address after a restart (a nanny restarts a worker
+        that died). One call to the scheduler.
+        """
+        workers = cluster_workers(self.client)
+        try:
+            live = eligible_workers(workers, resources, self.client.scheduler.address)
+        except (RuntimeError, ValueError):
+            return []
+        new = [a for a in live if a not in self.slots and a not in excluded]
+        if limit is not None:
+            new = new[: max(0, limit - len(self.slots))]
+        return new
+
+    def grow(self, new: list[str], resources: dict[str, float] | None) -> list[str]:
+        """Move partitions to the workers ``new`` until all hold about as many; those that got some.
+
+        The partitions moved are placed on their new workers (data loaded
+        and checked there) and the table learns their owners. A worker that
+        does not answer is left out; one lost meanwhile raises as in a step
+        (the caller recovers).
+        """
+        new = responsive(self.client, new)
+        if not new:
+            return []
+        old = self.owner_addr
+        owner_addr = rebalance_owners(old, self.slots + new)
+        moved = [pid for pid, (a, b) in enumerate(zip(old, owner_addr, strict=True)) if a != b]
+        if not moved:  # more workers than partitions
+            return []
+        self.owner_addr = owner_addr
+        for pid in moved:
+            self.parts.pop(pid, None)
+        self.place(moved, resources)
+        self.slots = sorted(set(self.owner_addr))
+        slot_of = {a: i for i, a in enumerate(self.slots)}
+        self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64))
+        return [a for a in new if a in slot_of]
 
     # -- lost workers ----------------------------------------------------------------
 

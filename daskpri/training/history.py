@@ -57,16 +57,21 @@ class HistoryRecorder:
         return len(self.records)
 
     def to_dataset(self, attrs: dict[str, Any] | None = None) -> xr.Dataset:
-        """The history along ``step`` (and ``worker`` for per-worker metrics)."""
-        steps = np.array([r["step"] for r in self.records], dtype=np.int64)
+        """The history along ``step`` (and ``worker`` for per-worker metrics).
+
+        Built from the records as they are when it is called: a fit in
+        another thread (``fit_in_background``) may append more meanwhile.
+        """
+        records = list(self.records)
+        steps = np.array([r["step"] for r in records], dtype=np.int64)
         data: dict[str, Any] = {}
         for name, (units, doc) in STEP_VARIABLES.items():
-            values = np.array([r.get(name, np.nan) for r in self.records], dtype=np.float64)
+            values = np.array([r.get(name, np.nan) for r in records], dtype=np.float64)
             data[name] = xr.Variable("step", values, {"units": units, "long_name": doc})
-        n_slots = max((len(r.get("worker_samples", ())) for r in self.records), default=0)
+        n_slots = max((len(r.get("worker_samples", ())) for r in records), default=0)
         for name, (units, doc) in WORKER_VARIABLES.items():
-            values = np.full((len(self.records), n_slots), np.nan)
-            for i, r in enumerate(self.records):
+            values = np.full((len(records), n_slots), np.nan)
+            for i, r in enumerate(records):
                 row = r.get(name, ())
                 values[i, : len(row)] = row
             data[name] = xr.Variable(("step", "worker"), values, {"units": units, "long_name": doc})

@@ -157,3 +157,31 @@ def reassign_owners(owner_addr: list[str | None], live: list[str]) -> list[str]:
             load[target] += 1
             out.append(target)
     return out
+
+
+def rebalance_owners(owner_addr: list[str], workers: list[str]) -> list[str]:
+    """Move partitions to the least-loaded of ``workers`` until loads differ by one at most.
+
+    Each move takes the last partition of the most loaded worker, so
+    partitions that stay keep their data where it is. For workers that
+    joined a run: ``owner_addr`` names only workers in ``workers``.
+
+    Examples
+    --------
+    >>> rebalance_owners(["a", "a", "a", "a", "b"], ["a", "b", "c"])
+    ['a', 'a', 'b', 'c', 'b']
+    >>> rebalance_owners(["a", "b"], ["a", "b", "c"])  # fewer partitions than workers
+    ['a', 'b']
+    """
+    out = list(owner_addr)
+    held: dict[str, list[int]] = {w: [] for w in workers}
+    for pid, a in enumerate(out):
+        held[a].append(pid)
+    while True:
+        most = max(workers, key=lambda w: (len(held[w]), -workers.index(w)))
+        least = min(workers, key=lambda w: (len(held[w]), workers.index(w)))
+        if len(held[most]) - len(held[least]) <= 1:
+            return out
+        pid = held[most].pop()
+        held[least].append(pid)
+        out[pid] = least

@@ -47,6 +47,11 @@ def dask_timeout() -> float:
     return seconds(_config.get("trainer.no-workers-timeout"))
 
 
+def rescan_interval() -> float:
+    """How often a run looks for workers that joined, from the ``daskpri.trainer`` config, in s."""
+    return seconds(_config.get("trainer.rescan-interval"))
+
+
 def is_lost(ref: StoreRef | Future | None) -> bool:
     """Whether a partition's scattered data is gone (a store is never lost)."""
     return isinstance(ref, Future) and ref.status != "finished"
