@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,10 +41,11 @@ import daskpri
 from daskpri import _config
 from daskpri.bench import command as bench_command
 from daskpri.data.datasets import DATASETS
-from daskpri.data.io import to_store
+from daskpri.data.io import _check_target, _format_of, to_store
 from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
 from daskpri.table.staleness import STALENESS_MODELS
+from daskpri.training import checkpoint
 from daskpri.training._checks import check_eval_every, check_float, check_int
 from daskpri.training.cluster import (
     drop_abandoned_gathers,
@@ -52,6 +55,7 @@ from daskpri.training.cluster import (
 )
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
+from daskpri.training.recovery import SchedulerLostError
 from daskpri.training.schedule import SCHEDULES
 
 __all__ = ["main"]
@@ -59,9 +63,18 @@ __all__ = ["main"]
 _PROG = "daskpri"
 _OUTPUT_SUFFIXES = (".nc", ".zarr")
 _CONNECT_TIMEOUT = 10.0  # seconds; a scheduler that does not answer by then is taken as down
+_CONNECT_GRACE = 2.0  # seconds past it for distributed to say why itself, before it is cut off
+_DEFAULT_CHECKPOINT_EVERY = 100
 _DEFAULT_MAX_STEPS = 2000  # when neither --max-steps nor --max-time is given
 _DEMO_STRATEGY = "selective-backprop"
 _DEMO_TARGET_FRACTION = 0.97  # of the best accuracy the uniform baseline reached
+
+
+#: The file system's refusals of a path the user gave (for example a file
+#: where a directory should be), told in one line rather than a traceback.
+_PATH_ERRORS = (
+    FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError
+)
 
 
 class _ConnectError(Exception):
@@ -81,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     int
         The exit status: 0 on success, 2 for bad input (argparse exits with
         ``SystemExit(2)`` itself for bad arguments), 1 when the scheduler
-        cannot be reached, 130 when interrupted.
+        cannot be reached or the run fails (a NaN loss, a lost scheduler),
+        130 when interrupted.
 
     Examples
     --------
@@ -92,10 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError) as e:
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 2
-    except _ConnectError as e:
+    except _PATH_ERRORS as e:  # a path the user gave, found bad on the way
+        where = "" if e.filename is None else f"{e.filename}: "
+        print(f"{_PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except (_ConnectError, FloatingPointError, SchedulerLostError) as e:
+        # the last two: a run that stopped, saying why and what was checkpointed
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -116,22 +135,24 @@ def _parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_train)
     data = train.add_argument_group("data and model")
     data.add_argument("--dataset", choices=DATASETS, default="mnist1d")
-    data.add_argument("--model", choices=MODELS, default="mlp")
+    # None defaults, here and below: with --resume, an option given is told from one left out
+    data.add_argument("--model", choices=MODELS, help="default mlp")
     data.add_argument("--n-samples", type=int, metavar="N",
                       help="samples of the dataset, train and test together")
     data.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
-    data.add_argument("--seed", type=int, default=0, help="seeds data, weights and selections")
+    data.add_argument("--seed", type=int,
+                      help="seeds data, weights and selections (default 0)")
     run = train.add_argument_group("training")
-    run.add_argument("--strategy", choices=list(STRATEGIES), default="projection")
+    run.add_argument("--strategy", choices=list(STRATEGIES), help="default projection")
     run.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
                      metavar="KEY=VALUE", help="a strategy parameter, e.g. k=32 (repeatable)")
-    run.add_argument("--max-steps", type=int, metavar="N",
+    run.add_argument("--max-steps", type=_count(0), metavar="N",
                      help=f"total steps (default {_DEFAULT_MAX_STEPS} unless --max-time is given)")
-    run.add_argument("--max-time", type=float, metavar="S", help="seconds of training")
-    run.add_argument("--target-accuracy", type=float, metavar="A",
+    run.add_argument("--max-time", type=_seconds, metavar="S", help="seconds of training")
+    run.add_argument("--target-accuracy", type=_accuracy, metavar="A",
                      help="stop once the test accuracy reaches A, in (0, 1]")
     run.add_argument("--batch-size", type=int, metavar="N", help="samples per worker per step")
-    run.add_argument("--local-steps", type=int, default=1, metavar="K",
+    run.add_argument("--local-steps", type=int, metavar="K",
                      help="optimizer steps each worker takes per round trip (local SGD; "
                      "default 1: synchronous)")
     run.add_argument("--staleness", choices=STALENESS_MODELS,
@@ -140,16 +161,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--learning-rate", type=float, metavar="LR")
     run.add_argument("--optimizer", choices=("sgd", "adam"))
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
-    run.add_argument("--lr-schedule", choices=SCHEDULES, default="constant",
-                     help="learning rate: constant, or decaying to zero over --max-steps")
+    run.add_argument("--lr-schedule", choices=SCHEDULES,
+                     help="learning rate: constant (the default), or decaying to zero over "
+                     "--max-steps")
     ckpt = train.add_argument_group("checkpoints")
     ckpt.add_argument("--checkpoint", metavar="PATH",
                       help="checkpoint file, written atomically every --checkpoint-every steps")
-    ckpt.add_argument("--checkpoint-every", type=int, metavar="N",
-                      help="steps between checkpoints (default 100 with --checkpoint)")
+    ckpt.add_argument("--checkpoint-every", type=_count(1), metavar="N",
+                      help=f"steps between checkpoints (default {_DEFAULT_CHECKPOINT_EVERY} "
+                      "with --checkpoint; with --resume, the run's own)")
     ckpt.add_argument("--resume", metavar="PATH",
-                      help="continue the run checkpointed at PATH (same --dataset and --seed); "
-                      "--max-steps counts from the run's start")
+                      help="continue the run checkpointed at PATH (same --dataset and "
+                      "--n-samples; its model, strategy, seed and optimization come from the "
+                      "checkpoint); --max-steps counts from the run's start")
     cluster = train.add_argument_group("cluster")
     cluster.add_argument("--scheduler", metavar="ADDRESS",
                          help="a running scheduler, e.g. tcp://HOST:8786 (default: a LocalCluster)")
@@ -211,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="the strategies against uniform, scaling and overhead, side by side"
     )
     bench_command.add_arguments(bench)
+    _each_item_once(bench)
     bench.set_defaults(run=_bench)
     return parser
 
@@ -262,16 +287,142 @@ def _output_path(text: str) -> str:
     return text
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``.
+
+    Examples
+    --------
+    >>> _count(1)("5")
+    5
+    >>> _count(1)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be a positive integer, but got '0'
+    """
+    what = {0: "a non-negative integer", 1: "a positive integer"}.get(
+        minimum, f"an integer of at least {minimum}"
+    )
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"should be {what}, but got {text!r}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive finite number of seconds.
+
+    Examples
+    --------
+    >>> _seconds("1.5")
+    1.5
+    >>> _seconds("inf")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be a positive finite number of seconds, but got 'inf'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"should be a positive finite number of seconds, but got {text!r}"
+        )
+    return value
+
+
+def _accuracy(text: str) -> float:
+    """An argparse type: an accuracy in (0, 1].
+
+    Examples
+    --------
+    >>> _accuracy("0.9")
+    0.9
+    >>> _accuracy("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be a number in (0, 1], but got 'nan'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:  # NaN fails it too
+        raise argparse.ArgumentTypeError(f"should be a number in (0, 1], but got {text!r}")
+    return value
+
+
+#: ``bench``'s comma-separated lists, whose items should each be given once
+_BENCH_LISTS = ("datasets", "models", "strategies", "workers", "learning_rates")
+
+
+def _each_item_once(bench: argparse.ArgumentParser) -> None:
+    """Refuse an empty item or a repeated one in ``bench``'s comma-separated lists.
+
+    The lists' own parser (``daskpri.bench.command``) drops empty items and
+    the config drops repeats; ``--workers 1,,2`` or ``--strategies
+    uniform,uniform`` is more likely a slip than what was meant.
+    """
+    # argparse has no public way to reach the actions another module added
+    for action in bench._actions:
+        if action.dest in _BENCH_LISTS and action.type is not None:
+            action.type = _strict_list(action.type)  # type: ignore[arg-type]
+
+
+def _strict_list(parse: Callable[[str], tuple[Any, ...]]) -> Callable[[str], tuple[Any, ...]]:
+    def strict(text: str) -> tuple[Any, ...]:
+        if any(not item.strip() for item in text.split(",")):
+            raise argparse.ArgumentTypeError(
+                f"should be a comma-separated list without empty items, but got {text!r}"
+            )
+        values = parse(text)
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise argparse.ArgumentTypeError(
+                f"should name each item once, but got {text!r} ({', '.join(repeated)} "
+                "more than once)"
+            )
+        return values
+
+    strict.__name__ = getattr(parse, "__name__", "list")  # argparse names it in some errors
+    return strict
+
+
+def _strategy_options(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The ``--strategy-option`` pairs as a dict; a key given twice is refused.
+
+    Examples
+    --------
+    >>> _strategy_options([("k", 32), ("renew", 0.02)])
+    {'k': 32, 'renew': 0.02}
+    >>> _strategy_options([("k", 32), ("k", 16)])
+    Traceback (most recent call last):
+    ...
+    ValueError: --strategy-option k should be given once, but got k=32 and k=16
+    """
+    options: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in options:
+            raise ValueError(
+                f"--strategy-option {key} should be given once, but got "
+                f"{key}={options[key]!r} and {key}={value!r}"
+            )
+        options[key] = value
+    return options
+
+
 # -- commands --------------------------------------------------------------------
 
 
 def _train(args: argparse.Namespace) -> int:
-    options = dict(args.strategy_option)
-    check_strategy_options(args.strategy, options)
-    train, test = daskpri.datasets.load(
-        args.dataset, root=args.root, seed=args.seed, n_samples=args.n_samples
-    )
-    model = daskpri.models.build_model(args.model, train, seed=args.seed)
+    options = _strategy_options(args.strategy_option)
     max_steps = args.max_steps
     if max_steps is None and args.max_time is None:
         max_steps = _DEFAULT_MAX_STEPS
@@ -283,53 +434,53 @@ def _train(args: argparse.Namespace) -> int:
         )
     if args.tls and args.scheduler is not None:
         raise ValueError("--tls starts a LocalCluster with TLS; with --scheduler, use --tls-*")
+    # where the run's results go: checked before it runs, not found bad after it
+    if args.output is not None:
+        _check_destination("--output", args.output, kind="store")
+    if args.checkpoint is not None:
+        _check_destination("--checkpoint", args.checkpoint)
+    if args.resume is None:
+        settings = _new_run(args, options, max_steps)
+        seed, model_name = settings["seed"], args.model or "mlp"
+    else:
+        state = _read_checkpoint(args.resume)
+        settings = _resumed_run(args, options, max_steps, state)
+        # the data of a resumed run is split by the run's own seed
+        seed, model_name = state["trainer"]["seed"], state["model_spec"]["name"]
     security = None
     if all(tls_files):
         from distributed.security import Security
 
         security = Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
                             tls_client_key=args.tls_key, require_encryption=True)
-    if args.checkpoint_every is not None and args.checkpoint is None:
-        raise ValueError("--checkpoint-every needs --checkpoint PATH, the file to write")
-    if args.lr_schedule != "constant" and max_steps is None:
-        raise ValueError(f"--lr-schedule {args.lr_schedule} decays over --max-steps; give it")
-    schedule_steps = None if args.lr_schedule == "constant" else max_steps
-    checkpoints = {}
-    if args.checkpoint is not None:
-        checkpoints = {"checkpoint_path": args.checkpoint,
-                       "checkpoint_every": args.checkpoint_every or 100}
+    train, test = daskpri.datasets.load(
+        args.dataset, root=args.root, seed=seed, n_samples=args.n_samples
+    )
     client = None if args.scheduler is None else _connect(args.scheduler, security)
     trainer = None
     try:
-        if args.resume is not None:
-            # the run's own parameters come from the checkpoint; where to
-            # write the next checkpoints and the transport may change
-            trainer = daskpri.Trainer.resume(
-                args.resume, client=client,
-                **({"transport": args.transport} if args.transport else {}), **checkpoints,
-            )
-            print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
+        if args.resume is None:
+            model = daskpri.models.build_model(model_name, train, seed=seed)
+            trainer = daskpri.Trainer(model, client=client, **settings)
         else:
-            trainer = daskpri.Trainer(
-                model, strategy=args.strategy, client=client, seed=args.seed,
-                n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
-                learning_rate=args.learning_rate, optimizer=args.optimizer,
-                local_steps=args.local_steps, staleness=args.staleness,
-                lr_schedule=args.lr_schedule, schedule_steps=schedule_steps,
-                eval_every=args.eval_every, transport=args.transport,
-                security=True if args.tls else None, **checkpoints, **options,
-            )
+            trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
+            print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
         print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
         # a LocalCluster's workers have this machine's cores
         local = one_torch_thread() if client is None else contextlib.nullcontext()
-        with _interruptible(trainer), local:
-            history = trainer.fit(
-                train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
-                target_accuracy=args.target_accuracy, progress=not args.no_progress,
-            )
+        try:
+            with _interruptible(trainer), local:
+                history = trainer.fit(
+                    train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
+                    target_accuracy=args.target_accuracy, progress=not args.no_progress,
+                )
+        except KeyboardInterrupt:
+            if args.output is not None:
+                _write_interrupted(trainer, args.output, args.dataset, model_name)
+            raise
         print(_summary(history), flush=True)
         if args.output is not None:
-            history.attrs.update(dataset=args.dataset, model=args.model)
+            history.attrs.update(dataset=args.dataset, model=model_name)
             to_store(history, args.output)
             print(f"history written to {args.output}", flush=True)
     finally:
@@ -338,6 +489,189 @@ def _train(args: argparse.Namespace) -> int:
         if client is not None:
             client.close()
     return 0
+
+
+def _new_run(
+    args: argparse.Namespace, options: dict[str, Any], max_steps: int | None
+) -> dict[str, Any]:
+    """The trainer's arguments for a new run (the trainer checks their values)."""
+    strategy = args.strategy or "projection"
+    if "batch_size" in options:
+        size = options["batch_size"]
+        raise ValueError(
+            f"--strategy-option batch_size={size} is the trainer's batch: a strategy's "
+            "batch_size is the samples per worker per step, which --batch-size sets (and "
+            f"the history records); give --batch-size {size}"
+        )
+    check_strategy_options(strategy, options)
+    if args.checkpoint_every is not None and args.checkpoint is None:
+        raise ValueError("--checkpoint-every needs --checkpoint PATH, the file to write")
+    lr_schedule = args.lr_schedule or "constant"
+    if lr_schedule != "constant" and max_steps is None:
+        raise ValueError(f"--lr-schedule {lr_schedule} decays over --max-steps; give it")
+    checkpoints = {}
+    if args.checkpoint is not None:
+        checkpoints = {"checkpoint_path": args.checkpoint,
+                       "checkpoint_every": args.checkpoint_every or _DEFAULT_CHECKPOINT_EVERY}
+    return dict(
+        strategy=strategy, seed=0 if args.seed is None else args.seed,
+        n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
+        learning_rate=args.learning_rate, optimizer=args.optimizer,
+        local_steps=1 if args.local_steps is None else args.local_steps,
+        staleness=args.staleness, lr_schedule=lr_schedule,
+        schedule_steps=None if lr_schedule == "constant" else max_steps,
+        eval_every=args.eval_every, transport=args.transport,
+        security=True if args.tls else None, **checkpoints, **options,
+    )
+
+
+#: What ``train --resume`` may be given: the data, the budget, the outputs and
+#: where the run goes on; the rest of the run comes from its checkpoint.
+_RESUMABLE = (
+    "--dataset, --n-samples and --root (the run's data), --max-steps, --max-time, "
+    "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
+    "--transport, --tls, --tls-*, --eval-every, --checkpoint and --checkpoint-every"
+)
+
+
+def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpointed run was started with, by the ``train`` option that sets it."""
+    params = state["trainer"]
+    return {
+        "--model": (state["model_spec"] or {}).get("name"),
+        "--strategy": state["strategy"]["name"],
+        "--seed": params["seed"],
+        "--batch-size": params["batch_size"],
+        "--learning-rate": params["learning_rate"],
+        "--optimizer": params["optimizer"],
+        "--local-steps": params["local_steps"],
+        "--staleness": params["staleness"],
+        "--lr-schedule": params["lr_schedule"],
+    }
+
+
+def _read_checkpoint(path: str) -> dict[str, Any]:
+    """The checkpoint at ``path``; ``ValueError`` where the file is not one ``train`` wrote."""
+    try:
+        state = checkpoint.read(path)
+    except (ValueError, OSError):  # the checkpoint module's own words, or the file system's
+        raise
+    except Exception as e:  # torch's unpickler fails on other files in many ways
+        raise ValueError(
+            f"{path!r} is not a daskpri checkpoint: reading it failed with "
+            f"{type(e).__name__}: {e}"
+        ) from None
+    try:
+        _checkpointed(state)  # it holds what --resume reads
+        step = int(state["step"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path!r} is not the checkpoint of a daskpri run ({type(e).__name__}: {e})"
+        ) from None
+    if state["model_spec"] is None:
+        raise ValueError(
+            f"the run in {path!r} trained a model of its own, not a built-in one: resume it "
+            "from Python, with daskpri.Trainer.resume(path, model=...)"
+        )
+    state["step"] = step
+    return state
+
+
+def _resumed_run(
+    args: argparse.Namespace, options: dict[str, Any], max_steps: int | None,
+    state: dict[str, Any],
+) -> dict[str, Any]:
+    """``Trainer.resume``'s overrides; what the checkpoint fixes may only be repeated."""
+    given = []
+    for flag, theirs in _checkpointed(state).items():
+        ours = getattr(args, flag[2:].replace("-", "_"))
+        if ours is not None and ours != theirs:
+            given.append(f"{flag} {ours} (the run's: {theirs})")
+    name, params = state["strategy"]["name"], state["strategy"]["params"]
+    for key, value in options.items():
+        if key not in params or params[key] != value:
+            theirs = f"{key}={params[key]}" if key in params else f"{name} takes no {key}"
+            given.append(f"--strategy-option {key}={value} (the run's: {theirs})")
+    if given:
+        raise ValueError(
+            f"--resume continues the run in {args.resume!r} as it was started, but got "
+            f"{'; '.join(given)}. With --resume, give only {_RESUMABLE}"
+        )
+    step = state["step"]
+    if max_steps is not None and max_steps <= step:
+        default = "" if args.max_steps is not None else f" (the default, {_DEFAULT_MAX_STEPS})"
+        raise ValueError(
+            f"--max-steps counts the run's steps from its start, and the run in "
+            f"{args.resume!r} is at step {step} already, but got --max-steps {max_steps}"
+            f"{default}: give more than {step} to go on"
+        )
+    overrides: dict[str, Any] = {}
+    if args.checkpoint is not None:
+        every = state["trainer"]["checkpoint_every"] or _DEFAULT_CHECKPOINT_EVERY
+        overrides.update(checkpoint_path=args.checkpoint,
+                         checkpoint_every=args.checkpoint_every or every)
+    elif args.checkpoint_every is not None:
+        if state["trainer"]["checkpoint_path"] is None:
+            raise ValueError(
+                f"--checkpoint-every needs --checkpoint PATH, the file to write: the run in "
+                f"{args.resume!r} was saved by hand and writes no checkpoints of its own"
+            )
+        overrides["checkpoint_every"] = args.checkpoint_every  # to the run's own file
+    # where the run goes on may change
+    for key, value in (("n_workers", args.workers), ("resources", args.resources),
+                       ("transport", args.transport), ("eval_every", args.eval_every),
+                       ("security", True if args.tls else None)):
+        if value is not None:
+            overrides[key] = value
+    return overrides
+
+
+def _write_interrupted(trainer: daskpri.Trainer, path: str, dataset: str, model: str) -> None:
+    """Write the history of an interrupted fit to ``path``, and say so."""
+    history = trainer.history_
+    if history.sizes["step"] == 0:
+        print("interrupted before the first step: no history to write", flush=True)
+        return
+    history.attrs.update(dataset=dataset, model=model)
+    try:
+        to_store(history, path)
+    except Exception as e:  # the interrupt goes on; its history is what is lost
+        print(f"{_PROG}: could not write the history to {path}: {e}", file=sys.stderr)
+        return
+    print(f"interrupted at step {trainer.step_}: the history so far written to {path}",
+          flush=True)
+
+
+def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:
+    """Refuse ``path`` (a ``"file"``, ``"store"`` or ``"directory"``) before the work it is for.
+
+    Its directories may be missing (they are made), but those that exist
+    should be directories.
+    """
+    target = os.path.abspath(path)
+    if kind == "store":
+        _check_target(target, _format_of(target, name=flag), name=flag)
+    elif kind == "file" and os.path.isdir(target):
+        raise ValueError(
+            f"{flag} should be a file's path, but got {flag} {path!r}, which is a directory"
+        )
+    elif kind == "directory" and os.path.lexists(target) and not os.path.isdir(target):
+        raise ValueError(
+            f"{flag} should be a directory, but got {flag} {path!r}, which is a file"
+        )
+    parent = os.path.dirname(target)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"{flag} should be a path under directories, but got {flag} {path!r}, "
+            f"and {parent!r} is a file"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{flag} should be a path this process may write, but got {flag} {path!r}, "
+            f"and {parent!r} is not writable"
+        )
 
 
 @contextlib.contextmanager
@@ -380,7 +714,7 @@ def _demo(args: argparse.Namespace) -> int:
     # the trainer rounds its configured period to whole rounds, so that both runs are evaluated
     # evenly; a bad one is refused here, before a cluster starts
     check_eval_every(None, _config.get("trainer.eval-every"), args.local_steps)
-    options = dict(args.strategy_option)
+    options = _strategy_options(args.strategy_option)
     check_strategy_options(_DEMO_STRATEGY, options)
     get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
     train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
@@ -414,6 +748,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    _check_destination("--out", args.out, kind="directory")
     return bench_command.run(args)
 
 
@@ -427,11 +762,61 @@ def _strategies(args: argparse.Namespace) -> int:
 # -- helpers ---------------------------------------------------------------------
 
 
-def _connect(address: str, security: Any = None) -> Client:
+class _ClosableClient(Client):
+    """A :class:`distributed.Client` that is known before it has connected.
+
+    It puts itself in ``made`` first, so that a connection that hangs can be
+    closed from another thread (see :func:`_connect`).
+    """
+
+    def __init__(self, *args: Any, made: list[Client], **kwargs: Any) -> None:
+        made.append(self)
+        super().__init__(*args, **kwargs)
+
+
+def _connect(address: str, security: Any = None, timeout: float = _CONNECT_TIMEOUT) -> Client:
+    """A client of the scheduler at ``address``, connected within about ``timeout`` seconds.
+
+    ``Client(address, timeout=...)`` waits for the scheduler's handshake
+    without that timeout: a server that accepts the connection and never
+    answers (an HTTP server, such as a dashboard's port) would hold it for
+    good. The client is made in a thread, given ``timeout`` and a little
+    more; one that has not connected by then is closed, which ends its wait.
+    """
+    made: list[Client] = []
+    outcome: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            outcome["client"] = _ClosableClient(
+                address, timeout=timeout, security=security, made=made
+            )
+        except BaseException as e:  # told in the calling thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=connect, name="daskpri-connect", daemon=True)
+    thread.start()
     try:
-        return Client(address, timeout=_CONNECT_TIMEOUT, security=security)
-    except (OSError, TimeoutError, ValueError) as e:
-        raise _ConnectError(f"could not connect to the scheduler at {address}: {e}") from e
+        thread.join(timeout + _CONNECT_GRACE)
+    finally:
+        hung = thread.is_alive()  # or interrupted while it connects
+        if hung:
+            for half_made in made:
+                with contextlib.suppress(Exception):
+                    half_made.close(timeout=_CONNECT_GRACE)
+            thread.join(_CONNECT_GRACE)
+    if hung:
+        raise _ConnectError(
+            f"could not connect to the scheduler at {address}: no answer within "
+            f"{timeout:g} s (a Dask scheduler's address is wanted, not its dashboard's)"
+        )
+    error = outcome.get("error")
+    if isinstance(error, (OSError, TimeoutError, ValueError)):
+        raise _ConnectError(f"could not connect to the scheduler at {address}: {error}") from error
+    if error is not None:
+        raise error
+    client: Client = outcome["client"]
+    return client
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:
@@ -439,7 +824,16 @@ def _dashboard_command(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"port should be in [0, 65536), but got port={args.port}")
-    server = make_server(args.scheduler, address=args.address, port=args.port)
+    try:
+        server = make_server(args.scheduler, address=args.address, port=args.port)
+    except OSError as e:
+        if e.errno not in (errno.EADDRINUSE, errno.EACCES):  # taken, or privileged
+            raise
+        where = _config.get("dashboard.address", args.address)
+        raise ValueError(
+            f"--port {args.port} cannot be listened on at {where}: {e.strerror}; give "
+            "another --port, or --port 0 for any free one"
+        ) from None
     server.start()
     print(f"daskpri dashboard: http://{server.address}:{server.port}{ROUTE}", flush=True)
     try:
@@ -452,6 +846,7 @@ def _dashboard_command(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from daskpri.dashboard.report import write_report
 
+    _check_destination("--output", args.output)
     path = write_report(args.history, args.output, baseline=args.baseline, title=args.title)
     print(f"report written to {path}")
     return 0

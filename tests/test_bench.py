@@ -282,6 +282,20 @@ def test_strategy_options_reach_their_arms_and_the_equal_gradient_baseline():
         _config(local_steps=0)
 
 
+def test_strategy_options_that_would_be_lost_are_refused():
+    # a strategy's batch_size would collide with every arm's (the config's batch_size)
+    with pytest.raises(ValueError, match=r"should not set batch_size, .* give batch_size= "
+                       r"\(daskpri bench --batch-size\), but got \('loss', 'batch_size', 32"):
+        _config(strategy_options=(("loss", "batch_size", 32),))
+    # one option given twice for the same arms: one of them would be dropped
+    with pytest.raises(ValueError, match=r"each option of a strategy \(on a model\) once, but "
+                       r"got \('loss', 'epsilon', 0\.1, None\) and \('loss', 'epsilon', 0\.3"):
+        _config(strategy_options=(("loss", "epsilon", 0.1), ("loss", "epsilon", 0.3)))
+    # once for every model and once for one: the one model's wins, as documented
+    cfg = _config(strategy_options=(("loss", "epsilon", 0.1), ("loss", "epsilon", 0.3, "mlp")))
+    assert cfg.options_of("loss", "mlp") == (("epsilon", 0.3),)
+
+
 def test_strategy_options_given_for_one_model_reach_only_its_arms():
     cfg = _config(strategies=("projection",), models=("mlp", "cnn"), workers=(2,),
                   strategy_options=(("projection", "k", 32), ("projection", "renew", 0.0),

@@ -9,8 +9,10 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +60,14 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         (["--resources", "GPU"], r"--resources: resources should look like 'GPU=1'.*but got 'GPU'"),
         (["--output", "run.csv"], r"--output: .*ending in \.nc \(netCDF\) or \.zarr .*'run\.csv'"),
         (["--strategy-option", "k"], r"--strategy-option: .*KEY=VALUE, e\.g\. k=32, but got 'k'"),
+        (["--max-steps", "-1"], r"--max-steps: should be a non-negative integer, but got '-1'"),
+        (["--max-time", "0"], r"--max-time: should be a positive finite number .*, but got '0'"),
+        (["--max-time", "inf"], r"--max-time: should be a positive finite .*, but got 'inf'"),
+        (["--target-accuracy", "1.5"], r"--target-accuracy: should be a number in \(0, 1\], "
+                                       r"but got '1\.5'"),
+        (["--target-accuracy", "nan"], r"--target-accuracy: .*in \(0, 1\], but got 'nan'"),
+        (["--checkpoint", "run.ckpt", "--checkpoint-every", "0"],
+         r"--checkpoint-every: should be a positive integer, but got '0'"),
     ],
 )
 def test_bad_argument_exits_2_naming_what_is_allowed(
@@ -79,6 +89,12 @@ def test_bad_argument_exits_2_naming_what_is_allowed(
         (["--resume", "/nonexistent/run.ckpt"], "no checkpoint at '/nonexistent/run.ckpt'"),
         (["--local-steps", "0"], "local_steps should be a positive integer, but got local_steps=0"),
         (["--local-steps", "4"], "strategy 'projection' selects by the priorities of the previous"),
+        (["--strategy-option", "k=3", "--strategy-option", "k=4"],
+         "--strategy-option k should be given once, but got k=3 and k=4"),
+        (["--strategy", "uniform", "--strategy-option", "batch_size=32"],
+         "--strategy-option batch_size=32 is the trainer's batch: a strategy's batch_size is the "
+         "samples per worker per step, which --batch-size sets (and the history records); "
+         "give --batch-size 32"),
     ],
 )
 def test_library_error_is_one_line_with_exit_2(
@@ -88,6 +104,102 @@ def test_library_error_is_one_line_with_exit_2(
     err = capsys.readouterr().err
     assert err.startswith(f"daskpri: error: {message}")
     assert "Traceback" not in err
+
+
+def _file(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a directory")
+    return path
+
+
+def _directory(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (lambda d: ["train", *SMALL, "--output", str(_file(d) / "run.nc")],
+         r"--output should be a path under directories, but got --output '.*notes\.txt/run\.nc',"
+         r" and '.*notes\.txt' is a file"),
+        (lambda d: ["train", *SMALL, "--output", str(_directory(d, "run.nc"))],
+         r"--output should be a new path or a netCDF file to replace, but got "
+         r"--output='.*run\.nc', which is a directory"),
+        (lambda d: ["train", *SMALL, "--checkpoint", str(d), "--checkpoint-every", "2"],
+         r"--checkpoint should be a file's path, but got --checkpoint '.*', which is a directory"),
+        (lambda d: ["report", str(d / "run.nc"), "-o", str(d)],
+         r"--output should be a file's path, but got --output '.*', which is a directory"),
+        (lambda d: ["bench", "--quick", "--out", str(_file(d))],
+         r"--out should be a directory, but got --out '.*notes\.txt', which is a file"),
+        (lambda d: ["report", str(d / "run.nc"), "-o", str(_file(d) / "sub" / "r.html")],
+         r"--output should be a path under directories, .* '.*notes\.txt' is a file"),
+    ],
+)
+def test_a_path_where_results_cannot_go_is_refused_before_any_work(
+    argv: Any, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv(tmp_path)) == 2
+    captured = capsys.readouterr()
+    assert "dashboard:" not in captured.out  # no cluster was started
+    assert re.match(f"daskpri: error: {message}", captured.err), captured.err
+    assert captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--strategies", "uniform,loss,uniform"],
+         r"--strategies: should name each item once, but got 'uniform,loss,uniform' "
+         r"\(uniform more than once\)"),
+        (["--workers", "1,,2"],
+         r"--workers: should be a comma-separated list without empty items, but got '1,,2'"),
+        (["--workers", "1,2,"], r"--workers: .*without empty items, but got '1,2,'"),
+        (["--learning-rates", "0.1,0.10"], r"--learning-rates: should name each item once"),
+    ],
+)
+def test_bench_list_with_an_empty_or_repeated_item_exits_2(
+    args: list[str], match: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--quick", "--out", str(tmp_path / "out"), *args])
+    assert info.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--strategy-option", "selective-backprop:batch_size=32"],
+         "strategy_options should not set batch_size, the samples per worker per step of every "
+         "arm: give batch_size= (daskpri bench --batch-size)"),
+        (["--strategy-option", "loss:epsilon=0.1", "--strategy-option", "loss:epsilon=0.3"],
+         "strategy_options should give each option of a strategy (on a model) once"),
+    ],
+)
+def test_bench_strategy_option_that_would_be_lost_exits_2(
+    option: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--quick", "--out", str(tmp_path / "out"), *option]) == 2
+    assert capsys.readouterr().err.startswith(f"daskpri: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_dashboard_on_a_port_in_use_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["dashboard", "--scheduler", "tcp://127.0.0.1:1", "--port", str(port)]
+        assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"daskpri: error: --port {port} cannot be listened on at 127.0.0.1: Address already in "
+        "use; give another --port, or --port 0 for any free one\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -297,6 +409,49 @@ def test_interrupt_closes_the_cluster_and_exits_130() -> None:
     assert err.endswith("daskpri: interrupted\n") and "Traceback" not in err
 
 
+def test_interrupt_writes_the_history_so_far_to_the_output(tmp_path: Path) -> None:
+    out = tmp_path / "run.nc"
+    argv = [sys.executable, "-c", _FOREGROUND, "train", *SMALL[:4], "--max-time", "60",
+            "--workers", "1", "--output", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    err = bytearray()
+    assert proc.stderr is not None and proc.stdout is not None
+    stderr = proc.stderr.fileno()
+    reader = threading.Thread(
+        target=lambda: err.extend(b"".join(iter(lambda: os.read(stderr, 4096), b""))), daemon=True
+    )
+
+    def stepped() -> bool:  # the progress bar has counted a step
+        chunks = bytearray()
+        for chunk in iter(lambda: os.read(stderr, 4096), b""):
+            chunks += chunk
+            if re.search(rb"[1-9]\d*step", chunks):
+                err.extend(chunks)
+                return True
+        err.extend(chunks)
+        return False
+
+    try:
+        assert stepped(), err.decode()
+        proc.send_signal(signal.SIGINT)
+        reader.start()
+        rest = proc.stdout.read().decode()
+        proc.wait(timeout=60)
+        reader.join(10)
+    finally:
+        _stop([proc])
+    assert proc.returncode == 130
+    # (a traceback may come before it: distributed's sync() cancels a future it may not have
+    # made yet when the interrupt lands in it; test_interrupt_closes_the_cluster_... pins that)
+    assert err.decode().endswith("daskpri: interrupted\n")
+    said = re.search(rf"^interrupted at step (\d+): the history so far written to "
+                     rf"{re.escape(str(out))}$", rest, re.M)
+    assert said is not None, rest
+    with _open(out) as ds:
+        assert ds.sizes["step"] == int(said.group(1)) > 0
+        assert ds.attrs["dataset"] == "synthetic" and ds.attrs["model"] == "mlp"
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def _heartbeat_running(dask_worker) -> bool:
     return dask_worker.periodic_callbacks["heartbeat"].is_running()
@@ -495,11 +650,174 @@ def test_train_checkpoints_then_resumes_where_it_stopped(
     assert main([*common, "--strategy", "loss", "--lr-schedule", "linear",
                  "--max-steps", "10"]) == 0
     assert ckpt.exists() and not list(tmp_path.glob("*.tmp"))
-    # the run's own settings (strategy, schedule) come back from the checkpoint
-    assert main([*common, "--resume", str(ckpt), "--max-steps", "16", "--output", str(out)]) == 0
+    # the run's own settings (strategy, schedule) come back from the checkpoint, and going
+    # on past the schedule's end is said
+    with pytest.warns(daskpri.DaskpriWarning, match="decays to 0 at step 10"):
+        assert main([*common, "--resume", str(ckpt), "--max-steps", "16",
+                     "--output", str(out)]) == 0
     assert "resumed " + str(ckpt) + " at step 10" in capsys.readouterr().out
     with _open(out) as ds:
         assert ds["step"].values.tolist() == list(range(16))
         assert ds.attrs["strategy"] == "loss" and ds.attrs["lr_schedule"] == "linear"
         # linear decay over the first run's 10 steps: zero from step 10 on
         assert float(ds["lr"][9]) > 0 and (ds["lr"].values[10:] == 0).all()
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 4 steps of ``loss`` at seed 3 and lr 0.1, checkpointed every 2."""
+    ckpt = tmp_path_factory.mktemp("resume") / "run.ckpt"
+    argv = ["train", "--dataset", "synthetic", "--n-samples", "1000", "--workers", "1",
+            "--no-progress", "--strategy", "loss", "--seed", "3", "--learning-rate", "0.1",
+            "--max-steps", "4", "--checkpoint", str(ckpt), "--checkpoint-every", "2"]
+    assert main(argv) == 0
+    return ckpt
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategy", "uniform", "--learning-rate", "0.5"],
+         "--resume continues the run in '{ckpt}' as it was started, but got --strategy uniform "
+         "(the run's: loss); --learning-rate 0.5 (the run's: 0.1). With --resume, give only "
+         "--dataset, --n-samples and --root (the run's data), --max-steps, --max-time, "
+         "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
+         "--transport, --tls, --tls-*, --eval-every, --checkpoint and --checkpoint-every\n"),
+        (["--seed", "0", "--model", "cnn", "--batch-size", "32"],
+         "--resume continues the run in '{ckpt}' as it was started, but got --model cnn "
+         "(the run's: mlp); --seed 0 (the run's: 3); --batch-size 32 (the run's: 64). "),
+        (["--strategy-option", "epsilon=0.5", "--strategy-option", "k=3"],
+         "--resume continues the run in '{ckpt}' as it was started, but got --strategy-option "
+         "epsilon=0.5 (the run's: epsilon=0.2); --strategy-option k=3 (the run's: loss takes "
+         "no k). "),
+        (["--max-steps", "3"],
+         "--max-steps counts the run's steps from its start, and the run in '{ckpt}' is at "
+         "step 4 already, but got --max-steps 3: give more than 4 to go on\n"),
+    ],
+)
+def test_resume_refuses_what_its_checkpoint_fixes_before_a_cluster_starts(
+    checkpointed: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    argv = ["train", "--dataset", "synthetic", "--n-samples", "1000", "--no-progress",
+            "--resume", str(checkpointed), *args]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no cluster, no data
+    assert captured.err.startswith("daskpri: error: " + message.format(ckpt=checkpointed))
+
+
+def test_resume_takes_the_runs_own_settings_repeated_and_keeps_its_checkpoint_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, out = tmp_path / "run.ckpt", tmp_path / "run.nc"
+    first = ["train", "--dataset", "synthetic", "--n-samples", "1000", "--no-progress",
+             "--strategy", "loss", "--seed", "3", "--learning-rate", "0.1", "--workers", "1"]
+    assert main([*first, "--max-steps", "4", "--checkpoint", str(ckpt)]) == 0
+    # the same command with --resume: the settings it repeats are the run's own
+    assert main([*first, "--resume", str(ckpt), "--checkpoint-every", "3", "--max-steps", "7",
+                 "--output", str(out)]) == 0
+    assert f"resumed {ckpt} at step 4" in capsys.readouterr().out
+    from daskpri.training import checkpoint
+
+    # --checkpoint-every alone: the run's own file, at step 6 and where the fit ended
+    state = checkpoint.read(ckpt)
+    assert state["step"] == 7 and state["trainer"]["checkpoint_every"] == 3
+    assert not list(tmp_path.glob("*.tmp"))
+    with _open(out) as ds:
+        assert ds["step"].values.tolist() == list(range(7))
+        assert ds.attrs["seed"] == 3 and ds.attrs["learning_rate"] == 0.1
+
+
+def test_resume_of_a_file_that_is_no_checkpoint_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    other = tmp_path / "other.ckpt"
+    torch.save({"format": 1, "weights": torch.zeros(2)}, other)
+    for path, message in ((text, "is not a loadable daskpri checkpoint"),
+                          (other, "is not the checkpoint of a daskpri run (KeyError: 'trainer')")):
+        assert main(["train", "--dataset", "synthetic", "--resume", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"daskpri: error: {str(path)!r} {message}"), err
+        assert "Traceback" not in err
+
+
+def test_trainer_resume_refuses_overrides_its_checkpoint_fixes(checkpointed: Path) -> None:
+    with pytest.raises(ValueError, match=r"^resume takes overrides of n_workers, resources, "
+                       r".*checkpoint_every, schedule_steps, but got learning_rate, strategy: "
+                       r"the checkpoint fixes the run's strategy and its options, seed and "
+                       r"optimization; start a new Trainer to change them$"):
+        daskpri.Trainer.resume(checkpointed, strategy="uniform", learning_rate=0.5)
+    with pytest.raises(ValueError, match=r"but got epsilon: "):
+        daskpri.Trainer.resume(checkpointed, epsilon=0.5)  # the strategy's own option
+    trainer = daskpri.Trainer.resume(checkpointed, checkpoint_every=3, n_workers=1)
+    assert trainer.checkpoint_every == 3 and trainer.checkpoint_path == str(checkpointed)
+    assert trainer.strategy.name == "loss" and trainer.learning_rate == 0.1
+    trainer.close()  # no cluster was started
+
+
+# -- a scheduler that does not answer ----------------------------------------------
+
+
+@contextlib.contextmanager
+def _silent_server() -> Iterator[str]:
+    """A TCP server on loopback that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)  # a blocked accept() would not see the server closed
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+        for conn in accepted:
+            conn.close()
+
+
+@contextlib.contextmanager
+def _http_server() -> Iterator[str]:
+    """``python -m http.server`` on loopback, as a dashboard's port answers HTTP."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            assert time.monotonic() < deadline, "http.server did not start"
+            time.sleep(0.1)
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        _stop([proc])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("server", [_silent_server, _http_server])
+def test_a_server_that_is_no_scheduler_fails_within_the_connect_timeout(server: Any) -> None:
+    from daskpri.cli import _connect, _ConnectError
+
+    with server() as address:
+        before = set(threading.enumerate())
+        start = time.monotonic()
+        with pytest.raises(_ConnectError, match=f"could not connect to the scheduler at "
+                           f"{address}: "):
+            _connect(address, timeout=1.0)
+        assert time.monotonic() - start < 1.0 + 4
+        # the half-made client is closed: its event loop's thread and the connecting one end
+        deadline = time.monotonic() + 10
+        while set(threading.enumerate()) - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not set(threading.enumerate()) - before

@@ -173,7 +173,7 @@ class BenchConfig:
         from daskpri.table.staleness import validate_staleness
 
         validate_staleness(self.staleness)
-        options = []
+        options: list[tuple[Any, ...]] = []
         for entry in self.strategy_options:
             entry = tuple(entry)
             if len(entry) == 3:
@@ -187,6 +187,20 @@ class BenchConfig:
                 raise ValueError(
                     f"strategy_options should name a compared model ({', '.join(self.models)})"
                     f" in their fourth place, but got {entry!r}"
+                )
+            if entry[1] == "batch_size":
+                # every arm, uniform's included, runs at the config's batch_size, which
+                # its gradients-per-step accounting and its trainer are given
+                raise ValueError(
+                    "strategy_options should not set batch_size, the samples per worker per "
+                    "step of every arm: give batch_size= (daskpri bench --batch-size), "
+                    f"but got {entry!r}"
+                )
+            repeated = [e for e in options if (e[0], e[1], e[3]) == (entry[0], entry[1], entry[3])]
+            if repeated:
+                raise ValueError(
+                    "strategy_options should give each option of a strategy (on a model) once, "
+                    f"but got {repeated[0]!r} and {entry!r}"
                 )
             options.append(entry)
         object.__setattr__(self, "strategy_options", tuple(options))

@@ -559,11 +559,53 @@ class Trainer(RunMixin):
     ) -> Trainer:
         """A trainer that continues the run checkpointed at ``path``.
 
-        The file is read weights-only. ``model`` is a module of the run's
-        architecture (its weights are replaced); it may be left out for the
-        built-in models. Call :meth:`fit` with the same data to go on: the
-        step count, history, table and selections continue.
+        The file is read weights-only. Call :meth:`fit` with the same data to
+        go on: the step count, history, table and selections continue.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A checkpoint written by :meth:`save` or by ``checkpoint_path=``.
+        model : torch.nn.Module, optional
+            A module of the run's architecture (its weights are replaced); it
+            may be left out for the built-in models.
+        client : distributed.Client, optional
+            The cluster to go on in, as for the constructor.
+        **overrides
+            Where and how the run goes on, which may change: ``n_workers``,
+            ``resources``, ``device``, ``transport``, ``eval_every``,
+            ``on_nonfinite``, ``security``, ``checkpoint_path`` and
+            ``checkpoint_every`` (given alone, the run's own
+            ``checkpoint_path`` is kept), and ``schedule_steps``, to go on
+            past the end of a decaying schedule. What the run computes
+            otherwise comes from the checkpoint: its strategy and options,
+            seed, batch size, optimizer, learning rate and its schedule,
+            local steps, partitions and staleness model.
+
+        Raises
+        ------
+        ValueError
+            If ``overrides`` names anything else, or the file is not a
+            checkpoint of this architecture.
+
+        Examples
+        --------
+        >>> trainer = daskpri.Trainer.resume("run.ckpt", client=client,  # doctest: +SKIP
+        ...                                  checkpoint_every=50)
+        >>> history = trainer.fit(train, eval_data=test, max_steps=2000)  # doctest: +SKIP
         """
+        # the rest of the constructor's arguments shape the run itself: changed,
+        # the resumed run would not be the checkpointed one going on
+        may_change = ("n_workers", "resources", "device", "transport", "eval_every",
+                      "on_nonfinite", "security", "checkpoint_path", "checkpoint_every",
+                      "schedule_steps")
+        fixed = sorted(set(overrides) - set(may_change))
+        if fixed:
+            raise ValueError(
+                f"resume takes overrides of {', '.join(may_change)}, but got "
+                f"{', '.join(fixed)}: the checkpoint fixes the run's strategy and its options, "
+                "seed and optimization; start a new Trainer to change them"
+            )
         state = checkpoint.read(path)
         if model is None:
             if state["model_spec"] is None:
