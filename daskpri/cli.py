@@ -235,7 +235,6 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="the strategies against uniform, scaling and overhead, side by side"
     )
     bench_command.add_arguments(bench)
-    _each_item_once(bench)
     bench.set_defaults(run=_bench)
     return parser
 
@@ -357,42 +356,6 @@ def _accuracy(text: str) -> float:
     if not 0.0 < value <= 1.0:  # NaN fails it too
         raise argparse.ArgumentTypeError(f"should be a number in (0, 1], but got {text!r}")
     return value
-
-
-#: ``bench``'s comma-separated lists, whose items should each be given once
-_BENCH_LISTS = ("datasets", "models", "strategies", "workers", "learning_rates")
-
-
-def _each_item_once(bench: argparse.ArgumentParser) -> None:
-    """Refuse an empty item or a repeated one in ``bench``'s comma-separated lists.
-
-    The lists' own parser (``daskpri.bench.command``) drops empty items and
-    the config drops repeats; ``--workers 1,,2`` or ``--strategies
-    uniform,uniform`` is more likely a slip than what was meant.
-    """
-    # argparse has no public way to reach the actions another module added
-    for action in bench._actions:
-        if action.dest in _BENCH_LISTS and action.type is not None:
-            action.type = _strict_list(action.type)  # type: ignore[arg-type]
-
-
-def _strict_list(parse: Callable[[str], tuple[Any, ...]]) -> Callable[[str], tuple[Any, ...]]:
-    def strict(text: str) -> tuple[Any, ...]:
-        if any(not item.strip() for item in text.split(",")):
-            raise argparse.ArgumentTypeError(
-                f"should be a comma-separated list without empty items, but got {text!r}"
-            )
-        values = parse(text)
-        repeated = sorted({str(v) for v in values if values.count(v) > 1})
-        if repeated:
-            raise argparse.ArgumentTypeError(
-                f"should name each item once, but got {text!r} ({', '.join(repeated)} "
-                "more than once)"
-            )
-        return values
-
-    strict.__name__ = getattr(parse, "__name__", "list")  # argparse names it in some errors
-    return strict
 
 
 def _strategy_options(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:

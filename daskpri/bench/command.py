@@ -27,7 +27,26 @@ __all__ = ["add_arguments", "run"]
 
 
 def _listof(kind: Callable[[str], Any], what: str) -> Callable[[str], tuple[Any, ...]]:
+    """An argparse type: a comma-separated list of ``kind``, each item once, none empty.
+
+    ``--workers 1,,2`` or ``--strategies uniform,uniform`` is more likely a
+    slip than what was meant.
+
+    Examples
+    --------
+    >>> _listof(int, "integers")("1,2")
+    (1, 2)
+    >>> _listof(float, "numbers")("0.1,0.10")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should name each item once, but got '0.1,0.10' (0.1 more than once)
+    """
+
     def parse(text: str) -> tuple[Any, ...]:
+        if text.strip() and any(not item.strip() for item in text.split(",")):
+            raise argparse.ArgumentTypeError(
+                f"should be a comma-separated list without empty items, but got {text!r}"
+            )
         try:
             values = tuple(kind(v.strip()) for v in text.split(",") if v.strip())
         except ValueError:
@@ -38,8 +57,15 @@ def _listof(kind: Callable[[str], Any], what: str) -> Callable[[str], tuple[Any,
             ) from None
         if not values:
             raise argparse.ArgumentTypeError(f"should name at least one of {what}")
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise argparse.ArgumentTypeError(
+                f"should name each item once, but got {text!r} ({', '.join(repeated)} "
+                "more than once)"
+            )
         return values
 
+    parse.__name__ = f"list of {what}"  # argparse names the type in some errors
     return parse
 
 
