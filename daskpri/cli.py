@@ -41,7 +41,7 @@ import daskpri
 from daskpri import _config
 from daskpri.bench import command as bench_command
 from daskpri.data.datasets import DATASETS
-from daskpri.data.io import _check_target, _format_of, to_store
+from daskpri.data.io import check_destination, to_store
 from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES, check_strategy_options, get_strategy
 from daskpri.table.staleness import STALENESS_MODELS
@@ -515,15 +515,7 @@ def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
 
 def _read_checkpoint(path: str) -> dict[str, Any]:
     """The checkpoint at ``path``; ``ValueError`` where the file is not one ``train`` wrote."""
-    try:
-        state = checkpoint.read(path)
-    except (ValueError, OSError):  # the checkpoint module's own words, or the file system's
-        raise
-    except Exception as e:  # torch's unpickler fails on other files in many ways
-        raise ValueError(
-            f"{path!r} is not a daskpri checkpoint: reading it failed with "
-            f"{type(e).__name__}: {e}"
-        ) from None
+    state = checkpoint.read(path)  # refuses files that are not a checkpoint at all
     try:
         _checkpointed(state)  # it holds what --resume reads
         step = int(state["step"])
@@ -613,7 +605,7 @@ def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:
     """
     target = os.path.abspath(path)
     if kind == "store":
-        _check_target(target, _format_of(target, name=flag), name=flag)
+        check_destination(target, name=flag)
     elif kind == "file" and os.path.isdir(target):
         raise ValueError(
             f"{flag} should be a file's path, but got {flag} {path!r}, which is a directory"

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import xarray as xr
 
-__all__ = ["check_values", "open_dataset", "to_store", "validate_dataset"]
+__all__ = ["check_destination", "check_values", "open_dataset", "to_store", "validate_dataset"]
 
 _ZARR_SUFFIXES = (".zarr",)
 # Files at the top of a zarr store: format 3, then format 2's group, attributes, array.
@@ -351,8 +351,7 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"ds should be an xarray.Dataset, but got {type(ds).__name__}")
     target = os.path.abspath(os.fspath(path))
-    fmt = _format_of(target, name="path")
-    _check_target(target, fmt, name="path")
+    fmt = check_destination(target, name="path")
     parent, base = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
@@ -387,6 +386,26 @@ def _format_of(path: str, *, name: str) -> str:
     if os.path.isdir(path):
         return "zarr"
     raise ValueError(f"{name} should be {_FORMATS}, but got {path!r}")
+
+
+def check_destination(path: str | os.PathLike[str], *, name: str = "path") -> str:
+    """The format :func:`to_store` would write ``path`` in, once sure it may write there.
+
+    For a caller that checks where its results go before the work that
+    makes them (``daskpri train --output``): the suffix should name a
+    format, and what is at ``path`` should be something ``to_store``
+    replaces (see there). ``name`` names the parameter in errors.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> check_destination(os.path.join(tempfile.mkdtemp(), "run.zarr"))
+    'zarr'
+    """
+    target = os.path.abspath(os.fspath(path))
+    fmt = _format_of(target, name=name)
+    _check_target(target, fmt, name=name)
+    return fmt
 
 
 def _check_target(target: str, fmt: str, *, name: str) -> None:
