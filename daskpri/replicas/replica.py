@@ -170,7 +170,7 @@ class Replica:
         row. Large activations cost a CPU more than their arithmetic: glibc
         returns freed buffers of tens of MiB to the system, and the next
         ones are faulted in again page by page (with its mmap and trim
-        thresholds raised, the pass below took 12 ms whole). A scoring pass of 192
+        thresholds raised, 13 ms whole where a step took 13 ms). A scoring pass of 192
         ``mnist5k`` images through the built-in CNN took 26 ms whole and
         9.2 ms in chunks of 41 rows, in bfloat16 7.9 ms and 7.1 ms in chunks
         of 83, where a training step of 64 took 12 ms
