@@ -10,7 +10,7 @@ Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``, the options the
 strategy's (checked before the cluster starts) or the trainer's learning-rate
 schedule (``lr_schedule``, ``schedule_steps``). Every arm runs
 each seed on one LocalCluster of 2 one-thread workers (batch 64 a worker,
-16 local steps, SGD with momentum 0.9, partitions of 1,000, as
+16 local steps unless ``--local-steps`` says otherwise, SGD with momentum 0.9, partitions of 1,000, as
 ``daskpri bench`` runs them) until the test accuracy reaches ``--target``
 or ``--max-steps``. It prints each run's steps and training seconds to the
 target, then per arm the median and each seed's steps.
@@ -82,18 +82,19 @@ def parse_arm(text: str) -> tuple[str, str, float, dict]:
 
 def run_arm(client: Client, model_name: str, train: xr.Dataset, test: xr.Dataset, seed: int,
             strategy: str, lr: float, options: dict, *, eval_every: int, max_steps: int,
-            target: float | None = None) -> xr.Dataset:
+            target: float | None = None, local_steps: int = 16) -> xr.Dataset:
     """One seed of one arm, as ``daskpri bench`` runs it: its training history.
 
-    On 2 one-thread workers of ``client``: batch 64 a worker, 16 local
-    steps, SGD with momentum 0.9, partitions of 1,000; it stops at the test
-    accuracy ``target`` (if given) or at ``max_steps``.
+    On 2 one-thread workers of ``client``: batch 64 a worker,
+    ``local_steps`` local steps (16, as the bench's protocol), SGD with
+    momentum 0.9, partitions of 1,000; it stops at the test accuracy
+    ``target`` (if given) or at ``max_steps``.
     """
     model = build_model(model_name, train, seed=seed)
     with one_torch_thread(), daskpri.Trainer(
         model, strategy=strategy, client=client, seed=seed, n_workers=2,
         learning_rate=lr, momentum=0.9, eval_every=eval_every,
-        local_steps=16, partition_size=1000, **options,
+        local_steps=local_steps, partition_size=1000, **options,
     ) as trainer:
         return trainer.fit(train, eval_data=test, max_steps=max_steps,
                            target_accuracy=target, progress=False)
@@ -109,8 +110,12 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0,
                         help="seeds run from this one on (more seeds for a second run)")
     parser.add_argument("--eval-every", type=int, default=16)
+    parser.add_argument("--local-steps", type=int, default=16,
+                        help="steps a worker takes per round trip (evaluations fall at round ends)")
     parser.add_argument("--arm", type=parse_arm, action="append", required=True)
     args = parser.parse_args()
+    if args.local_steps < 1:
+        parser.error(f"--local-steps should be a positive integer, but got {args.local_steps}")
     train, test = daskpri.datasets.load(args.dataset)
     found: dict[str, list[int | None]] = {}
     with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
@@ -118,7 +123,7 @@ def main() -> None:
             for label, strategy, lr, options in args.arm:
                 h = run_arm(client, args.model, train, test, seed, strategy, lr, options,
                             eval_every=args.eval_every, max_steps=args.max_steps,
-                            target=args.target)
+                            target=args.target, local_steps=args.local_steps)
                 acc = h["accuracy"].dropna("step")
                 hit = acc.step.values[acc.values >= args.target]
                 steps = int(hit[0]) + 1 if hit.size else None

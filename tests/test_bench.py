@@ -614,6 +614,74 @@ def test_config_names_the_bad_value():
         BenchConfig(pick="fastest")
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"strategies": ["uniform", "loss", "uniform"]},
+         r"strategies should not repeat an item, but got 'uniform' twice in "
+         r"strategies=\['uniform', 'loss', 'uniform'\]"),
+        ({"strategies": ("loss", "loss+b", "loss")},
+         r"strategies should not repeat an item, but got 'loss' twice in "
+         r"strategies=\('loss', 'loss\+b', 'loss'\)"),
+        ({"datasets": ("mnist1d", "mnist1d", "mnist1d")},
+         r"datasets should not repeat an item, but got 'mnist1d' 3 times in "
+         r"datasets=\('mnist1d', 'mnist1d', 'mnist1d'\)"),
+        ({"models": ("mlp", "cnn", "mlp")},
+         r"models should not repeat an item, but got 'mlp' twice in "
+         r"models=\('mlp', 'cnn', 'mlp'\)"),
+        ({"workers": (2, 1, 2)},
+         r"workers should not repeat an item, but got 2 twice in workers=\(2, 1, 2\)"),
+        ({"learning_rates": [0.1, 0.05, 0.10]},
+         r"learning_rates should not repeat an item, but got 0.1 twice in "
+         r"learning_rates=\[0.1, 0.05, 0.1\]"),
+        ({"target_fractions": (0.99, 0.99)},
+         r"target_fractions should not repeat an item, but got 0.99 twice in "
+         r"target_fractions=\(0.99, 0.99\)"),
+        ({"budget_fractions": (0.5, 1.0, 1)},
+         r"budget_fractions should not repeat an item, but got 1.0 twice in "
+         r"budget_fractions=\(0.5, 1.0, 1\)"),
+    ],
+)
+def test_config_refuses_a_repeated_item(options: dict[str, object], match: str):
+    with pytest.raises(ValueError, match=match):
+        BenchConfig(**options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"datasets": ()}, r"datasets should be a non-empty sequence of names, but got "
+                           r"datasets=\(\)"),
+        ({"strategies": "uniform"}, r"strategies should be a non-empty sequence of names, "
+                                    r"but got strategies='uniform'"),
+        ({"workers": []}, r"workers should be a non-empty sequence of worker counts, but got "
+                          r"workers=\[\]"),
+        ({"workers": 2}, r"workers should be a non-empty sequence of worker counts, but got "
+                         r"workers=2"),
+        ({"learning_rates": ()}, r"learning_rates should be a non-empty sequence of numbers, "
+                                 r"but got learning_rates=\(\)"),
+        ({"target_fractions": ()}, r"target_fractions should be a non-empty sequence of "
+                                   r"numbers in \(0, 1\], but got target_fractions=\(\)"),
+        ({"budget_fractions": (0.5, 2.0)}, r"budget_fractions should be numbers in \(0, 1\], "
+                                           r"but got 2.0 in budget_fractions=\(0.5, 2.0\)"),
+    ],
+)
+def test_config_refuses_an_empty_list_or_a_bad_item(options: dict[str, object], match: str):
+    with pytest.raises(ValueError, match=match):
+        BenchConfig(**options)  # type: ignore[arg-type]
+
+
+def test_config_keeps_each_item_once_as_given_and_orders_workers_and_rates():
+    cfg = BenchConfig(models=["cnn", "mlp"], strategies=["loss", "uniform"],
+                      workers=[2, 1], learning_rates=[0.2, 0.05])
+    assert cfg.models == ("cnn", "mlp")
+    assert cfg.strategies == ("loss", "uniform")
+    assert cfg.workers == (1, 2) and cfg.main_workers == 2
+    assert cfg.learning_rates == (0.05, 0.2)
+    assert hash(cfg) == hash(BenchConfig(models=("cnn", "mlp"), strategies=("loss", "uniform"),
+                                         workers=(1, 2), learning_rates=(0.05, 0.2)))
+
+
 def test_default_evaluations_are_evenly_spaced_in_whole_rounds():
     from daskpri.training.rounds import crossed
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,16 +90,26 @@ def test_a_stopped_fit_is_checkpointed_where_it_stopped(gpu_client, small_data, 
         t.close()
 
 
+def _whole(**values: Any) -> dict[str, Any]:
+    """The state of a checkpoint with every key ``read`` requires: placeholders but ``values``."""
+    state = {
+        "step": 0, "elapsed": 0.0, "model": {}, "model_spec": None, "optimizer": {},
+        "mean_grad": None, "strategy": {"name": "uniform", "params": {}},
+        "trainer": dict.fromkeys(checkpoint.LAYOUT["trainer"]), "table": {}, "history": [],
+    }
+    return dict(state, **values)
+
+
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path):
     path = tmp_path / "c.ckpt"
-    checkpoint.write({"step": 1}, path)
+    checkpoint.write(_whole(step=1), path)
 
     class Unsaveable:
         def __reduce__(self):
             raise RuntimeError("cannot pickle this")
 
     with pytest.raises(RuntimeError, match="cannot pickle"):
-        checkpoint.write({"step": 2, "bad": Unsaveable()}, path)
+        checkpoint.write(_whole(step=2, bad=Unsaveable()), path)
     assert checkpoint.read(path)["step"] == 1
     assert sorted(os.listdir(tmp_path)) == ["c.ckpt"]
 
@@ -129,17 +141,72 @@ def test_resume_errors(tmp_path, small_data):
         daskpri.Trainer.resume(tmp_path / "missing.ckpt")
     path = tmp_path / "other.ckpt"
     torch.save({"weights": torch.zeros(2)}, path)
-    with pytest.raises(ValueError, match="not a daskpri checkpoint of format 1"):
+    with pytest.raises(ValueError, match=r"^'.*other.ckpt' is not a daskpri checkpoint: it has "
+                       r"no 'format' key, which every checkpoint holds$"):
         daskpri.Trainer.resume(path)
+    torch.save([1, 2], path)
+    with pytest.raises(ValueError, match=r"is not a daskpri checkpoint: it holds a list, where "
+                       r"a checkpoint holds a dict of format 1$"):
+        checkpoint.read(path)
     for text in ["root:x:0:0:root:/root:/bin/bash\n", "", "{}"]:
         path.write_text(text)  # files that are not a pickle at all
         with pytest.raises(ValueError, match="is not a loadable daskpri checkpoint"):
             checkpoint.read(path)
 
 
+def test_read_refuses_a_checkpoint_of_another_format(tmp_path):
+    path = str(tmp_path / "future.ckpt")
+    torch.save(dict(_whole(), format=2), path)
+    with pytest.raises(ValueError, match=re.escape(
+        f"{path!r} is not a checkpoint this version of daskpri reads: its 'format' should be "
+        "1, but got 2 (a checkpoint of an incompatible version of daskpri, or not a daskpri "
+        "checkpoint)"
+    )):
+        daskpri.Trainer.resume(path)
+
+
+def test_read_refuses_a_partial_checkpoint_naming_the_keys_it_lacks(tmp_path):
+    path = str(tmp_path / "partial.ckpt")
+    refused = (f"{path!r} is not a daskpri checkpoint, or is one from an incompatible version "
+               "of daskpri: ")
+    torch.save({"format": 1}, path)  # unpickles fine, weights-only
+    with pytest.raises(ValueError, match="^" + re.escape(
+        refused + "it has no 'step', 'elapsed', 'model', 'model_spec', 'optimizer', "
+        "'mean_grad', 'strategy', 'trainer', 'table', 'history', which every checkpoint of "
+        "format 1 holds"
+    ) + "$"):
+        checkpoint.read(path)
+    state = _whole()
+    del state["model_spec"], state["trainer"]["seed"], state["strategy"]["params"]
+    checkpoint.write(state, path)
+    with pytest.raises(ValueError, match=re.escape(
+        refused + "it has no 'model_spec', 'params' in 'strategy', 'seed' in 'trainer', "
+        "which every checkpoint of format 1 holds"
+    )):
+        checkpoint.read(path)
+    for key, value, allowed in [("step", "3", "an integer"), ("step", True, "an integer"),
+                                ("trainer", [], "a dict"), ("model_spec", "mlp", "a dict or None")]:
+        checkpoint.write(_whole(**{key: value}), path)
+        with pytest.raises(ValueError, match=re.escape(
+            f"{refused}{key!r} should be {allowed}, but got {type(value).__name__}"
+        )):
+            checkpoint.read(path)
+
+
+def test_resume_of_a_partial_checkpoint_is_a_value_error_naming_what_it_lacks(tmp_path):
+    path = tmp_path / "partial.ckpt"
+    state = _whole()
+    del state["model_spec"]
+    checkpoint.write(state, path)
+    # a ValueError saying what is wrong, where it was a KeyError: 'model_spec'
+    with pytest.raises(ValueError, match=r"is not a daskpri checkpoint, or is one from an "
+                       r"incompatible version of daskpri: it has no 'model_spec', which"):
+        daskpri.Trainer.resume(path)
+
+
 def test_resume_needs_a_matching_model(tmp_path):
     net = torch.nn.Linear(3, 2)
-    state = {"step": 0, "model": net.state_dict(), "model_spec": None}
+    state = _whole(model=net.state_dict())
     path = checkpoint.write(state, tmp_path / "m")
     with pytest.raises(ValueError, match="not a built-in one: pass model="):
         daskpri.Trainer.resume(path)

@@ -737,7 +737,8 @@ def test_resume_of_a_file_that_is_no_checkpoint_is_a_one_line_error(
     other = tmp_path / "other.ckpt"
     torch.save({"format": 1, "weights": torch.zeros(2)}, other)
     for path, message in ((text, "is not a loadable daskpri checkpoint"),
-                          (other, "is not the checkpoint of a daskpri run (KeyError: 'trainer')")):
+                          (other, "is not a daskpri checkpoint, or is one from an incompatible "
+                           "version of daskpri: it has no 'step', 'elapsed', 'model', ")):
         assert main(["train", "--dataset", "synthetic", "--resume", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"daskpri: error: {str(path)!r} {message}"), err

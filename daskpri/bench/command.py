@@ -30,7 +30,9 @@ def _listof(kind: Callable[[str], Any], what: str) -> Callable[[str], tuple[Any,
     """An argparse type: a comma-separated list of ``kind``, each item once, none empty.
 
     ``--workers 1,,2`` or ``--strategies uniform,uniform`` is more likely a
-    slip than what was meant.
+    slip than what was meant. :class:`BenchConfig` refuses a repeated or
+    missing item too (for the Python API); checking here as well gives an
+    error that names the flag and quotes the text as typed.
 
     Examples
     --------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
+from numbers import Real
 from typing import Any
 
 from daskpri.training._checks import check_float, check_int
@@ -47,7 +49,8 @@ class BenchConfig:
     Parameters
     ----------
     datasets, models, strategies : tuple of str
-        What is compared; ``"uniform"`` is always run (added first if absent).
+        What is compared, each named once; ``"uniform"`` is always run (added
+        first if absent).
         A strategy named ``NAME+LABEL`` (e.g. ``"selective-backprop+stale"``)
         is a second arm of strategy ``NAME``, with its own options, compared
         in the same runs as ``NAME``'s (``LABEL``: letters, digits, ``_.-``).
@@ -55,11 +58,12 @@ class BenchConfig:
         Seeds ``0 .. seeds - 1``; each seeds the model's weights and the
         trainer's selections (the data split is the same for all).
     workers : tuple of int
-        Worker counts. The comparison runs on the largest; the others rerun
-        every arm at its chosen learning rate for the scaling table.
+        Worker counts, each once (kept in increasing order). The comparison
+        runs on the largest; the others rerun every arm at its chosen
+        learning rate for the scaling table.
     learning_rates : tuple of float
-        The sweep, for uniform and each strategy; each arm keeps one, as
-        ``pick`` says.
+        The sweep, for uniform and each strategy, each value once (kept in
+        increasing order); each arm keeps one, as ``pick`` says.
     pick : {"time", "final"}
         How each arm's learning rate is chosen: ``"time"``, the one that
         reaches the highest target (of ``target_fractions``) soonest, in
@@ -89,9 +93,10 @@ class BenchConfig:
         Training seconds between evaluations of the plain PyTorch and DDP
         runs, whose steps are far shorter than the trainer's.
     target_fractions : tuple of float
-        Targets, as fractions of the tuned uniform baseline's median best accuracy.
+        Targets, as fractions of the tuned uniform baseline's median best
+        accuracy, each once.
     budget_fractions : tuple of float
-        Fractions of ``budget`` at which the accuracy is compared.
+        Fractions of ``budget`` at which the accuracy is compared, each once.
     n_samples : int, optional
         Samples of each dataset, train and test together (default: its own).
     partition_size : int
@@ -125,6 +130,10 @@ class BenchConfig:
     Traceback (most recent call last):
     ...
     ValueError: seeds should be a positive integer, but got seeds=0
+    >>> BenchConfig(strategies=["uniform", "loss", "uniform"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: strategies should not repeat an item, but got 'uniform' twice in strategies=[...]
     """
 
     datasets: tuple[str, ...] = FULL_DEFAULTS["datasets"]
@@ -156,8 +165,8 @@ class BenchConfig:
         from daskpri.models import MODELS
         from daskpri.strategies import STRATEGIES
 
-        _names("datasets", self.datasets, DATASETS)
-        _names("models", self.models, MODELS)
+        object.__setattr__(self, "datasets", _names("datasets", self.datasets, DATASETS))
+        object.__setattr__(self, "models", _names("models", self.models, MODELS))
         strategies = _arm_names(self.strategies, tuple(STRATEGIES))
         if "uniform" not in strategies:
             strategies = ("uniform", *strategies)
@@ -218,17 +227,13 @@ class BenchConfig:
                     raise type(e)(f"arm {name!r}: {e}") from None
         if self.n_samples is not None:
             check_int("n_samples", self.n_samples, 1)
-        workers = tuple(sorted(set(self.workers)))
-        if not workers:
-            raise ValueError("workers should name at least one worker count, but got none")
-        for n in workers:
-            check_int("workers", n, 1)
-        object.__setattr__(self, "workers", workers)
-        if not self.learning_rates:
-            raise ValueError("learning_rates should hold at least one value, but got none")
-        for lr in self.learning_rates:
-            check_float("learning_rates", lr)
-        object.__setattr__(self, "learning_rates", tuple(sorted(set(self.learning_rates))))
+        # kept in increasing order: the comparison runs on the last (main_workers)
+        workers = _items("workers", self.workers, "worker counts",
+                         lambda n: check_int("workers", n, 1))
+        object.__setattr__(self, "workers", tuple(sorted(workers)))
+        rates = _items("learning_rates", self.learning_rates, "numbers",
+                       lambda lr: check_float("learning_rates", lr))
+        object.__setattr__(self, "learning_rates", tuple(sorted(rates)))
         check_float("budget", self.budget)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum should be in [0, 1), but got momentum={self.momentum!r}")
@@ -242,9 +247,10 @@ class BenchConfig:
                 f"pick should be one of {', '.join(map(repr, PICKS))}, but got pick={self.pick!r}"
             )
         for name in ("target_fractions", "budget_fractions"):
-            values = getattr(self, name)
-            if not values or any(not (0.0 < float(v) <= 1.0) for v in values):
-                raise ValueError(f"{name} should be numbers in (0, 1], but got {name}={values!r}")
+            given = getattr(self, name)
+            fractions = _items(name, given, "numbers in (0, 1]",
+                               partial(_check_fraction, name, given))
+            object.__setattr__(self, name, fractions)
 
     @classmethod
     def from_options(cls, quick: bool = False, **options: Any) -> BenchConfig:
@@ -351,35 +357,82 @@ def strategy_of(arm: str) -> str:
     return arm.partition("+")[0]
 
 
+def _items(
+    name: str, values: Any, what: str, check: Callable[[Any], object]
+) -> tuple[Any, ...]:
+    """``values`` as a tuple, once sure it holds at least one item, each passing ``check``, once.
+
+    A repeated item is more likely a slip than what was meant (as ``daskpri
+    bench --workers 1,1`` is refused), and dropping it would hide the slip.
+
+    Examples
+    --------
+    >>> _items("workers", [2, 1], "worker counts", lambda n: check_int("workers", n, 1))
+    (2, 1)
+    >>> _items("workers", (), "worker counts", lambda n: None)
+    Traceback (most recent call last):
+    ...
+    ValueError: workers should be a non-empty sequence of worker counts, but got workers=()
+    >>> _items("rates", (0.1, 0.05, 0.10), "numbers", lambda lr: None)
+    Traceback (most recent call last):
+    ...
+    ValueError: rates should not repeat an item, but got 0.1 twice in rates=(0.1, 0.05, 0.1)
+    """
+    iterable = isinstance(values, Iterable) and not isinstance(values, (str, bytes))
+    items = tuple(values) if iterable else ()
+    if not items:
+        raise ValueError(
+            f"{name} should be a non-empty sequence of {what}, but got {name}={values!r}"
+        )
+    for item in items:
+        check(item)
+    for item in items:
+        n = sum(1 for other in items if other == item)
+        if n > 1:
+            times = "twice" if n == 2 else f"{n} times"
+            raise ValueError(
+                f"{name} should not repeat an item, but got {item!r} {times} in {name}={values!r}"
+            )
+    return items
+
+
+def _check_fraction(name: str, given: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(
+            f"{name} should be numbers in (0, 1], but got {value!r} in {name}={given!r}"
+        )
+
+
 def _arm_names(values: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:
     """``values`` as arm names: strategies, or ``NAME+LABEL`` variants of them."""
-    if isinstance(values, str) or not values:
-        raise ValueError(f"strategies should be a non-empty sequence of names, but got {values!r}")
-    for value in values:
-        name, plus, label = str(value).partition("+")
-        if name not in allowed:
-            raise ValueError(
-                f"strategies should be among {', '.join(map(repr, allowed))} (or NAME+LABEL "
-                f"for a second arm of one), but got {value!r}"
-            )
-        if plus and not _LABEL.fullmatch(label):
-            raise ValueError(
-                f"a strategy's second arm should be named NAME+LABEL, its label made of "
-                f"letters, digits and _.-, but got {value!r}"
-            )
-        if plus and name == "uniform":
-            raise ValueError(
-                f"uniform is the baseline and takes no second arm, but got {value!r}"
-            )
-    return tuple(dict.fromkeys(values))
+    return _items("strategies", values, "names", lambda value: _check_arm(value, allowed))
+
+
+def _check_arm(value: Any, allowed: Sequence[str]) -> None:
+    name, plus, label = str(value).partition("+")
+    if name not in allowed:
+        raise ValueError(
+            f"strategies should be among {', '.join(map(repr, allowed))} (or NAME+LABEL "
+            f"for a second arm of one), but got {value!r}"
+        )
+    if plus and not _LABEL.fullmatch(label):
+        raise ValueError(
+            f"a strategy's second arm should be named NAME+LABEL, its label made of "
+            f"letters, digits and _.-, but got {value!r}"
+        )
+    if plus and name == "uniform":
+        raise ValueError(
+            f"uniform is the baseline and takes no second arm, but got {value!r}"
+        )
 
 
 def _names(name: str, values: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(values, str) or not values:
-        raise ValueError(f"{name} should be a non-empty sequence of names, but got {values!r}")
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise ValueError(
-            f"{name} should be among {', '.join(map(repr, allowed))}, but got {bad[0]!r}"
-        )
-    return tuple(dict.fromkeys(values))
+    """``values``, names among ``allowed``, as a tuple."""
+
+    def check(value: Any) -> None:
+        if value not in allowed:
+            raise ValueError(
+                f"{name} should be among {', '.join(map(repr, allowed))}, but got {value!r}"
+            )
+
+    return _items(name, values, "names", check)

@@ -37,7 +37,7 @@ import xarray as xr
 from daskpri.dashboard._plotting import BASELINE_COLOR, RUN_COLOR
 from daskpri.dashboard.measures import speedup_curve
 from daskpri.dashboard.snapshot import METRIC_COLUMNS, WORKER_COLUMNS
-from daskpri.data.io import _format_of
+from daskpri.data.io import format_of
 from daskpri.training.history import TIME_PARTS
 
 __all__ = ["REQUIRED_VARIABLES", "load_history", "write_report"]
@@ -194,7 +194,7 @@ def write_report(
 def _read(path: str, *, name: str) -> xr.Dataset:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{name} names {path!r}, but there is no such file or directory")
-    fmt = _format_of(path, name=name)
+    fmt = format_of(path, name=name)
     try:
         if fmt == "zarr":
             with xr.open_zarr(path, consolidated=False) as ds:

@@ -12,6 +12,7 @@ import importlib
 import os
 import shutil
 import uuid
+import warnings
 from operator import index
 from typing import Any
 
@@ -19,7 +20,14 @@ import h5py
 import numpy as np
 import xarray as xr
 
-__all__ = ["check_destination", "check_values", "open_dataset", "to_store", "validate_dataset"]
+__all__ = [
+    "check_destination",
+    "check_values",
+    "format_of",
+    "open_dataset",
+    "to_store",
+    "validate_dataset",
+]
 
 _ZARR_SUFFIXES = (".zarr",)
 # Files at the top of a zarr store: format 3, then format 2's group, attributes, array.
@@ -84,7 +92,7 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
     path = os.fspath(source)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{name} names {path!r}, but there is no such file or directory")
-    fmt = _format_of(path, name=name)
+    fmt = format_of(path, name=name)
     if fmt == "zarr":
         # Local stores hold a handful of arrays, so reading their metadata one
         # by one is cheap; consolidated metadata is not part of zarr format 3
@@ -362,7 +370,7 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
         var.encoding = {}
     try:
         if fmt == "zarr":
-            out.to_zarr(tmp, mode="w", consolidated=False)
+            _to_zarr(out, tmp)
         else:
             out.to_netcdf(tmp, engine="h5netcdf")
         # again: something may have taken the path while the data was written
@@ -377,7 +385,59 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     return os.fspath(path)
 
 
-def _format_of(path: str, *, name: str) -> str:
+def _to_zarr(ds: xr.Dataset, path: str) -> None:
+    """Write ``ds`` as a zarr store with consolidated metadata.
+
+    Consolidated, so that ``xarray.open_zarr(path)`` with its defaults reads
+    it without warning that it fell back to reading each array's metadata.
+    zarr 3 warns at writing them in format 3, where they are its extension to
+    the specification (xarray and zarr-python read them; a reader that does
+    not ignores them): that warning, and only it, is left out here.
+    """
+    # zarr warns from its own thread: this relies on warning filters being
+    # process-wide, as they are unless Python runs with context-aware warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Consolidated metadata is currently not part", category=UserWarning
+        )
+        ds.to_zarr(path, mode="w", consolidated=True)
+
+
+def format_of(path: str | os.PathLike[str], *, name: str = "path") -> str:
+    """The format of the store at (or to write at) ``path``: ``"zarr"`` or ``"netcdf"``.
+
+    The suffix decides (``.zarr``; ``.nc``, ``.nc4``, ``.netcdf``, ``.h5``);
+    a path without one of those is a zarr store if it is a directory. The
+    path need not exist, so a caller can check where it will write first.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A zarr store (a directory, or a path ending in ``.zarr``) or a netCDF
+        file.
+    name : str, default "path"
+        The parameter's name, used in error messages.
+
+    Returns
+    -------
+    str
+        ``"zarr"`` or ``"netcdf"``.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` has no known suffix and is not a directory.
+
+    Examples
+    --------
+    >>> format_of("runs/baseline.zarr"), format_of("runs/baseline.nc")
+    ('zarr', 'netcdf')
+    >>> format_of("runs/b.csv", name="output")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: output should be a zarr store (...) or a netCDF file (...), but got 'runs/b.csv'
+    """
+    path = os.fspath(path)
     lower = path.lower().rstrip("/" + os.sep)
     if lower.endswith(_ZARR_SUFFIXES):
         return "zarr"
@@ -403,7 +463,7 @@ def check_destination(path: str | os.PathLike[str], *, name: str = "path") -> st
     'zarr'
     """
     target = os.path.abspath(os.fspath(path))
-    fmt = _format_of(target, name=name)
+    fmt = format_of(target, name=name)
     _check_target(target, fmt, name=name)
     return fmt
 
@@ -411,7 +471,7 @@ def check_destination(path: str | os.PathLike[str], *, name: str = "path") -> st
 def _check_target(target: str, fmt: str, *, name: str) -> None:
     """Refuse ``target`` unless a ``fmt`` store written there loses nothing.
 
-    ``fmt`` is ``"zarr"`` or ``"netcdf"`` (see `_format_of`). `to_store`
+    ``fmt`` is ``"zarr"`` or ``"netcdf"`` (see `format_of`). `to_store`
     calls it before it writes anything; a caller that writes only at the end
     of a long computation can call it first too, so that a bad path fails
     before the work rather than after it.

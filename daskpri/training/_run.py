@@ -240,9 +240,7 @@ class RunMixin:
         self._data_key = None
         self._table = None
         if self._deployment is not None:
-            # dropping the futures frees the scattered partitions; the layout
-            # stays, for the history's n_workers
-            self._deployment.parts = {}
+            self._deployment.release()  # the layout stays, for the history's n_workers
 
     def _restore(self, state: dict[str, Any], owner: np.ndarray) -> None:
         assert self._opt is not None

@@ -19,6 +19,25 @@ import torch
 #: Version of the checkpoint layout.
 FORMAT = 1
 
+#: What a checkpoint of format :data:`FORMAT` holds besides ``format``: each key,
+#: with the keys that its value, a dict, holds in turn where ``Trainer.resume`` or
+#: ``daskpri train --resume`` reads them by name (of the trainer's parameters, those
+#: that ``train --resume`` reads; ``resume`` passes them all on). ``model_spec`` is
+#: None for a model of the user's own, not a built-in one.
+LAYOUT: dict[str, tuple[str, ...]] = {
+    "step": (),
+    "elapsed": (),
+    "model": (),
+    "model_spec": ("name",),
+    "optimizer": (),
+    "mean_grad": (),
+    "strategy": ("name", "params"),
+    "trainer": ("seed", "batch_size", "learning_rate", "optimizer", "lr_schedule",
+                "local_steps", "staleness", "checkpoint_path", "checkpoint_every"),
+    "table": (),
+    "history": (),
+}
+
 
 def to_storable(obj: Any) -> Any:
     """``obj`` with numpy arrays and scalars turned into tensors and Python numbers."""
@@ -76,13 +95,35 @@ def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint weights-only; refuse anything else.
 
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A checkpoint written by ``Trainer.save`` or by ``checkpoint_path=``.
+
+    Returns
+    -------
+    dict
+        The checkpoint's state: every key of :data:`LAYOUT`, and ``format``.
+
     Raises
     ------
     FileNotFoundError
         If there is no file at ``path``.
     ValueError
-        If the file is not a daskpri checkpoint, or holds objects other than
+        If the file is not a daskpri checkpoint of format :data:`FORMAT`
+        holding every key of :data:`LAYOUT` (a file of another kind, or of
+        an incompatible version of daskpri), or holds objects other than
         tensors and plain values (for example a pickle that would run code).
+
+    Examples
+    --------
+    >>> import tempfile, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "other.ckpt")
+    >>> torch.save({"format": 1, "step": 3}, path)
+    >>> read(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: '...other.ckpt' is not a daskpri checkpoint, ...: it has no 'elapsed', ...
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -97,9 +138,47 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path!r} is not a loadable daskpri checkpoint (it is read weights-only, "
             f"and refused if it holds anything but tensors and plain values): {e}"
         ) from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict):
         raise ValueError(
-            f"{path!r} is not a daskpri checkpoint of format {FORMAT} "
-            f"(got format {state.get('format') if isinstance(state, dict) else type(state)})"
+            f"{path!r} is not a daskpri checkpoint: it holds a {type(state).__name__}, "
+            f"where a checkpoint holds a dict of format {FORMAT}"
         )
+    if "format" not in state:
+        raise ValueError(
+            f"{path!r} is not a daskpri checkpoint: it has no 'format' key, which every "
+            "checkpoint holds"
+        )
+    if state["format"] != FORMAT:
+        raise ValueError(
+            f"{path!r} is not a checkpoint this version of daskpri reads: its 'format' should "
+            f"be {FORMAT}, but got {state['format']!r} (a checkpoint of an incompatible "
+            "version of daskpri, or not a daskpri checkpoint)"
+        )
+    _check_layout(path, state)
     return state
+
+
+def _check_layout(path: str, state: dict[str, Any]) -> None:
+    """Refuse ``state`` unless it holds every key of :data:`LAYOUT`, typed as read."""
+    refused = (f"{path!r} is not a daskpri checkpoint, or is one from an incompatible "
+               "version of daskpri")
+    missing = [repr(key) for key in LAYOUT if key not in state]
+    for key, inner in LAYOUT.items():
+        if inner and isinstance(state.get(key), dict):
+            missing += [f"{name!r} in {key!r}" for name in inner if name not in state[key]]
+    if missing:
+        raise ValueError(
+            f"{refused}: it has no {', '.join(missing)}, which every checkpoint of "
+            f"format {FORMAT} holds"
+        )
+    # what is read by name should be a dict, and the step count an integer, as written
+    expected: dict[str, tuple[tuple[type, ...], str]] = {
+        key: ((dict,), "a dict") for key, inner in LAYOUT.items() if inner
+    }
+    expected.update(step=((int,), "an integer"), model_spec=((dict, type(None)), "a dict or None"))
+    for key, (types, allowed) in expected.items():
+        value = state[key]
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise ValueError(
+                f"{refused}: {key!r} should be {allowed}, but got {type(value).__name__}"
+            )

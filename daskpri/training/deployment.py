@@ -8,6 +8,7 @@ losing workers: their partitions move to the workers left.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -92,6 +93,22 @@ class Deployment:
         self.source = source
         self.ds = ds
         self.parts: dict[int, StoreRef | Future] = {}
+
+    def release(self) -> None:
+        """Drop the partitions, the scheduler releasing those scattered before it returns.
+
+        The layout (``slots``, ``owner_addr``) stays, for the history's
+        ``n_workers``.
+        """
+        keys = [f.key for f in self.parts.values() if isinstance(f, Future)]
+        self.parts = {}
+        if keys and self.client.status == "running":
+            # Dropping the futures releases them through the client's batched
+            # stream, maybe still in flight when a cluster closed next removes the
+            # workers, which logs an ERROR that their scattered data is lost
+            # (a trainer never closed, at exit: see trainer._close_at_exit).
+            with contextlib.suppress(Exception):  # the cluster may be gone already
+                self.client.run_on_scheduler(_release_keys, keys, self.client.id)
 
     def set_up(
         self,
@@ -372,3 +389,8 @@ class Deployment:
         if moved:
             self.place(moved, resources)
         self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64))
+
+
+def _release_keys(keys: list[Any], client: str, dask_scheduler: Any) -> None:
+    """On the scheduler: ``client`` no longer wants ``keys`` (forgotten if none does)."""
+    dask_scheduler.client_releases_keys(keys=keys, client=client)

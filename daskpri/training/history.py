@@ -33,11 +33,19 @@ STEP_VARIABLES: dict[str, tuple[str, str]] = {
     "priority_max": ("", "max of the priorities computed in the step"),
 }
 
+#: The :data:`STEP_VARIABLES` that count something (samples, workers) or flag a
+#: step (0 or 1): ``int64`` in the history. A record without one (from a
+#: checkpoint written before the variable existed) leaves it ``float64``, NaN
+#: there, rather than a made-up count.
+COUNT_VARIABLES = frozenset({"skipped", "selected_ahead", "samples", "grad_samples", "n_workers"})
+
 #: The parts of a step's wall time, as :data:`STEP_VARIABLES` names them: they add up
 #: to ``step_time`` (the dashboards stack them; ``daskpri bench`` reports their shares).
 TIME_PARTS = ("compute_time", "communication_time", "selection_time", "optimizer_time")
 
-#: Per-step, per-worker-slot metrics.
+#: Per-step, per-worker-slot metrics: ``float64`` (``worker_samples`` counts too),
+#: NaN in the slots a step did not have (it ran on fewer workers than the most
+#: the history saw), where any integer fill would read as a real count.
 WORKER_VARIABLES: dict[str, tuple[str, str]] = {
     "worker_samples": ("", "samples processed by each worker slot in the step"),
     "worker_compute_time": ("s", "computation time of each worker slot in the step"),
@@ -61,12 +69,23 @@ class HistoryRecorder:
 
         Built from the records as they are when it is called: a fit in
         another thread (``fit_in_background``) may append more meanwhile.
+        Counts are integers (see :data:`COUNT_VARIABLES`).
+
+        Examples
+        --------
+        >>> recorder = HistoryRecorder()
+        >>> recorder.append({"step": 0, "loss": 2.3, "samples": 64, "n_workers": 2})
+        >>> h = recorder.to_dataset()
+        >>> h["samples"].dtype, h["n_workers"].dtype, h["loss"].dtype
+        (dtype('int64'), dtype('int64'), dtype('float64'))
         """
         records = list(self.records)
         steps = np.array([r["step"] for r in records], dtype=np.int64)
         data: dict[str, Any] = {}
         for name, (units, doc) in STEP_VARIABLES.items():
             values = np.array([r.get(name, np.nan) for r in records], dtype=np.float64)
+            if name in COUNT_VARIABLES and not np.isnan(values).any():
+                values = values.astype(np.int64)  # exact: counts stay far below 2**53
             data[name] = xr.Variable("step", values, {"units": units, "long_name": doc})
         n_slots = max((len(r.get("worker_samples", ())) for r in records), default=0)
         for name, (units, doc) in WORKER_VARIABLES.items():

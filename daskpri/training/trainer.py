@@ -17,6 +17,7 @@ the timeouts are in :mod:`~daskpri.training.recovery`.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import math
@@ -25,6 +26,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +81,25 @@ _INIT_PARAMS = (
     "partition_size", "staleness", "device", "checkpoint_path", "checkpoint_every",
     "transport", "on_nonfinite",
 )
+
+#: The trainers not garbage-collected yet, for :func:`_close_at_exit`.
+_TRAINERS: weakref.WeakSet[Trainer] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the trainers never closed (no ``close()``, no ``with``) while their clusters run.
+
+    At exit distributed closes the clusters still open, from an ``atexit`` hook
+    registered when it was imported, before this one, so after this runs; a
+    worker removed while a client holds data scattered to it (a trainer's
+    partitions) makes the scheduler log an ERROR that the data is lost.
+    """
+    for trainer in list(_TRAINERS):
+        client = trainer._client
+        if client is not None and client.status == "running":
+            with contextlib.suppress(Exception):  # the cluster may be going already
+                trainer.close()
 
 
 class Trainer(RunMixin):
@@ -279,6 +300,7 @@ class Trainer(RunMixin):
         self._kept = None
         self._prefetch_rounds = True
         self._keep_state = True
+        _TRAINERS.add(self)
 
     # -- cluster -------------------------------------------------------------
 
