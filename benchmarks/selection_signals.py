@@ -24,6 +24,14 @@ steps is not counted. Arms (``NAME[:OPTION=VALUE...]``):
 - ``skip=q`` (with ``loss`` or ``rho``): pass over the top ``q`` of the
   ranking first, so that samples that stay hard (ambiguous or mislabelled)
   are not trained on at every step.
+- ``projection``: the highest ``g_i . g_bar``, the paper's priority (the
+  ``projection`` strategy's), ``g_bar`` the running mean of the steps'
+  gradients (decay 0.9, as the strategy's ``mean_grad_decay``). Every
+  candidate's is one forward-mode derivative of its loss along ``g_bar``
+  (``torch.func.jvp``), without per-sample gradients. ``sign=-1`` ranks
+  by ``-g_i . g_bar`` instead (the samples the mean step hurts most).
+- ``gradnorm``: the highest norm of the loss gradient with respect to the
+  logits, ``upper-bound``'s score, ranked rather than sampled.
 """
 
 from __future__ import annotations
@@ -33,9 +41,13 @@ import argparse
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.func import functional_call, jvp
 
 import daskpri
 from daskpri.models import build_model
+
+#: the selection signals an arm may name
+ARMS = ("uniform", "loss", "rho", "projection", "gradnorm")
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, float]]:
@@ -47,16 +59,16 @@ def parse_arm(text: str) -> tuple[str, dict[str, float]]:
     ('rho', {'skip': 0.05, 'il_epochs': 10.0})
     """
     name, *items = text.split(":")
-    if name not in ("uniform", "loss", "rho"):
+    if name not in ARMS:
         raise argparse.ArgumentTypeError(
-            f"an arm's name should be uniform, loss or rho, but got {name!r}"
+            f"an arm's name should be one of {', '.join(ARMS)}, but got {name!r}"
         )
     options = {}
     for item in items:
         key, _, value = item.partition("=")
-        if key not in ("skip", "il_epochs"):
+        if key not in ("skip", "il_epochs", "sign"):
             raise argparse.ArgumentTypeError(
-                f"arm {text!r}: options are skip and il_epochs, but got {key!r}"
+                f"arm {text!r}: options are skip, il_epochs and sign, but got {key!r}"
             )
         options[key] = float(value)
     return name, options
@@ -96,6 +108,16 @@ def irreducible_losses(model_name, train, x, y, *, seed, lr, batch, epochs) -> t
     return losses
 
 
+def projections(model, direction, x, y) -> torch.Tensor:
+    """Each row's ``grad L_i . direction``: one forward-mode derivative of the losses."""
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def losses(p):
+        return F.cross_entropy(functional_call(model, p, (x,)), y, reduction="none")
+
+    return jvp(losses, (params,), (direction,))[1]
+
+
 def steps_to_target(arm, options, data, args, seed) -> int | None:
     """The first evaluated step at which one seed of one arm reaches the target."""
     train, x, y, x_test, y_test = data
@@ -110,19 +132,33 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
         )
     walk = Walk(len(x), torch.Generator().manual_seed(seed))
     skip = options.get("skip", 0.0)
+    mean_grad: dict[str, torch.Tensor] | None = None
     for step in range(1, args.max_steps + 1):
-        if arm == "uniform":
+        if arm == "uniform" or (arm == "projection" and mean_grad is None):
             rows = walk.draw(args.batch)
         else:
             candidates = walk.draw(args.candidates)
             with torch.no_grad():
-                score = F.cross_entropy(model(x[candidates]), y[candidates], reduction="none")
+                if arm == "projection":
+                    score = options.get("sign", 1.0) * projections(
+                        model, mean_grad, x[candidates], y[candidates])
+                elif arm == "gradnorm":
+                    p = model(x[candidates]).softmax(1)
+                    p[torch.arange(len(candidates)), y[candidates]] -= 1.0
+                    score = p.norm(dim=1)
+                else:
+                    score = F.cross_entropy(model(x[candidates]), y[candidates],
+                                            reduction="none")
             if irreducible is not None:
                 score = score - irreducible[candidates]
             first = int(skip * args.candidates)
             rows = candidates[score.argsort(descending=True)[first:first + args.batch]]
         optimizer.zero_grad()
         F.cross_entropy(model(x[rows]), y[rows]).backward()
+        if arm == "projection":
+            grads = {n: p.grad.detach() for n, p in model.named_parameters()}
+            mean_grad = ({n: g.clone() for n, g in grads.items()} if mean_grad is None
+                         else {n: 0.9 * mean_grad[n] + 0.1 * grads[n] for n in grads})
         optimizer.step()
         if step % args.eval_every == 0:
             with torch.no_grad():

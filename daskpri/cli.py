@@ -4,7 +4,7 @@ Examples
 --------
 Train on a LocalCluster of two workers and keep the history::
 
-    daskpri train --dataset mnist1d --model mlp --strategy projection \\
+    daskpri train --dataset mnist1d --model mlp --strategy selective-backprop \\
         --workers 2 --max-steps 2000 --output run.nc
 
 Train on a running cluster, on workers started with ``--resources GPU=1``::
@@ -15,9 +15,9 @@ Compare selective backprop with uniform sampling for the same time budget::
 
     daskpri demo --max-time 45
 
-or with rounds of 16 local steps, keeping a quarter of the candidates::
+or with rounds of 16 local steps, keeping a third of the candidates::
 
-    daskpri demo --local-steps 16 --strategy-option fraction=0.25
+    daskpri demo --local-steps 16 --strategy-option fraction=0.33
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int,
                       help="seeds data, weights and selections (default 0)")
     run = train.add_argument_group("training")
-    run.add_argument("--strategy", choices=list(STRATEGIES), help="default projection")
+    run.add_argument("--strategy", choices=list(STRATEGIES), help="default selective-backprop")
     run.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
                      metavar="KEY=VALUE", help="a strategy parameter, e.g. k=32 (repeatable)")
     run.add_argument("--max-steps", type=_count(0), metavar="N",
@@ -458,7 +458,7 @@ def _new_run(
     args: argparse.Namespace, options: dict[str, Any], max_steps: int | None
 ) -> dict[str, Any]:
     """The trainer's arguments for a new run (the trainer checks their values)."""
-    strategy = args.strategy or "projection"
+    strategy = args.strategy or "selective-backprop"
     if "batch_size" in options:
         size = options["batch_size"]
         raise ValueError(

@@ -31,7 +31,7 @@ from daskpri.models import build_model
 
 SMALL = ["--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "20"]
 SUMMARY = re.compile(
-    r"^projection: 20 steps, final accuracy 0\.\d{4}, best accuracy 0\.\d{4}, "
+    r"^(?P<strategy>[\w-]+): 20 steps, final accuracy 0\.\d{4}, best accuracy 0\.\d{4}, "
     r"[\d.]+ s training, [\d,]+ samples/s$",
     re.M,
 )
@@ -83,12 +83,14 @@ def test_bad_argument_exits_2_naming_what_is_allowed(
     ("args", "message"),
     [
         (["--batch-size", "0"], "batch_size should be a positive integer, but got batch_size=0"),
-        (["--strategy-option", "size=3"], "strategy 'projection' takes the options k, renew,"),
+        (["--strategy-option", "size=3"],
+         "strategy 'selective-backprop' takes the options fraction, beta, batch_size,"),
         (["--root", "/data"], "root is only used by datasets 'mnist', 'cifar10'"),
         (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint PATH"),
         (["--resume", "/nonexistent/run.ckpt"], "no checkpoint at '/nonexistent/run.ckpt'"),
         (["--local-steps", "0"], "local_steps should be a positive integer, but got local_steps=0"),
-        (["--local-steps", "4"], "strategy 'projection' selects by the priorities of the previous"),
+        (["--strategy", "projection", "--local-steps", "4"],
+         "strategy 'projection' selects by the priorities of the previous"),
         (["--strategy-option", "k=3", "--strategy-option", "k=4"],
          "--strategy-option k should be given once, but got k=3 and k=4"),
         (["--strategy", "uniform", "--strategy-option", "batch_size=32"],
@@ -275,15 +277,15 @@ def test_train_on_own_local_cluster_writes_history(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / name
-    options = ["--strategy-option", "k=32", "--strategy-option", "train_on_renew=false",
-               "--staleness", "exp-linear"]
+    options = ["--strategy", "projection", "--strategy-option", "k=32",
+               "--strategy-option", "train_on_renew=false", "--staleness", "exp-linear"]
     argv = ["train", *SMALL, *options, "--workers", "2", "--no-progress", "--output", str(path)]
     threads = torch.get_num_threads()
     assert main(argv) == 0
     assert torch.get_num_threads() == threads  # one driver thread while it trained, then as before
     out = capsys.readouterr().out
     assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+/status$", out, re.M)
-    assert SUMMARY.search(out)
+    assert SUMMARY.search(out)["strategy"] == "projection"
     with _open(path) as ds:
         assert {"step", "loss", "accuracy"} <= set(ds.variables)
         assert ds.sizes["step"] == 20
@@ -603,7 +605,8 @@ def test_train_on_scheduler_uses_its_gpu_workers(gpu_cluster: str, tmp_path: Pat
         "--output", str(path), timeout=180,
     )
     assert result.returncode == 0, result.stderr
-    assert SUMMARY.search(result.stdout)
+    summary = SUMMARY.search(result.stdout)
+    assert summary and summary["strategy"] == "selective-backprop"  # the default
     assert re.search(r"^dashboard: ", result.stdout, re.M)
     with _open(path) as ds:
         assert ds.attrs["n_workers"] == 2

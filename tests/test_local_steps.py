@@ -48,7 +48,7 @@ def test_on_one_worker_a_round_is_exactly_that_many_plain_steps(gpu_client, smal
 def test_rounds_on_two_workers_train_evaluate_and_end_at_max_steps(gpu_client, small_data):
     train, test = small_data
     with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,
-                  eval_every=8) as t:
+                  eval_every=8, fraction=0.5, warmup=0) as t:
         h = t.fit(train, eval_data=test, max_steps=30, progress=False)
         # 30 x 64 candidates per worker cover its 800 samples: every one is scored
         assert np.isfinite(t.table_.values).all()
@@ -95,7 +95,7 @@ def test_an_evaluation_period_passed_in_part_rounds_warns_and_is_kept(gpu_client
 def test_selective_backprop_refresh_scores_afresh_every_other_epoch(gpu_client, small_data):
     train, _ = small_data
     with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,
-                  refresh=2) as t:
+                  fraction=0.5, refresh=2, warmup=0) as t:
         h = t.fit(train, max_steps=40, progress=False)
     # Each worker walks its 800 samples 64 candidates a step: epoch 0 is steps
     # 0-12 (fresh, 64 forwarded), epoch 1 steps 13-24 (stale: only the 32 kept,
@@ -108,7 +108,7 @@ def test_selective_backprop_refresh_scores_afresh_every_other_epoch(gpu_client, 
 def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_client, small_data):
     train, _ = small_data
     with _trainer(gpu_client, train, strategy="selective-backprop", local_steps=4,
-                  refresh=2, warmup=1) as t:
+                  fraction=0.5, refresh=2, warmup=1) as t:
         t.fit(train, max_steps=25, progress=False)
         warm = t.table_  # after the warmup epoch alone
         h = t.fit(train, max_steps=48, progress=False)
@@ -127,8 +127,8 @@ def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_cli
 # its 0-d batch cap through the wire)
 @pytest.mark.parametrize("strategy, options", [
     ("loss", {}), ("uniform", {}),
-    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5}),
-    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5,
+    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5, "warmup": 0}),
+    ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5, "warmup": 0,
                             "wait_for_inflight": False})])
 def test_a_resumed_run_of_local_rounds_continues_exactly(
     gpu_client, small_data, tmp_path, strategy, options
@@ -264,7 +264,8 @@ def _ahead_counts(client, run: str) -> tuple[int, int]:
 
 # selective-backprop with refresh reads the table, and checks what it reads
 @pytest.mark.parametrize("strategy, options", [
-    ("uniform", {}), ("selective-backprop", {}), ("selective-backprop", {"refresh": 2})])
+    ("uniform", {}), ("selective-backprop", {}),
+    ("selective-backprop", {"fraction": 0.5, "refresh": 2, "warmup": 0})])
 def test_selecting_the_next_round_ahead_changes_no_selection(
     gpu_client, small_data, tmp_path, monkeypatch, strategy, options
 ):
@@ -363,7 +364,7 @@ def test_a_selective_backprop_round_taken_back_is_selected_again_the_same():
     from daskpri.table.plugin import TablePlugin, TableRun
     from daskpri.table.table import PriorityTable
 
-    strategy = get_strategy("selective-backprop", beta=1.0, refresh=2, stale_beta=3)
+    strategy = get_strategy("selective-backprop", beta=1.0, refresh=2, stale_beta=3, warmup=0)
     tr = TableRun(table=PriorityTable([800, 800]), strategy=strategy,
                   rng=np.random.default_rng(0), owner=np.zeros(0, np.int64), batch_size=8,
                   info={})
@@ -398,7 +399,8 @@ def test_a_round_selected_ahead_that_reads_a_priority_in_flight_is_declined():
     # one worker of 16 samples, batch 4: 8 candidates a step, an epoch in 2
     # steps; refresh=2: epoch 0 fresh, epoch 1 ranks by the table
     tr = TableRun(table=PriorityTable([16]), strategy=get_strategy(
-                  "selective-backprop", refresh=2), rng=np.random.default_rng(0),
+                  "selective-backprop", fraction=0.5, refresh=2, warmup=0),
+                  rng=np.random.default_rng(0),
                   owner=np.zeros(0, np.int64), batch_size=4, info={})
     tr.set_owner(np.array([0]))
     plugin = TablePlugin()

@@ -134,7 +134,7 @@ def test_selective_backprop_keeps_the_high_loss_fraction():
     reference = np.sort(np.arange(1.0, 101.0))
     kept = keep_by_cdf(np.array([0.5, 1000.0]), reference, 2.0, np.random.default_rng(0))
     assert kept.tolist() == [1]  # CDF 0 is never kept, CDF 1 always
-    s = get_strategy("selective-backprop", fraction=0.25)
+    s = get_strategy("selective-backprop", fraction=0.25, warmup=0)
     sels = s.select(make_ctx([40, 40], [0, 1], batch_size=4))
     assert [sel.train.size for sel in sels] == [16, 16]
 
@@ -164,7 +164,7 @@ def test_the_cdf_reference_is_drawn_once_for_each_state_of_the_table():
     table = PriorityTable([1000, 1000])
     table.update(np.arange(2000), np.random.default_rng(0).exponential(1.0, 2000), step=0)
     ctx = make_ctx([1000, 1000], [0, 1], table=table, batch_size=8)
-    s = get_strategy("selective-backprop", beta=1.0)
+    s = get_strategy("selective-backprop", beta=1.0, warmup=0)
     first = s.select(ctx)[0].extra["reference"]
     ctx.step = 1  # the next step of a round: the table has not changed
     assert s.select(ctx)[0].extra["reference"] is first
@@ -235,7 +235,7 @@ def test_selective_backprop_without_waiting_reads_the_table_as_it_holds_it():
             ctx.step += 1
         return picks
 
-    for options in ({"refresh": 2, "warmup": 1}, {"prefilter": 0.5}):
+    for options in ({"refresh": 2, "warmup": 1}, {"prefilter": 0.5, "warmup": 0}):
         alone = run(options, None)
         assert run({**options, "wait_for_inflight": False}, everything) == alone
         with pytest.raises(NotAhead):
@@ -262,7 +262,7 @@ def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():
     table = PriorityTable([8])
     table.update(np.arange(8), np.array([0.1, 0.9, 0.5, 0.2, 0.8, 0.3, 0.7, 0.4]), step=0)
     ctx = make_ctx([8], [0], batch_size=4, table=table)
-    s = get_strategy("selective-backprop", refresh=2)
+    s = get_strategy("selective-backprop", fraction=0.5, refresh=2, warmup=0)
     fresh = s.select(ctx)[0]  # epoch 0 scores all 8 candidates on the worker
     assert fresh.train.tolist() == list(range(8)) and "stale" not in fresh.extra
     ctx.step = 1
@@ -288,7 +288,7 @@ def test_selective_backprop_warmup_trains_plain_batches_then_selects():
     # a step afresh and epoch 2 ranks by the table (refresh=2)
     table = PriorityTable([8])
     ctx = make_ctx([8], [0], batch_size=2, table=table)
-    s = get_strategy("selective-backprop", refresh=2, warmup=1)
+    s = get_strategy("selective-backprop", fraction=0.5, refresh=2, warmup=1)
     warm = []
     while walk_epoch(ctx, 0) == 0:
         [sel] = s.select(ctx)
@@ -319,7 +319,7 @@ def test_selective_backprop_warmup_of_part_of_an_epoch_selects_from_where_it_end
     # refresh=2, epoch 1 ranks by the table and epoch 2 scores afresh again
     table = PriorityTable([8])
     ctx = make_ctx([8], [0], batch_size=2, table=table)
-    s = get_strategy("selective-backprop", refresh=2, warmup=0.5)
+    s = get_strategy("selective-backprop", fraction=0.5, refresh=2, warmup=0.5)
     kinds = []
     while walk_epoch(ctx, 0) < 3:
         epoch, warm = walk_epoch(ctx, 0), s.warming(ctx, 0)
@@ -335,6 +335,45 @@ def test_selective_backprop_warmup_of_part_of_an_epoch_selects_from_where_it_end
     assert get_strategy("selective-backprop", warmup=1.0).warmup == 1
 
 
+def test_selective_backprop_defaults_warm_up_one_epoch_then_keep_a_quarter():
+    # with no options (fraction=0.25, warmup=1), one worker of 16 samples, batch
+    # 2: epoch 0 is 8 plain steps of 2 samples, each sample trained once and
+    # none scored; the first step after it forwards 2 / 0.25 = 8 candidates
+    # afresh and backpropagates the 2 of the highest loss
+    s = get_strategy("selective-backprop")
+    assert (s.fraction, s.warmup, s.refresh) == (0.25, 1, None)
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Linear(3, 2), "cpu")
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    table = PriorityTable([16])
+    ctx = make_ctx([16], [0], batch_size=2, table=table)
+    warm = []
+    while walk_epoch(ctx, 0) == 0:
+        assert s.warming(ctx, 0)
+        [sel] = s.select(ctx)
+        assert "stale" in sel.extra and sel.train.size == 2 and sel.score.size == 0
+        batch = _batch(x[sel.train], y[sel.train], 2)
+        batch.extra = sel.extra
+        c = s.compute(replica, batch)
+        assert c.n_grad == 2 and c.n_loss == 2 and len(c.priorities) == 2  # no scoring pass
+        warm.append(sel.train)
+        table.update(sel.train, np.asarray(c.priorities, dtype=np.float64), step=ctx.step)
+        ctx.step += 1
+    assert len(warm) == 8 and sorted(np.concatenate(warm).tolist()) == list(range(16))
+    assert not s.warming(ctx, 0)
+    [sel] = s.select(ctx)  # epoch 1: the first selective step, scored afresh
+    assert "stale" not in sel.extra and sel.train.size == 8 == 4 * ctx.batch_size
+    batch = _batch(x[sel.train], y[sel.train], 8)
+    batch.extra = sel.extra
+    c = s.compute(replica, batch)
+    losses, _ = replica.losses(x[sel.train], y[sel.train])
+    top = torch.topk(losses, 2).indices
+    grads, _, _ = replica.per_sample_grads(x[sel.train], y[sel.train])
+    assert c.n_grad == 2 and c.n_loss == 8
+    torch.testing.assert_close(c.grad, grads[top].sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c.priorities, losses.numpy(), rtol=1e-6)  # all 8 scored
+
+
 def test_selective_backprop_anneal_step_trains_plain_batches_from_that_step_on():
     # one worker of 8 samples, batch 2, fraction 0.5, refresh=2: steps 0-1
     # score 4 candidates afresh (epoch 0), 2-3 rank by the table (epoch 1);
@@ -342,7 +381,7 @@ def test_selective_backprop_anneal_step_trains_plain_batches_from_that_step_on()
     # order, unranked, and each sample is trained once an epoch again
     table = PriorityTable([8])
     ctx = make_ctx([8], [0], batch_size=2, table=table)
-    s = get_strategy("selective-backprop", refresh=2, anneal_step=4)
+    s = get_strategy("selective-backprop", fraction=0.5, refresh=2, warmup=0, anneal_step=4)
     kinds, plain = [], []
     for step in range(12):
         ctx.step = step
@@ -380,7 +419,7 @@ def test_selective_backprop_stale_epochs_rank_by_the_tables_staleness_model(stal
     table.update(np.arange(4), np.full(4, 2.0), step=0)
     table.update(np.arange(8), np.array([1.0] * 4 + [0.9] * 4), step=1)
     ctx = make_ctx([8], [0], batch_size=4, table=table, step=2)
-    s = get_strategy("selective-backprop", refresh=2)
+    s = get_strategy("selective-backprop", fraction=0.5, refresh=2, warmup=0)
     ctx.state = {"perm": {0: np.arange(8)}, "pos": {0: 8}, "epochs": {0: 0}}  # epoch 1 next
     stale = s.select(ctx)[0]
     assert "stale" in stale.extra
@@ -395,7 +434,7 @@ def test_selective_backprop_beta_fills_each_stale_step_to_the_batch_size():
     table = PriorityTable([600])
     table.update(np.arange(600), rng.uniform(1.0, 2.0, 600), step=0)
     ctx = make_ctx([600], [0], batch_size=16, table=table)
-    s = get_strategy("selective-backprop", beta=2, refresh=2)
+    s = get_strategy("selective-backprop", beta=2, refresh=2, warmup=0)
     while walk_epoch(ctx, 0) == 0:  # the fresh epoch: 48 candidates a step
         assert s.select(ctx)[0].train.size == 48
     sizes, trained = [], []
@@ -425,7 +464,7 @@ def test_selective_backprop_stale_beta_is_more_selective_in_stale_steps_only():
         table = PriorityTable([600])
         table.update(np.arange(600), rng.uniform(1.0, 2.0, 600), step=0)
         ctx = make_ctx([600], [0], batch_size=16, table=table)
-        s = get_strategy("selective-backprop", beta=1, refresh=2, **options)
+        s = get_strategy("selective-backprop", beta=1, refresh=2, warmup=0, **options)
         while walk_epoch(ctx, 0) == 0:
             assert s.select(ctx)[0].train.size == 32
         losses = table.estimate(ctx.step, np.arange(600))
@@ -466,18 +505,18 @@ def test_selective_backprop_prefilter_scores_the_tables_top_share_of_a_larger_dr
     table.update(np.arange(16), losses, step=0)
     table.forget(np.array([0]))  # unseen: ranks first
     ctx = make_ctx([16], [0], batch_size=4, table=table)
-    s = get_strategy("selective-backprop", prefilter=0.5)
+    s = get_strategy("selective-backprop", fraction=0.5, warmup=0, prefilter=0.5)
     first = s.select(ctx)[0]
     assert first.train.tolist() == [0, 1, 4, 6, 9, 10, 12, 14]  # scored afresh on the worker
     assert "stale" not in first.extra
     assert walk_epoch(ctx, 0) == 1  # the 16 drawn are spent: the next step is a new epoch
     # without it, the step scores the walk's next 8 candidates whatever the table says
     ctx = make_ctx([16], [0], batch_size=4, table=table)
-    assert get_strategy("selective-backprop").select(ctx)[0].train.size == 8
+    assert get_strategy("selective-backprop", fraction=0.5, warmup=0).select(ctx)[0].train.size == 8
     assert walk_epoch(ctx, 0) == 0
     # stale steps (refresh) are not prefiltered: they rank by the table already
     ctx = make_ctx([16], [0], batch_size=4, table=table)
-    s = get_strategy("selective-backprop", refresh=2, prefilter=0.5)
+    s = get_strategy("selective-backprop", fraction=0.5, refresh=2, warmup=0, prefilter=0.5)
     s.select(ctx)
     ctx.step = 1
     stale = s.select(ctx)[0]
@@ -511,7 +550,7 @@ def test_selective_backprop_fresh_step_with_beta_keeps_at_most_the_batch():
     x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
     losses = torch.nn.functional.cross_entropy(replica.module(x), y, reduction="none").detach()
     grads, _, _ = replica.per_sample_grads(x, y)
-    s = get_strategy("selective-backprop", beta=1)
+    s = get_strategy("selective-backprop", beta=1, warmup=0)
     batch = _batch(x, y, 8)
     batch.extra = {"reference": np.zeros(4), "batch_size": np.asarray(3)}
     c = s.compute(replica, batch)

@@ -241,6 +241,10 @@ def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
     }
 
 
+#: rows of the partition that :func:`warmup_task` runs the strategy on
+_WARMUP_ROWS = 32
+
+
 def warmup_task(
     name: str,
     weights: Weights,
@@ -259,7 +263,9 @@ def warmup_task(
     plugin = _plugin(name)
     replica = plugin.replica
     x, y = plugin.partition(pid, ref)
-    n = min(4, int(x.shape[0]))
+    # enough rows that a strategy training a share of them (selective-backprop
+    # keeps a quarter by default) still trains two: batch norm refuses one
+    n = min(_WARMUP_ROWS, int(x.shape[0]))
     plugin.kept = None
     replica.load(weights)
     batch = Batch(
