@@ -201,7 +201,7 @@ class Trainer(RunMixin):
     >>> import daskpri
     >>> train, test = daskpri.datasets.load("mnist1d")  # doctest: +SKIP
     >>> model = daskpri.models.build_model("mlp", train)  # doctest: +SKIP
-    >>> with daskpri.Trainer(model, strategy="selective-backprop", seed=0) as trainer:  # doctest: +SKIP
+    >>> with daskpri.Trainer(model, seed=0) as trainer:  # doctest: +SKIP
     ...     history = trainer.fit(train, eval_data=test, max_steps=500)
     """
 
