@@ -314,48 +314,37 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _seconds(text: str) -> float:
-    """An argparse type: a positive finite number of seconds.
+def _number(ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    """An argparse type: a number for which ``ok`` holds (NaN and text never do).
 
     Examples
     --------
-    >>> _seconds("1.5")
-    1.5
+    >>> _seconds("1.5"), _accuracy("0.9")
+    (1.5, 0.9)
     >>> _seconds("inf")
     Traceback (most recent call last):
     ...
     argparse.ArgumentTypeError: should be a positive finite number of seconds, but got 'inf'
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(
-            f"should be a positive finite number of seconds, but got {text!r}"
-        )
-    return value
-
-
-def _accuracy(text: str) -> float:
-    """An argparse type: an accuracy in (0, 1].
-
-    Examples
-    --------
-    >>> _accuracy("0.9")
-    0.9
     >>> _accuracy("nan")
     Traceback (most recent call last):
     ...
     argparse.ArgumentTypeError: should be a number in (0, 1], but got 'nan'
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value <= 1.0:  # NaN fails it too
-        raise argparse.ArgumentTypeError(f"should be a number in (0, 1], but got {text!r}")
-    return value
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isnan(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"should be {what}, but got {text!r}")
+        return value
+
+    return parse
+
+
+_seconds = _number(lambda v: math.isfinite(v) and v > 0, "a positive finite number of seconds")
+_accuracy = _number(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 
 
 def _strategy_options(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
