@@ -158,8 +158,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--staleness", choices=STALENESS_MODELS,
                      help="how the priority table estimates priorities not recomputed "
                           "lately (default: daskpri.table.staleness, keep)")
-    run.add_argument("--learning-rate", type=float, metavar="LR")
-    run.add_argument("--optimizer", choices=("sgd", "adam"))
+    run.add_argument("--learning-rate", type=float, metavar="LR",
+                     help="the optimizer's learning rate (default: daskpri.trainer.learning-rate, "
+                          "null: 0.1 for sgd, 0.001 for adam)")
+    run.add_argument("--optimizer", choices=("sgd", "adam"),
+                     help="the driver's optimizer (default: daskpri.trainer.optimizer, sgd)")
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
     run.add_argument("--lr-schedule", choices=SCHEDULES,
                      help="learning rate: constant (the default), or decaying to zero over "

@@ -625,3 +625,19 @@ def test_schedule_parameters_are_checked():
         daskpri.Trainer(model, lr_schedule="cosine")
     with pytest.raises(ValueError, match="but lr_schedule='constant'"):
         daskpri.Trainer(model, schedule_steps=10)
+
+
+def test_the_default_learning_rate_is_the_optimizers_own(gpu_client, small_data):
+    # SGD's from the benchmark, Adam's torch's: one shared 0.05 was Adam's 50 times over
+    trainer, h = fit(gpu_client, small_data, steps=2, optimizer="adam")
+    trainer.close()
+    assert h.attrs["learning_rate"] == 0.001 and h["lr"].values.tolist() == [0.001, 0.001]
+    model = torch.nn.Linear(2, 2)
+    assert daskpri.Trainer(model).learning_rate == 0.1
+    with dask.config.set({"daskpri.trainer.learning-rate": 0.02}):
+        assert daskpri.Trainer(model, optimizer="adam").learning_rate == 0.02
+        assert daskpri.Trainer(model, learning_rate=0.3).learning_rate == 0.3
+    with (dask.config.set({"daskpri.trainer.learning-rate": "fast"}),
+          pytest.raises(ValueError, match="learning_rate should be a positive finite number, "
+                        "but got learning_rate='fast'")):
+        daskpri.Trainer(model)
