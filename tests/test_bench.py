@@ -818,3 +818,28 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "results.html").read_text()
     assert "Bokeh" in page and "cdn.bokeh.org" not in page
+
+
+def test_a_learning_rate_that_diverges_is_reported_and_the_benchmark_goes_on(tmp_path: Path):
+    out = tmp_path / "bench"
+    status = main([
+        "bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
+        "--strategies", "uniform", "--workers", "1", "--budget", "2",
+        "--learning-rates", "0.1,1000000", "--baseline-budget", "1", "--no-ddp",
+        "--no-progress", "--out", str(out),
+    ])
+    assert status == 0
+    doc = json.loads((out / "results.json").read_text())
+    diverged = [r for r in doc["runs"] if r["spec"]["learning_rate"] == 1e6]
+    assert len(diverged) == 1 and diverged[0]["curve"]["accuracy"] == []
+    assert diverged[0]["info"]["error"].startswith("diverged: the training loss became ")
+    assert [f["run"] for f in doc["summary"]["failed"]] == [
+        "synthetic/mlp sweep: uniform lr=1e+06 seed=0 workers=1"]
+    # the sweep keeps the rate that trained, and the later phases run at it
+    sweep = {r["learning_rate"]: r["picked"] for r in doc["summary"]["lr_sweep"]}
+    assert sweep == {0.1: True, 1e6: False}
+    later = [r for r in doc["runs"] if r["spec"]["phase"] != "sweep"]
+    assert later and {r["spec"]["learning_rate"] for r in later} == {0.1}
+    md = (out / "results.md").read_text()
+    assert "### Failed runs" in md
+    assert "- synthetic/mlp sweep: uniform lr=1e+06 seed=0 workers=1: diverged: " in md

@@ -305,14 +305,20 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
     -------
     dict
         ``targets``, ``lr_sweep``, ``time_to_target``, ``budgets``,
-        ``scaling`` and ``overhead``: lists of rows (dicts of plain values,
+        ``scaling``, ``overhead`` and ``failed`` (the runs that failed or
+        diverged, with why): lists of rows (dicts of plain values,
         :class:`Spread` and :class:`Ratio`).
     """
     picks = pick_learning_rates(records, config.pick, max(config.target_fractions))
     out: dict[str, list[dict[str, Any]]] = {
         k: [] for k in ("targets", "lr_sweep", "time_to_target", "budgets", "scaling",
-                        "overhead")
+                        "overhead", "failed")
     }
+    out["failed"] = [
+        {"dataset": r.spec.dataset, "model": r.spec.model, "run": r.spec.name,
+         "error": r.info["error"]}
+        for r in records if "error" in r.info
+    ]
     main = config.main_workers
     for dataset in config.datasets:
         for model in config.models:

@@ -326,6 +326,13 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
                           f"next to it in the sweep, more than {COARSE_RATIO:g}x away: the "
                           "baseline's best may lie between, and the speedups are against "
                           "the best rate swept; add rates between to --learning-rates.**", ""]
+    failed = _rows(summary, "failed", dm) if "failed" in summary else []
+    if failed:
+        lines += ["### Failed runs", "",
+                  "Counted as never reaching a target, with no final accuracy (a run that "
+                  "diverged stopped at the step whose loss was not finite).", ""]
+        lines += [f"- {r['run']}: {r['error'].strip().splitlines()[-1]}" for r in failed]
+        lines += [""]
     return lines
 
 

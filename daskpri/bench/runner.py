@@ -181,15 +181,21 @@ def _execute(
 
         client = clusters.client(spec.n_workers)
         fresh = STRATEGIES[spec.arm.strategy].needs_fresh_priorities
-        with one_torch_thread(), Trainer(
-            model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
-            n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
-            learning_rate=spec.learning_rate, momentum=config.momentum,
-            eval_every=config.eval_every, local_steps=1 if fresh else config.local_steps,
-            partition_size=config.partition_size, staleness=config.staleness,
-            **dict(spec.arm.options),
-        ) as trainer:
-            history = trainer.fit(train, eval_data=test, max_time=spec.budget, progress=False)
+        try:
+            with one_torch_thread(), Trainer(
+                model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
+                n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
+                learning_rate=spec.learning_rate, momentum=config.momentum,
+                eval_every=config.eval_every, local_steps=1 if fresh else config.local_steps,
+                partition_size=config.partition_size, staleness=config.staleness,
+                **dict(spec.arm.options),
+            ) as trainer:
+                history = trainer.fit(train, eval_data=test, max_time=spec.budget,
+                                      progress=False)
+        except FloatingPointError as e:
+            # a learning rate of the sweep too high for the model: the run counts as one that
+            # never reaches a target and has no final accuracy, and the benchmark goes on
+            return _failed(spec, f"diverged: {e}", time.perf_counter() - t0)
         return record_from_history(spec, history, time.perf_counter() - t0)
     clusters.close()  # the baselines have the machine to themselves
     options: dict[str, Any] = {
