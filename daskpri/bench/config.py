@@ -21,7 +21,9 @@ EVAL_EVERY = 20
 FULL_DEFAULTS: dict[str, Any] = {
     "datasets": ("mnist1d",),
     "models": ("mlp", "cnn"),
-    "strategies": ("uniform", "projection", "length", "loss", "selective-backprop"),
+    # every built-in strategy: the paper's (projection, length), the two, and ours
+    "strategies": ("uniform", "projection", "length", "loss", "selective-backprop",
+                   "upper-bound", "infobatch"),
     "seeds": 3,
     "workers": (1, 2),
     # doubling from 0.075 to 0.3: every arm's best rate measured on the four models
