@@ -843,3 +843,6 @@ def test_a_learning_rate_that_diverges_is_reported_and_the_benchmark_goes_on(tmp
     md = (out / "results.md").read_text()
     assert "### Failed runs" in md
     assert "- synthetic/mlp sweep: uniform lr=1e+06 seed=0 workers=1: diverged: " in md
+    # the overhead table says what its daskpri runs pay that the plain loop does not
+    assert "daskpri's runs take 1 local step per round trip (--local-steps)" in md
+    assert "--local-steps 512 measures the engine" in md

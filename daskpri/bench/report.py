@@ -391,6 +391,13 @@ def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[s
              "baseline and a daskpri uniform run of as many processes and the same budget "
              "ran one after the other; `daskpri / baseline` is each seed's ratio of "
              "samples/s, median [min–max].", ""]
+    k = config.local_steps
+    lines += [f"daskpri's runs take {k} local step{'' if k == 1 else 's'} per round trip "
+              "(--local-steps): each round pays a round trip between the driver and the "
+              "workers, which the plain loop does not"
+              + (", and on a small model it can cost more than the step itself; "
+                 "--local-steps 512 measures the engine with it spread over many steps "
+                 "(as the README's overhead figures are)." if k < 512 else "."), ""]
     if not config.ddp:
         lines += ["PyTorch DDP: not run (--no-ddp).", ""]
     body = [
