@@ -846,3 +846,30 @@ def test_a_learning_rate_that_diverges_is_reported_and_the_benchmark_goes_on(tmp
     # the overhead table says what its daskpri runs pay that the plain loop does not
     assert "daskpri's runs take 1 local step per round trip (--local-steps)" in md
     assert "--local-steps 512 measures the engine" in md
+
+
+def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
+            "--strategies", "uniform,loss", "--workers", "1", "--budget", "1",
+            "--baseline-budget", "0.5", "--no-ddp", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    path = out / "results.json"
+    whole = json.loads(path.read_text())
+    assert len(whole["runs"]) >= 4
+    # stopped after its first two runs: what results.json holds then
+    cut = {**whole, "summary": None, "runs": whole["runs"][:2]}
+    path.write_text(json.dumps(cut))
+    (out / "results.md").unlink()
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    assert f"2 runs kept from {path}" in capsys.readouterr().out
+    resumed = json.loads(path.read_text())
+    assert resumed["runs"][:2] == whole["runs"][:2]  # kept as they were, not made again
+    assert [r["spec"] for r in resumed["runs"]] == [r["spec"] for r in whole["runs"]]
+    assert resumed["machine"]["resumed_runs"] == 2 and (out / "results.md").exists()
+    # other options would not make the runs it holds: refused, naming what differs
+    assert main([*argv[:-2], "--budget", "2", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {path} was made with other options (budget: 1.0 there, 2.0 here)" in err
+    assert json.loads(path.read_text()) == resumed  # and left as it was

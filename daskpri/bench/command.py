@@ -84,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for results.json, results.md, PNGs and results.html")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: mnist1d, mlp, 3 arms, 1 seed, 15 s budgets")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs of DIR/results.json (made with the same options) "
+                             "and make only the rest, after an interruption")
     what = parser.add_argument_group("what is compared")
     what.add_argument("--datasets", type=_listof(str, "datasets"), metavar="D[,D...]",
                       help=_defaults("datasets"))
@@ -211,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     try:
         run_bench(config, args.out, progress=not args.no_progress,
-                  command=_command_line(args))
+                  command=_command_line(args), resume=args.resume)
     except ConnectionError as e:
         print(f"daskpri: error: {e}", file=sys.stderr)
         return 1

@@ -29,7 +29,7 @@ from daskpri.bench.report import write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
 from daskpri.training.placement import cluster_workers
 
-__all__ = ["describe", "machine_info", "run_bench"]
+__all__ = ["describe", "machine_info", "previous_runs", "run_bench"]
 
 _CONNECT_TIMEOUT = 10.0  # seconds
 
@@ -251,12 +251,48 @@ def describe(record: RunRecord) -> str:
     )
 
 
+def previous_runs(path: Path, config: BenchConfig,
+                  sizes: Mapping[str, int]) -> list[RunRecord]:
+    """The runs that ``path`` (a ``results.json``) holds, made with ``config``.
+
+    Empty where ``path`` does not exist (the benchmark stopped before its
+    first run ended). A file made with other options (the scheduler's
+    address aside) or other datasets is refused, naming what differs:
+    its runs would not be the ones this benchmark asks for.
+    """
+    import json
+
+    from daskpri.bench.report import _jsonable
+
+    if not path.exists():
+        return []
+    try:
+        doc = json.loads(path.read_text())
+        theirs, runs = dict(doc["config"]), doc["runs"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--resume: {path} is not a daskpri bench results.json ({e})") from None
+    ours = json.loads(json.dumps(_jsonable(config.to_dict())))
+    differ = sorted(k for k in ours.keys() | theirs.keys()
+                    if k != "scheduler" and ours.get(k) != theirs.get(k))
+    if doc.get("train_samples") != dict(sizes):
+        differ.append("the datasets' samples")
+    if differ:
+        shown = "; ".join(f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
+                          for k in differ if k in ours or k in theirs)
+        raise ValueError(
+            f"--resume: {path} was made with other options ({shown or differ[0]}); resume with "
+            "the options it was made with, or give another --out"
+        )
+    return [RunRecord.from_dict(r) for r in runs]
+
+
 def run_bench(
     config: BenchConfig,
     out: str | os.PathLike[str],
     *,
     progress: bool = True,
     command: str | None = None,
+    resume: bool = False,
 ) -> list[RunRecord]:
     """Run the whole benchmark and write its report into ``out``.
 
@@ -271,6 +307,11 @@ def run_bench(
         Show a progress bar over the runs (a line per run is printed anyway).
     command : str, optional
         The command line, recorded in the report.
+    resume : bool
+        Keep the runs that ``out``'s ``results.json`` holds (see
+        :func:`previous_runs`) and make only the rest: a benchmark stopped
+        part way goes on where it stopped. Without it an earlier
+        ``results.json`` there is replaced.
 
     Returns
     -------
@@ -287,10 +328,14 @@ def run_bench(
     machine["command"] = command
     data = {name: load(name, n_samples=config.n_samples, seed=0) for name in config.datasets}
     sizes = {name: int(train.sizes["sample"]) for name, (train, _) in data.items()}
-    records: list[RunRecord] = []
-    attempted: set[RunSpec] = set()
+    records = previous_runs(out / "results.json", config, sizes) if resume else []
+    attempted: set[RunSpec] = {r.spec for r in records}
+    if resume:
+        machine["resumed_runs"] = len(records)
+        print(f"daskpri bench: {len(records)} runs kept from {out / 'results.json'}", flush=True)
     total = count_runs(config, sizes)
-    bar = tqdm(total=total, unit="run", desc="daskpri bench", disable=not progress)
+    bar = tqdm(total=total, initial=len(records), unit="run", desc="daskpri bench",
+               disable=not progress)
     try:
         with _Clusters(config.scheduler) as clusters:
             while specs := next_runs(config, sizes, records):
