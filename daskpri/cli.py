@@ -688,6 +688,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     _check_destination("--out", args.out, kind="directory")
+    earlier = os.path.join(args.out, "results.json")
+    if not args.resume and os.path.exists(earlier):
+        # its runs may be hours of measurement: replaced only when asked to
+        raise ValueError(
+            f"--out {args.out!r} holds the results of an earlier benchmark ({earlier}); pass "
+            "--resume to go on with it, or give another --out (or remove that file) to start "
+            "afresh"
+        )
     return bench_command.run(args)
 
 

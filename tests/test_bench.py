@@ -858,6 +858,11 @@ def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, caps
     whole = json.loads(path.read_text())
     assert len(whole["runs"]) >= 4
     # stopped after its first two runs: what results.json holds then
+    # without --resume its runs are not replaced
+    assert main(argv) == 2
+    assert (f"--out {str(out)!r} holds the results of an earlier benchmark ({path}); pass "
+            "--resume to go on with it") in capsys.readouterr().err
+    assert json.loads(path.read_text()) == whole
     cut = {**whole, "summary": None, "runs": whole["runs"][:2]}
     path.write_text(json.dumps(cut))
     (out / "results.md").unlink()

@@ -311,7 +311,7 @@ def run_bench(
         Keep the runs that ``out``'s ``results.json`` holds (see
         :func:`previous_runs`) and make only the rest: a benchmark stopped
         part way goes on where it stopped. Without it an earlier
-        ``results.json`` there is replaced.
+        ``results.json`` there is replaced (``daskpri bench`` refuses to).
 
     Returns
     -------
