@@ -878,3 +878,18 @@ def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, caps
     err = capsys.readouterr().err
     assert f"--resume: {path} was made with other options (budget: 1.0 there, 2.0 here)" in err
     assert json.loads(path.read_text()) == resumed  # and left as it was
+
+
+def test_report_says_there_are_no_targets_when_every_uniform_run_failed():
+    cfg = _config(seeds=1, workers=(2,), learning_rates=(0.05,))
+    failed = [RunRecord(RunSpec("sweep", "daskpri", "mnist1d", "mlp", arm, 0.05, 0, 2, 10.0),
+                        Curve([], [], [], []), 0, 0, 1.0,
+                        info={"error": "diverged: the training loss became nan at step 3"})
+              for arm in (UNIFORM, LOSS)]
+    summary = summarize(cfg, failed, SIZES)
+    assert len(summary["failed"]) == 2
+    md = render_markdown(cfg, MACHINE, summary, [])
+    assert ("Targets: none: uniform has no accuracy at any learning rate swept (its runs "
+            "failed, see \"Failed runs\" below).") in md
+    assert ("- mnist1d/mlp sweep: loss lr=0.05 seed=0 workers=2: diverged: the training loss "
+            "became nan at step 3") in md

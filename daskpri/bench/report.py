@@ -271,7 +271,10 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
              dm: tuple[str, str]) -> list[str]:
     targets = _rows(summary, "targets", dm)
     lines = [f"## {dm[0]} / {dm[1]}", ""]
-    if targets:
+    if targets and math.isnan(targets[0]["uniform_best"]):
+        lines += ["Targets: none: uniform has no accuracy at any learning rate swept (its runs "
+                  "failed, see \"Failed runs\" below).", ""]
+    elif targets:
         best = targets[0]["uniform_best"]
         lines += ["Targets: " + ", ".join(
             f"{_pct(t['fraction'])} → {t['target']:.4f}" for t in targets
