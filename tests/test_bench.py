@@ -872,7 +872,8 @@ def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, caps
     resumed = json.loads(path.read_text())
     assert resumed["runs"][:2] == whole["runs"][:2]  # kept as they were, not made again
     assert [r["spec"] for r in resumed["runs"]] == [r["spec"] for r in whole["runs"]]
-    assert resumed["machine"]["resumed_runs"] == 2 and (out / "results.md").exists()
+    assert resumed["machine"]["resumed_runs"] == 2
+    assert "(resumed: 2 runs kept from an earlier invocation, " in (out / "results.md").read_text()
     # other options would not make the runs it holds: refused, naming what differs
     assert main([*argv[:-2], "--budget", "2", "--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err

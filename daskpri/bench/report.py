@@ -173,7 +173,10 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         f"CUDA {'yes' if machine.get('cuda') else 'no'}; Python {machine['python']}, "
         f"torch {machine['torch']}, dask {machine['dask']}, distributed "
         f"{machine['distributed']}. Load average (1/5/15 min) at start {load[0]}, at end "
-        f"{load[1]}. Benchmark time: {machine.get('bench_seconds', '?')} s.",
+        f"{load[1]}. Benchmark time: {machine.get('bench_seconds', '?')} s"
+        + (f" (resumed: {machine['resumed_runs']} runs kept from an earlier invocation, "
+           "whose machine and time are not the ones above)." if machine.get("resumed_runs")
+           else "."),
         "",
         f"Protocol: every run trains for the same budget of {config.budget:g} s of training "
         "time (the history's `time`: it charges every cost of a strategy — scoring passes, "
