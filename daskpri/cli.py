@@ -40,6 +40,7 @@ from distributed import Client
 import daskpri
 from daskpri import _config
 from daskpri.bench import command as bench_command
+from daskpri.bench.report import RESULTS_JSON
 from daskpri.data.datasets import DATASETS
 from daskpri.data.io import check_destination, to_store
 from daskpri.models import MODELS
@@ -688,7 +689,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     _check_destination("--out", args.out, kind="directory")
-    earlier = os.path.join(args.out, "results.json")
+    earlier = os.path.join(args.out, RESULTS_JSON)
     if not args.resume and os.path.exists(earlier):
         # its runs may be hours of measurement: replaced only when asked to
         raise ValueError(

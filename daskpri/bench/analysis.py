@@ -312,7 +312,7 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
     picks = pick_learning_rates(records, config.pick, max(config.target_fractions))
     out: dict[str, list[dict[str, Any]]] = {
         k: [] for k in ("targets", "lr_sweep", "time_to_target", "budgets", "scaling",
-                        "overhead", "failed")
+                        "overhead")
     }
     out["failed"] = [
         {"dataset": r.spec.dataset, "model": r.spec.model, "run": r.spec.name,

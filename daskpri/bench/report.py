@@ -17,6 +17,10 @@ from daskpri.bench.records import RunRecord
 __all__ = ["fmt_ratio", "fmt_spread", "render_markdown", "write_json", "write_report"]
 
 
+#: the file of every run and the tables, in the output directory
+RESULTS_JSON = "results.json"
+
+
 def _jsonable(obj: Any) -> Any:
     """Plain JSON values: dataclasses as dicts, non-finite floats as ``null``."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -332,7 +336,7 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
                           f"next to it in the sweep, more than {COARSE_RATIO:g}x away: the "
                           "baseline's best may lie between, and the speedups are against "
                           "the best rate swept; add rates between to --learning-rates.**", ""]
-    failed = _rows(summary, "failed", dm) if "failed" in summary else []
+    failed = _rows(summary, "failed", dm)
     if failed:
         lines += ["### Failed runs", "",
                   "Counted as never reaching a target, with no final accuracy (a run that "
@@ -432,7 +436,7 @@ def write_report(out: Path, config: BenchConfig, machine: dict[str, Any],
     from daskpri.bench import bokeh_page, png
 
     summary = summarize(config, records, dict(sizes))
-    write_json(out / "results.json", config, machine, sizes, records, summary)
+    write_json(out / RESULTS_JSON, config, machine, sizes, records, summary)
     pngs = png.write_pngs(out, config, records, summary)
     bokeh_page.write_html(out / "results.html", config, records, summary)
     (out / "results.md").write_text(render_markdown(config, machine, summary, pngs))

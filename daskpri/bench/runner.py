@@ -25,7 +25,7 @@ from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
-from daskpri.bench.report import write_json, write_report
+from daskpri.bench.report import RESULTS_JSON, write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
 from daskpri.training.placement import cluster_workers
 
@@ -262,8 +262,6 @@ def previous_runs(path: Path, config: BenchConfig,
     """
     import json
 
-    from daskpri.bench.report import _jsonable
-
     if not path.exists():
         return []
     try:
@@ -271,16 +269,16 @@ def previous_runs(path: Path, config: BenchConfig,
         theirs, runs = dict(doc["config"]), doc["runs"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--resume: {path} is not a daskpri bench results.json ({e})") from None
-    ours = json.loads(json.dumps(_jsonable(config.to_dict())))
-    differ = sorted(k for k in ours.keys() | theirs.keys()
-                    if k != "scheduler" and ours.get(k) != theirs.get(k))
+    ours = json.loads(json.dumps(config.to_dict()))  # as write_json stored it
+    differ = [f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
+              for k in sorted(ours.keys() | theirs.keys())
+              if k != "scheduler" and ours.get(k) != theirs.get(k)]
     if doc.get("train_samples") != dict(sizes):
-        differ.append("the datasets' samples")
+        differ.append(f"samples per dataset: {doc.get('train_samples')!r} there, "
+                      f"{dict(sizes)!r} here")
     if differ:
-        shown = "; ".join(f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
-                          for k in differ if k in ours or k in theirs)
         raise ValueError(
-            f"--resume: {path} was made with other options ({shown or differ[0]}); resume with "
+            f"--resume: {path} was made with other options ({'; '.join(differ)}); resume with "
             "the options it was made with, or give another --out"
         )
     return [RunRecord.from_dict(r) for r in runs]
@@ -328,11 +326,12 @@ def run_bench(
     machine["command"] = command
     data = {name: load(name, n_samples=config.n_samples, seed=0) for name in config.datasets}
     sizes = {name: int(train.sizes["sample"]) for name, (train, _) in data.items()}
-    records = previous_runs(out / "results.json", config, sizes) if resume else []
+    results = out / RESULTS_JSON
+    records = previous_runs(results, config, sizes) if resume else []
     attempted: set[RunSpec] = {r.spec for r in records}
     if resume:
         machine["resumed_runs"] = len(records)
-        print(f"daskpri bench: {len(records)} runs kept from {out / 'results.json'}", flush=True)
+        print(f"daskpri bench: {len(records)} runs kept from {results}", flush=True)
     total = count_runs(config, sizes)
     bar = tqdm(total=total, initial=len(records), unit="run", desc="daskpri bench",
                disable=not progress)
@@ -348,7 +347,7 @@ def run_bench(
                     records.append(record)
                     bar.update(1)
                     bar.write(f"[{len(records)}/{total}] {describe(record)}")
-                    write_json(out / "results.json", config, machine, sizes, records)
+                    write_json(results, config, machine, sizes, records)
     finally:
         bar.close()
     machine["load_average_end"] = _load()
