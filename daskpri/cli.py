@@ -58,6 +58,7 @@ from daskpri.training.history import time_to_accuracy
 from daskpri.training.placement import parse_resources
 from daskpri.training.recovery import SchedulerLostError
 from daskpri.training.schedule import SCHEDULES
+from daskpri.training.trainer import LEARNING_RATES
 
 __all__ = ["main"]
 
@@ -159,10 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--staleness", choices=STALENESS_MODELS,
                      help="how the priority table estimates priorities not recomputed "
                           "lately (default: daskpri.table.staleness, keep)")
+    own_rates = ", ".join(f"{rate:g} for {name}" for name, rate in LEARNING_RATES.items())
     run.add_argument("--learning-rate", type=float, metavar="LR",
                      help="the optimizer's learning rate (default: daskpri.trainer.learning-rate, "
-                          "null: 0.1 for sgd, 0.001 for adam)")
-    run.add_argument("--optimizer", choices=("sgd", "adam"),
+                          f"null: {own_rates})")
+    run.add_argument("--optimizer", choices=tuple(LEARNING_RATES),
                      help="the driver's optimizer (default: daskpri.trainer.optimizer, sgd)")
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
     run.add_argument("--lr-schedule", choices=SCHEDULES,

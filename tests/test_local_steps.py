@@ -398,8 +398,9 @@ def test_a_round_selected_ahead_that_reads_a_priority_in_flight_is_declined():
 
     # one worker of 16 samples, batch 4: 8 candidates a step, an epoch in 2
     # steps; refresh=2: epoch 0 fresh, epoch 1 ranks by the table
+    # (recent_last=False: a plain shuffle each pass, which draws samples in flight)
     tr = TableRun(table=PriorityTable([16]), strategy=get_strategy(
-                  "selective-backprop", fraction=0.5, refresh=2, warmup=0),
+                  "selective-backprop", fraction=0.5, refresh=2, warmup=0, recent_last=False),
                   rng=np.random.default_rng(0),
                   owner=np.zeros(0, np.int64), batch_size=4, info={})
     tr.set_owner(np.array([0]))
@@ -428,6 +429,52 @@ def test_a_round_selected_ahead_that_reads_a_priority_in_flight_is_declined():
     # selects ahead, whoever asks
     tr.strategy = get_strategy("loss")
     assert plugin._step("r", 3, count=1, undo=True) is None and tr.ahead_declined == 2
+
+
+@pytest.mark.parametrize("options", [{"fraction": 0.5, "refresh": 2},
+                                     {"beta": 1.0, "refresh": 3}])
+def test_selective_backprop_rounds_across_passes_are_selected_ahead_and_select_the_same(options):
+    # two workers of 120 samples, 4 steps a round drawing about 8 candidates
+    # each (a quarter of a pass); the losses of a round reach the table with
+    # the next round's selection. Selected ahead, with each pass drawing the
+    # last two rounds' samples last, no round is declined, and by the
+    # fraction rule the rounds are those selected after their priorities
+    # arrived (no prefetch; the beta rule's CDF is drawn from the table as a
+    # whole, which differs); with plain shuffles, rounds across a pass are
+    # declined
+    from daskpri.table.plugin import TablePlugin, TableRun
+    from daskpri.table.table import PriorityTable
+
+    def run(ahead, recent_last):
+        strategy = get_strategy("selective-backprop", warmup=1, recent_last=recent_last, **options)
+        tr = TableRun(table=PriorityTable([60, 60, 60, 60]), strategy=strategy,
+                      rng=np.random.default_rng(0), owner=np.zeros(0, np.int64), batch_size=4,
+                      info={})
+        tr.set_owner(np.array([0, 0, 1, 1]))
+        plugin = TablePlugin()
+        plugin.runs["r"] = tr
+        losses = np.random.default_rng(1).exponential(1.0, 240)
+        rounds, update, declined = [], None, []
+        for r in range(30):
+            packed = plugin._step("r", 4 * r, count=4, undo=True) if ahead else None
+            if packed is None:  # selected once the round in flight's losses are in
+                declined += [r] if ahead else []
+                packed = plugin._step("r", 4 * r, updates=update, count=4)
+                update = None
+            steps = [_unpack_round(slot) for slot in packed]
+            rounds.append([[sel.train.tolist() for sel in slot] for slot in steps])
+            seen = np.unique(np.concatenate([sel.train for slot in steps for sel in slot]))
+            losses[seen] *= 0.9  # trained: the losses fall
+            if update is not None:  # the round before's, reaching the table now
+                plugin._update("r", update)
+            update = [{"indices": pack(seen), "priorities": pack(losses[seen]), "step": 4 * r}]
+        return rounds, declined, tr.state["epochs"]
+
+    ahead, declined, epochs = run(True, True)
+    assert declined == [0] and min(epochs.values()) >= 4  # the first: nothing in flight yet
+    if "fraction" in options:
+        assert run(False, True)[0] == ahead
+    assert len(run(True, False)[1]) > 1  # plain shuffles: declined at new passes
 
 
 def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():

@@ -248,6 +248,35 @@ def test_selective_backprop_without_waiting_reads_the_table_as_it_holds_it():
         get_strategy("selective-backprop", wait_for_inflight="no")
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_marked_walk_draws_the_last_two_rounds_last_in_its_next_pass(seed):
+    # one slot of 30 samples, rounds drawing 2 to 15 samples (at most half a
+    # pass) in draws of 1 to 5: every pass draws each sample once, and no
+    # round draws one that the round before drew, across passes too
+    from daskpri.strategies.base import mark_round, walk_next
+
+    rng = np.random.default_rng(seed)
+    ctx = make_ctx([30], [0], seed=seed)
+    drawn, rounds = [], []
+    for _ in range(40):
+        mark_round(ctx)
+        this, want = [], int(rng.integers(2, 16))
+        while want:
+            got = walk_next(ctx, 0, min(want, int(rng.integers(1, 6)))).tolist()
+            this += got
+            want -= len(got)
+        rounds.append(this)
+        drawn += this
+    for p in range(len(drawn) // 30):
+        assert sorted(drawn[30 * p : 30 * (p + 1)]) == list(range(30))
+    assert all(not set(a) & set(b) for a, b in zip(rounds, rounds[1:], strict=False))
+    # unmarked, the passes are plain shuffles: the next pass draws the round before's
+    ctx, plain = make_ctx([30], [0], seed=seed), []
+    for _ in range(40):
+        plain.append(walk_next(ctx, 0, 10).tolist() + walk_next(ctx, 0, 5).tolist())
+    assert any(set(a) & set(b) for a, b in zip(plain, plain[1:], strict=False))
+
+
 def test_the_workers_top_rows_are_the_drivers_top_fraction():
     # the worker chooses in torch (top_rows), the driver's stale steps in numpy
     rng = np.random.default_rng(0)

@@ -291,6 +291,14 @@ class Strategy(abc.ABC):
         """
         return None
 
+    def begin_round(self, ctx: SelectContext) -> None:
+        """Called by the table before it selects a round (its steps from ``ctx.step``).
+
+        A hook for strategies whose walk depends on where rounds begin
+        (:func:`mark_round`); the default does nothing.
+        """
+        return None
+
     def compute(self, replica: Replica, batch: Batch) -> Computed:
         """Gradient of the train rows; losses of all rows as priorities."""
         n, rows = batch.n_train, batch.x.shape[0]
@@ -490,20 +498,74 @@ def walk_epoch(ctx: SelectContext, slot: int) -> int:
     return int(ctx.state.get("epochs", {}).get(slot, 0))
 
 
+def mark_round(ctx: SelectContext) -> None:
+    """Note where each slot's walk stands as a round begins, for its next pass.
+
+    Once a strategy marks its rounds (from :meth:`Strategy.begin_round`),
+    a new pass of a slot's walk draws last the samples that the last two
+    rounds drew from the pass before: the round in flight while the next
+    is selected ahead, and the round being selected. Each part is shuffled
+    on its own and every sample is still drawn once a pass; the next
+    rounds' candidates then hold none of the round in flight's samples
+    (unless a round draws more than half a pass), so a strategy
+    that reads their priorities (:meth:`SelectContext.check_ahead`) can
+    select ahead rather than wait for them. Marks are strategy state: a
+    resumed run, and a round taken back and selected again, walk the same.
+
+    Examples
+    --------
+    >>> from daskpri.table.table import PriorityTable
+    >>> ctx = SelectContext(table=PriorityTable([8]), groups=[np.arange(8)],
+    ...     owner=np.zeros(1, np.int64), step=0, batch_size=2,
+    ...     rng=np.random.default_rng(0), state={})
+    >>> mark_round(ctx); first = walk_next(ctx, 0, 4)   # a round draws half the pass
+    >>> mark_round(ctx); last = walk_next(ctx, 0, 4)    # the next round ends the pass
+    >>> mark_round(ctx)                                  # and a third begins the next pass
+    >>> new = np.concatenate([walk_next(ctx, 0, 4), walk_next(ctx, 0, 4)])
+    >>> sorted(new[4:].tolist()) == sorted(last.tolist())  # the round in flight's come last
+    True
+    """
+    perms = ctx.state.get("perm", {})
+    marks = ctx.state.setdefault("round_marks", {})
+    for slot in range(len(ctx.groups)):
+        if perms.get(slot) is None:
+            continue
+        here = np.array([[ctx.state.get("epochs", {}).get(slot, 0), ctx.state["pos"][slot]]])
+        before = marks.get(slot, np.empty((0, 2), dtype=np.int64))
+        marks[slot] = np.concatenate([before[-1:], here]).astype(np.int64)
+
+
+def _new_pass(ctx: SelectContext, slot: int, perm: np.ndarray | None) -> np.ndarray:
+    """The permutation of ``slot``'s next pass after ``perm`` (see :func:`mark_round`)."""
+    size = ctx.groups[slot].size
+    marks = ctx.state.get("round_marks", {}).get(slot)
+    if perm is None or perm.size != size or marks is None:
+        return ctx.rng.permutation(size)
+    epoch = ctx.state.get("epochs", {}).get(slot, 0)
+    cuts = sorted({int(p) for e, p in marks if e == epoch and 0 < p < size})
+    bounds = [0, *cuts, size]
+    # each part of the spent pass shuffled on its own, the most recently drawn last
+    return np.concatenate(
+        [perm[a:b][ctx.rng.permutation(b - a)] for a, b in zip(bounds, bounds[1:], strict=False)]
+    )
+
+
 def _walk(ctx: SelectContext, slot: int) -> np.ndarray:
     """``slot``'s permutation, a new one begun (and counted) where the last is spent.
 
-    A slot whose samples changed (a worker lost or added) begins a new pass too.
+    A slot whose samples changed (a worker lost or added) begins a new pass
+    too. Where the strategy marks its rounds, see :func:`mark_round`.
     """
     group = ctx.groups[slot]
     perms = ctx.state.setdefault("perm", {})
     pos = ctx.state.setdefault("pos", {})
     perm = perms.get(slot)
     if perm is None or perm.size != group.size or (group.size and pos[slot] >= perm.size):
+        new = _new_pass(ctx, slot, perm)
         if perm is not None:
             epochs = ctx.state.setdefault("epochs", {})
             epochs[slot] = epochs.get(slot, 0) + 1
-        perm = ctx.rng.permutation(group.size)
+        perm = new
         perms[slot], pos[slot] = perm, 0
     return perm
 

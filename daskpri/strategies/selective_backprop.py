@@ -21,6 +21,7 @@ from daskpri.strategies.base import (
     check_positive_int,
     check_score_dtype,
     epoch_batches,
+    mark_round,
     walk_back,
     walk_epoch,
     walk_next,
@@ -302,6 +303,18 @@ class SelectiveBackprop(Strategy):
         ranking by it costs steps: on the ``mnist5k`` MLP (``fraction=0.25,
         refresh=4``, passes of about 10 steps, rounds of 16) 0.64x uniform's
         time to the target against 1.31x waiting.
+    recent_last : bool
+        Where the selection reads the table (``refresh``, ``beta``,
+        ``prefilter``): a new pass of a worker's walk draws last the
+        samples that the last two rounds drew from the pass before
+        (:func:`daskpri.strategies.base.mark_round`), so that the rounds
+        after it draw none of the round in flight's and are selected while
+        the workers compute it, instead of after it (``wait_for_inflight``)
+        or from losses a round old (``wait_for_inflight=False``). Every
+        sample is still drawn once a pass. False: each pass is a plain
+        shuffle, whose first rounds draw some of the round in flight's
+        samples as good as always. No effect on the defaults, which never
+        read the table.
 
     Examples
     --------
@@ -327,6 +340,7 @@ class SelectiveBackprop(Strategy):
         prefilter: float = 1.0,
         wait_for_inflight: bool = True,
         anneal_step: int | None = None,
+        recent_last: bool = True,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -347,6 +361,11 @@ class SelectiveBackprop(Strategy):
                 f"wait_for_inflight={wait_for_inflight!r}"
             )
         self.wait_for_inflight = bool(wait_for_inflight)
+        if not isinstance(recent_last, (bool, np.bool_)):
+            raise ValueError(
+                f"recent_last should be True or False, but got recent_last={recent_last!r}"
+            )
+        self.recent_last = bool(recent_last)
         self.anneal_step = None if anneal_step is None else check_int("anneal_step", anneal_step, 0)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
@@ -361,6 +380,10 @@ class SelectiveBackprop(Strategy):
         table's losses (``refresh``, ``prefilter``) or drawn against their
         distribution (``beta``)."""
         return self.beta is not None or self.refresh is not None or self.prefilter < 1.0
+
+    def begin_round(self, ctx: SelectContext) -> None:
+        if self.recent_last and self.reads_table:
+            mark_round(ctx)
 
     def fresh(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) of the walk scores afresh.

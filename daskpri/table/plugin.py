@@ -94,6 +94,7 @@ class TableRun:
         self, step: int, count: int, inflight: np.ndarray | None = None
     ) -> Sequence[list[Selection]]:
         """The selections of steps ``step .. step + count - 1``: at once where the strategy can."""
+        self.strategy.begin_round(self._context(step, inflight))
         if count > 1:
             rounds = self.strategy.select_round(self._context(step, inflight), count)
             if rounds is not None:
