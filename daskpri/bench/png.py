@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.figures import accuracy_lines, palette, scaling_points, speedup_bars
 from daskpri.bench.records import RunRecord
@@ -18,8 +20,10 @@ def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
     """Write the PNGs into ``out``; return their file names.
 
     ``accuracy_<dataset>_<model>.png`` (accuracy against training seconds,
-    every seed of every arm, with the targets), ``speedup.png`` (speedup vs
-    uniform per target) and, with several worker counts, ``scaling.png``.
+    every seed of every arm, with the targets: the whole run, and beside it
+    the band around the targets, where the arms part), ``speedup.png``
+    (speedup vs uniform per target) and, with several worker counts,
+    ``scaling.png``.
     """
     from matplotlib.figure import Figure  # a Figure needs no pyplot, hence no GUI backend
 
@@ -29,20 +33,27 @@ def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
         for model in config.models:
             lines = accuracy_lines(config, records, dataset, model)
             colors = palette(list(dict.fromkeys(line.arm for line in lines)))
-            fig = Figure(figsize=(7, 4.5))
-            ax = fig.add_subplot()
-            for line in lines:
-                ax.plot(line.time, line.accuracy, color=colors[line.arm], lw=1.2,
-                        alpha=1.0 if line.seed == 0 else 0.45,
-                        label=line.arm if line.seed == 0 else None)
-            for t in (t for t in targets if (t["dataset"], t["model"]) == (dataset, model)):
-                ax.axhline(t["target"], color="grey", ls="--", lw=0.8)
-                ax.text(0.01, t["target"], f"{100 * t['fraction']:g}% target", fontsize=7,
-                        color="grey", va="bottom", transform=ax.get_yaxis_transform())
-            ax.set(xlabel="training time (s)", ylabel="test accuracy",
-                   title=f"{dataset} / {model}, {_workers(config.main_workers)}")
-            ax.legend(fontsize=8, loc="lower right")
-            ax.grid(alpha=0.3)
+            levels = [t for t in targets if (t["dataset"], t["model"]) == (dataset, model)]
+            fig = Figure(figsize=(12, 4.5))
+            whole, near = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+            for ax in (whole, near):
+                for line in lines:
+                    ax.plot(line.time, line.accuracy, color=colors[line.arm], lw=1.2,
+                            alpha=1.0 if line.seed == 0 else 0.45,
+                            label=line.arm if line.seed == 0 else None)
+                for t in levels:
+                    ax.axhline(t["target"], color="grey", ls="--", lw=0.8)
+                    ax.text(0.01, t["target"], f"{100 * t['fraction']:g}% target", fontsize=7,
+                            color="grey", va="bottom", transform=ax.get_yaxis_transform())
+                ax.set(xlabel="training time (s)", ylabel="test accuracy")
+                ax.grid(alpha=0.3)
+            whole.set_title(f"{dataset} / {model}, {_workers(config.main_workers)}")
+            whole.legend(fontsize=8, loc="lower right")
+            band = _target_band([t["target"] for t in levels],
+                                [line.accuracy for line in lines])
+            if band is not None:
+                near.set_ylim(*band)
+            near.set_title("near the targets")
             name = f"accuracy_{dataset}_{model}.png"
             fig.savefig(out / name, dpi=100, bbox_inches="tight")
             names.append(name)
@@ -50,6 +61,32 @@ def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
     if len(config.workers) > 1:
         names.append(_scaling(out, summary))
     return names
+
+
+def _target_band(
+    targets: Sequence[float], accuracies: Sequence[np.ndarray]
+) -> tuple[float, float] | None:
+    """The accuracies the zoomed panel shows: from below the lowest target to the best reached.
+
+    Below the lowest target by half the targets' span (by 0.02 with one
+    target), above the best accuracy of any run (NaN where a run diverged
+    left out) by a tenth of that range; ``None`` without targets.
+
+    Examples
+    --------
+    >>> [round(v, 4) for v in _target_band([0.955, 0.975], [np.array([0.3, 0.96, np.nan]),
+    ...                                                      np.array([0.985])])]
+    [0.945, 0.989]
+    >>> _target_band([], [np.array([0.5])]) is None
+    True
+    """
+    if not targets:
+        return None
+    low, high = min(targets), max(targets)
+    low -= (high - low) / 2 if high > low else 0.02
+    reached = [a[np.isfinite(a)] for a in accuracies]
+    top = max([high, *(float(a.max()) for a in reached if a.size)])
+    return low, top + (top - low) / 10
 
 
 def _workers(n: int) -> str:
