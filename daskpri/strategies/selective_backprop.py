@@ -288,9 +288,9 @@ class SelectiveBackprop(Strategy):
         selects the same samples each time either way, but with False one
         without prefetch (``daskpri.trainer.prefetch``) selects after each
         round and so reads other losses than one with it. Where a pass of
-        the walk draws its first rounds from a plain shuffle
-        (``recent_last=False``, as before the twenty-seventh session), they
-        hold samples of the round in flight: on the MNIST-1D CNN
+        the walk draws its first rounds from a plain shuffle (the default;
+        see ``recent_last``), they hold samples of the round in flight: on
+        the MNIST-1D CNN
         (``beta=1, refresh=3, warmup=1, stale_beta=5, prefilter=0.5``) the
         table declined 68 of 74 rounds, and selecting
         them while the workers wait takes about 5% of the step time; with
@@ -312,21 +312,23 @@ class SelectiveBackprop(Strategy):
         after it draw none of the round in flight's and are selected while
         the workers compute it, instead of after it (``wait_for_inflight``)
         or from losses a round old (``wait_for_inflight=False``). Every
-        sample is still drawn once a pass. False: each pass is a plain
-        shuffle, whose first rounds draw some of the round in flight's
-        samples as good as always. No effect on the defaults, which never
-        read the table. On the MNIST-1D CNN (``fraction=0.33, refresh=4,
-        warmup=1``, 10 seeds, 2 workers on 2 cores) the rounds selected
-        ahead went from 36% to 99%, the share of the step time the workers
-        waited for the selection from 3.4% to 0.5%, and the samples
-        processed a second up by 2.4%; the steps to 99% of uniform's best
-        accuracy stayed as they were (40 seeds: median 344 against 336,
-        mean 344.4 against 344.8, paired difference -0.4 +- 10.8;
-        ``refresh=8``, 20 seeds: mean 344 against 369;
-        ``benchmarks/steps_to_target.py``), and the time to it within the
-        runs' noise (twenty-seventh session). On 2 cores the selection made ahead takes its CPU from
-        the workers; on a cluster whose scheduler has a core of its own,
-        the wait saved is time saved.
+        sample is still drawn once a pass. False (the default): each pass
+        is a plain shuffle, whose first rounds draw some of the round in
+        flight's samples as good as always. No effect where the selection
+        reads no table (the strategy's defaults). On the MNIST-1D CNN
+        (``fraction=0.33, refresh=4, warmup=1``, 10 seeds, 2 workers on 2
+        cores) it raised the rounds selected ahead from 36% to 99% and cut
+        the share of the step time the workers waited for the selection
+        from 3.4% to 0.5%, and it costs no steps (40 seeds to 99% of
+        uniform's best accuracy: mean 344.4 against 344.8, paired
+        difference -0.4 +- 10.8; ``benchmarks/steps_to_target.py``); but
+        the time to that target did not fall (1.41x-1.44x uniform's in
+        two runs against 1.50x-1.77x with plain shuffles, where the
+        bench's seeds 0-9 happened to take 8% more steps with it): on 2
+        cores the selection made ahead takes its CPU from the workers
+        (the scheduler shares them), so it stays off by default. On a
+        cluster whose scheduler has cores of its own the wait it removes
+        is time saved (not measured here; twenty-seventh session).
 
     Examples
     --------
@@ -352,7 +354,7 @@ class SelectiveBackprop(Strategy):
         prefilter: float = 1.0,
         wait_for_inflight: bool = True,
         anneal_step: int | None = None,
-        recent_last: bool = True,
+        recent_last: bool = False,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
