@@ -477,6 +477,51 @@ def test_selective_backprop_rounds_across_passes_are_selected_ahead_and_select_t
     assert len(run(True, False)[1]) > 1  # plain shuffles: declined at new passes
 
 
+def test_a_walk_with_recent_last_resumes_from_the_tables_state_at_any_round():
+    # the rounds' marks are strategy state: saved (packed, as the plugin
+    # ships it) after any round and loaded into a new table, the run selects
+    # what it selects uninterrupted, also where the next round begins a pass
+    from daskpri._wire import pack_tree, unpack_tree
+    from daskpri.table.plugin import TableRun
+    from daskpri.table.table import PriorityTable
+
+    def new_run():
+        strategy = get_strategy("selective-backprop", fraction=0.5, refresh=2, recent_last=True)
+        tr = TableRun(table=PriorityTable([60, 60]), strategy=strategy,
+                      rng=np.random.default_rng(0), owner=np.zeros(0, np.int64), batch_size=4,
+                      info={})
+        tr.set_owner(np.array([0, 1]))
+        return tr
+
+    def go(tr, first, last):
+        out = []
+        for r in range(first, last):
+            arrays = tr.select_round_arrays(4 * r, 4)
+            out.append([a["train"].tolist() for a in arrays])
+            seen = np.unique(np.concatenate([a["train"] for a in arrays]))
+            tr.table.update(seen, np.cos(seen * (r + 1.0)) + 2.0, step=4 * r)
+        return out
+
+    whole = go(new_run(), 0, 24)
+    for split in range(1, 24):
+        before = new_run()
+        head = go(before, 0, split)
+        after = new_run()
+        after.load_state_dict(unpack_tree(pack_tree(before.state_dict())))
+        assert head + go(after, split, 24) == whole, split
+    # and the marks matter: dropped, some resumed run walks otherwise
+    differs = []
+    for split in range(1, 24):
+        before = new_run()
+        go(before, 0, split)
+        state = unpack_tree(pack_tree(before.state_dict()))
+        state["strategy_state"].pop("round_marks")
+        after = new_run()
+        after.load_state_dict(state)
+        differs.append(go(after, split, 24) != whole[split:])
+    assert any(differs)
+
+
 def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():
     """The worker derives a round's losses, loss sum and hits from its logits at the end.
 
