@@ -370,6 +370,20 @@ def test_sweep_interleaves_the_arms_for_each_seed_and_learning_rate():
     assert {(s.phase, s.n_workers, s.budget) for s in specs} == {("sweep", 2, cfg.budget)}
 
 
+def test_first_seed_moves_every_phase_to_its_seeds_and_the_report_says_which():
+    shifted = _config(seeds=2, first_seed=5, learning_rates=(0.05, 0.1), workers=(1, 2), ddp=True)
+    records = _simulate(shifted)
+    assert {r.spec.seed for r in records} == {5, 6}
+    assert {r.spec.phase for r in records} == {"sweep", "scaling", "overhead"}
+    assert len(records) == count_runs(shifted, SIZES) == count_runs(
+        _config(seeds=2, learning_rates=(0.05, 0.1), workers=(1, 2), ddp=True), SIZES)
+    md = render_markdown(shifted, MACHINE, summarize(shifted, records, SIZES), [])
+    assert "Seeds: 2, 5–6 (each seeds" in md
+    with pytest.raises(ValueError, match="first_seed should be a non-negative integer, "
+                                         "but got first_seed=-1"):
+        _config(first_seed=-1)
+
+
 def test_scaling_and_overhead_runs_use_the_picked_learning_rate():
     cfg = _config(seeds=2, learning_rates=(0.05, 0.1), workers=(1, 2), ddp=True)
     records = _simulate(cfg)

@@ -100,6 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="samples of each dataset, train and test together")
     how = parser.add_argument_group("protocol")
     how.add_argument("--seeds", type=int, metavar="N", help=_defaults("seeds"))
+    how.add_argument("--first-seed", type=int, metavar="N",
+                     help="the first seed (default 0): another run's seeds draw other weights "
+                          "and selections")
     how.add_argument("--budget", type=float, metavar="S",
                      help="seconds of training per run, " + _defaults("budget"))
     how.add_argument("--learning-rates", type=_listof(float, "numbers"), metavar="LR[,LR...]",
@@ -148,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         models=args.models,
         strategies=args.strategies,
         seeds=args.seeds,
+        first_seed=args.first_seed,
         workers=args.workers,
         learning_rates=args.learning_rates,
         budget=args.budget,

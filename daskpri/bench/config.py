@@ -59,8 +59,13 @@ class BenchConfig:
         is a second arm of strategy ``NAME``, with its own options, compared
         in the same runs as ``NAME``'s (``LABEL``: letters, digits, ``_.-``).
     seeds : int
-        Seeds ``0 .. seeds - 1``; each seeds the model's weights and the
-        trainer's selections (the data split is the same for all).
+        Seeds ``first_seed .. first_seed + seeds - 1``; each seeds the
+        model's weights and the trainer's selections (the data split is the
+        same for all).
+    first_seed : int
+        The first seed (0): a second benchmark with other seeds draws other
+        weights and selections, where the same seeds would repeat the first
+        one's steps.
     workers : tuple of int
         Worker counts, each once (kept in increasing order). The comparison
         runs on the largest; the others rerun every arm at its chosen
@@ -144,6 +149,7 @@ class BenchConfig:
     models: tuple[str, ...] = FULL_DEFAULTS["models"]
     strategies: tuple[str, ...] = FULL_DEFAULTS["strategies"]
     seeds: int = 3
+    first_seed: int = 0
     workers: tuple[int, ...] = (1, 2)
     learning_rates: tuple[float, ...] = FULL_DEFAULTS["learning_rates"]
     budget: float = 60.0
@@ -176,6 +182,7 @@ class BenchConfig:
             strategies = ("uniform", *strategies)
         object.__setattr__(self, "strategies", strategies)
         check_int("seeds", self.seeds, 1)
+        check_int("first_seed", self.first_seed, 0)
         check_int("batch_size", self.batch_size, 1)
         check_int("partition_size", self.partition_size, 1)
         check_int("local_steps", self.local_steps, 1)
@@ -272,6 +279,17 @@ class BenchConfig:
         values = dict(QUICK_DEFAULTS if quick else FULL_DEFAULTS)
         values.update({k: v for k, v in options.items() if v is not None})
         return cls(quick=quick, **values)
+
+    @property
+    def seed_range(self) -> range:
+        """The seeds of the runs.
+
+        Examples
+        --------
+        >>> list(BenchConfig(seeds=3, first_seed=10).seed_range)
+        [10, 11, 12]
+        """
+        return range(self.first_seed, self.first_seed + self.seeds)
 
     @property
     def main_workers(self) -> int:

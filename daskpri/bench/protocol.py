@@ -153,7 +153,7 @@ def _sweep(config: BenchConfig, sizes: Mapping[str, int]) -> list[RunSpec]:
     for dataset in config.datasets:
         for model in config.models:
             arms = make_arms(config, sizes[dataset], model)
-            for seed in range(config.seeds):
+            for seed in config.seed_range:
                 for lr in config.learning_rates:
                     for arm in arms:  # interleaved: drift hits every arm alike
                         out.append(
@@ -175,7 +175,7 @@ def _scaling(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> lis
     for dataset in config.datasets:
         for model in config.models:
             arms = [a for a in make_arms(config, sizes[dataset], model) if "@" not in a.label]
-            for seed in range(config.seeds):
+            for seed in config.seed_range:
                 for n in _alternate(config.workers, seed):
                     for arm in arms:
                         lr = picks[(dataset, model, arm.label)]
@@ -193,7 +193,7 @@ def _overhead(config: BenchConfig, sizes: Mapping[str, int], picks: Picks) -> li
         uniform = make_arms(config, sizes[dataset])[0]
         for model in config.models:
             lr = picks[(dataset, model, "uniform")]
-            for seed in range(config.seeds):
+            for seed in config.seed_range:
                 runs = [("torch", 1)] + ([("ddp", DDP_PROCESSES)] if config.ddp else [])
                 for kind, n in runs:
                     for k in _alternate(("daskpri", kind), seed):

@@ -208,8 +208,9 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
             else ""
         )
         + ". One torch thread in each worker and in the driver. "
-        f"Seeds: {config.seeds} "
-        "(each seeds the weights and the selections; the data split is fixed); "
+        f"Seeds: {config.seeds}"
+        + (f", {config.first_seed}–{config.seed_range[-1]}" if config.first_seed else "")
+        + " (each seeds the weights and the selections; the data split is fixed); "
         "values are medians over seeds with [min–max]. Arms run interleaved "
         "(for each dataset, model, seed and learning rate, every arm in turn). "
         "Targets: " + ", ".join(_pct(f) for f in config.target_fractions)

@@ -270,6 +270,7 @@ def previous_runs(path: Path, config: BenchConfig,
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--resume: {path} is not a daskpri bench results.json ({e})") from None
     ours = json.loads(json.dumps(config.to_dict()))  # as write_json stored it
+    theirs.setdefault("first_seed", 0)  # made before the option: its seeds began at 0
     differ = [f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
               for k in sorted(ours.keys() | theirs.keys())
               if k != "scheduler" and ours.get(k) != theirs.get(k)]
