@@ -379,6 +379,23 @@ def check_fraction(name: str, value: float, *, low_open: bool = False) -> float:
     return float(value)
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` as a bool if it is one (a NumPy bool too).
+
+    Examples
+    --------
+    >>> check_bool("flag", np.True_)
+    True
+    >>> check_bool("flag", "no")
+    Traceback (most recent call last):
+    ...
+    ValueError: flag should be True or False, but got flag='no'
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} should be True or False, but got {name}={value!r}")
+    return bool(value)
+
+
 def check_number(name: str, value: Any, low: float, *, low_open: bool = False) -> float:
     """``value`` if it is a finite number ``>= low`` (``> low`` with ``low_open``)."""
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)

@@ -15,6 +15,7 @@ from daskpri.strategies.base import (
     SelectContext,
     Selection,
     Strategy,
+    check_bool,
     check_fraction,
     check_int,
     check_number,
@@ -369,17 +370,8 @@ class SelectiveBackprop(Strategy):
         )
         self.score_dtype = check_score_dtype(score_dtype)
         self.prefilter = check_fraction("prefilter", prefilter, low_open=True)
-        if not isinstance(wait_for_inflight, (bool, np.bool_)):
-            raise ValueError(
-                f"wait_for_inflight should be True or False, but got "
-                f"wait_for_inflight={wait_for_inflight!r}"
-            )
-        self.wait_for_inflight = bool(wait_for_inflight)
-        if not isinstance(recent_last, (bool, np.bool_)):
-            raise ValueError(
-                f"recent_last should be True or False, but got recent_last={recent_last!r}"
-            )
-        self.recent_last = bool(recent_last)
+        self.wait_for_inflight = check_bool("wait_for_inflight", wait_for_inflight)
+        self.recent_last = check_bool("recent_last", recent_last)
         self.anneal_step = None if anneal_step is None else check_int("anneal_step", anneal_step, 0)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
