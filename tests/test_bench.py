@@ -30,6 +30,7 @@ from daskpri.bench.analysis import (
 )
 from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import strategy_of
+from daskpri.bench.figures import accuracy_lines
 from daskpri.bench.protocol import gradients_per_step, make_arms
 from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
 from daskpri.bench.report import fmt_ratio, fmt_spread, render_markdown, write_report
@@ -379,6 +380,10 @@ def test_first_seed_moves_every_phase_to_its_seeds_and_the_report_says_which():
         _config(seeds=2, learning_rates=(0.05, 0.1), workers=(1, 2), ddp=True), SIZES)
     md = render_markdown(shifted, MACHINE, summarize(shifted, records, SIZES), [])
     assert "Seeds: 2, 5–6 (each seeds" in md
+    # the plots draw the first seed's run of each arm solid and name it in the legend
+    lines = accuracy_lines(shifted, records, "mnist1d", "mlp")
+    assert sorted(line.arm for line in lines if line.first) == sorted({line.arm for line in lines})
+    assert all(line.first == (line.seed == 5) for line in lines)
     with pytest.raises(ValueError, match="first_seed should be a non-negative integer, "
                                          "but got first_seed=-1"):
         _config(first_seed=-1)

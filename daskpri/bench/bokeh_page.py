@@ -47,7 +47,7 @@ def _accuracy(config: BenchConfig, records: Sequence[RunRecord], summary: Mappin
                  tooltips=[("arm", "$name"), ("time", "$x{0.0} s"), ("accuracy", "$y{0.0000}")])
     for line in lines:
         fig.line(line.time.tolist(), line.accuracy.tolist(), color=colors[line.arm],
-                 line_alpha=1.0 if line.seed == 0 else 0.45, line_width=1.5, name=line.arm,
+                 line_alpha=1.0 if line.first else 0.45, line_width=1.5, name=line.arm,
                  legend_label=line.arm)
     for t in summary["targets"]:
         if (t["dataset"], t["model"]) == (dataset, model):

@@ -39,6 +39,8 @@ class AccuracyLine:
     seed: int
     time: np.ndarray
     accuracy: np.ndarray
+    #: the run of the benchmark's first seed, drawn solid and named in the legend
+    first: bool = False
 
 
 def accuracy_lines(config: BenchConfig, records: Sequence[RunRecord], dataset: str,
@@ -54,7 +56,7 @@ def accuracy_lines(config: BenchConfig, records: Sequence[RunRecord], dataset: s
         if picks.get((dataset, model, s.arm.label)) != s.learning_rate:
             continue
         t, _, acc = r.curve.evaluated()
-        out.append(AccuracyLine(s.arm.label, s.seed, t, acc))
+        out.append(AccuracyLine(s.arm.label, s.seed, t, acc, s.seed == config.first_seed))
     return out
 
 

@@ -39,8 +39,8 @@ def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
             for ax in (whole, near):
                 for line in lines:
                     ax.plot(line.time, line.accuracy, color=colors[line.arm], lw=1.2,
-                            alpha=1.0 if line.seed == 0 else 0.45,
-                            label=line.arm if line.seed == 0 else None)
+                            alpha=1.0 if line.first else 0.45,
+                            label=line.arm if line.first else None)
                 for t in levels:
                     ax.axhline(t["target"], color="grey", ls="--", lw=0.8)
                     ax.text(0.01, t["target"], f"{100 * t['fraction']:g}% target", fontsize=7,
