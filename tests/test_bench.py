@@ -23,6 +23,7 @@ from daskpri.bench.analysis import (
     accuracy_at,
     efficiency,
     speedup,
+    speedup_interval,
     spread,
     steps_to_target,
     summarize,
@@ -478,6 +479,63 @@ def test_paired_speedup_sets_each_seed_against_its_own_uniform_run():
     assert "| paired by seed |" in md and "| 2.00x [0.67x–2.00x] |" in md
 
 
+def _pairs(times: Sequence[tuple[float, float]]) -> tuple[list[RunRecord], list[RunRecord]]:
+    """(arm's runs, uniform's runs), one per seed, reaching accuracy 1.0 at the times given."""
+    ours = [_record(LOSS, accuracy=[0.5, 1.0], times=[t / 2, t], seed=seed)
+            for seed, (_, t) in enumerate(times)]
+    theirs = [_record(accuracy=[0.5, 1.0], times=[t0 / 2, t0], seed=seed)
+              for seed, (t0, _) in enumerate(times)]
+    return ours, theirs
+
+
+def test_speedup_interval_holds_the_ratio_of_medians_and_widens_with_the_seeds_spread():
+    steady = [(20.0, 10.0 + 0.1 * i) for i in range(10)]  # every seed about 2x
+    scattered = [(20.0, t) for t in (5.0, 8.0, 9.0, 10.0, 10.0, 10.0, 11.0, 12.0, 18.0, 25.0)]
+    narrow = speedup_interval(*_pairs(steady), 0.99, 100.0)
+    wide = speedup_interval(*_pairs(scattered), 0.99, 100.0)
+    assert narrow is not None and wide is not None
+    assert narrow.n == wide.n == 10 and narrow.confidence == 0.95
+    assert narrow.low <= 20.0 / 10.45 <= narrow.high and narrow.high - narrow.low < 0.1
+    assert wide.low <= 2.0 <= wide.high and wide.high - wide.low > 0.3
+    # the draws are seeded: the same runs give the same interval
+    assert speedup_interval(*_pairs(scattered), 0.99, 100.0) == wide
+    assert speedup_interval(*_pairs(scattered), 0.99, 100.0, confidence=0.5).high < wide.high
+
+
+def test_speedup_interval_counts_a_missed_target_as_no_speedup_and_needs_three_seeds():
+    # the arm misses the target in 6 seeds of 10: its median misses it, and so do most draws
+    times = [(20.0, 10.0)] * 4 + [(20.0, math.inf)] * 6
+    ci = speedup_interval(*_pairs(times), 0.99, 100.0)
+    assert ci is not None and ci.low == 0.0
+    # seeds the baseline ran but the arm did not are left out of the pairs
+    ours, theirs = _pairs([(20.0, 10.0)] * 4)
+    assert speedup_interval(ours[:2], theirs, 0.99, 100.0) is None
+    assert speedup_interval(ours[:3], theirs, 0.99, 100.0).n == 3  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"confidence should be between 0 and 1, but got "
+                                         r"confidence=1\.5"):
+        speedup_interval(ours, theirs, 0.99, 100.0, confidence=1.5)
+    with pytest.raises(ValueError, match="resamples should be a positive integer, but got "
+                                         "resamples=0"):
+        speedup_interval(ours, theirs, 0.99, 100.0, resamples=0)
+
+
+def test_the_report_gives_each_speedup_its_bootstrap_interval():
+    cfg = _config(seeds=4, workers=(2,), strategies=("uniform", "loss"), budget=100.0)
+    ours, theirs = _pairs([(20.0, 10.0), (22.0, 10.0), (18.0, 10.0), (20.0, 11.0)])
+    summary = summarize(cfg, ours + theirs, SIZES)
+    row = {(r["arm"], r["fraction"]): r for r in summary["time_to_target"]}[("loss", 0.99)]
+    ci = row["vs_uniform_interval"]
+    assert ci.low <= row["vs_uniform"].value <= ci.high
+    md = render_markdown(cfg, MACHINE, summary, [])
+    assert "| speedup vs uniform | 95% interval | paired by seed |" in md
+    assert f"| {ci.low:.2f}x–{ci.high:.2f}x |" in md
+    assert "bootstrap over seeds" in md
+    # two seeds: no interval
+    summary = summarize(_config(seeds=2, workers=(2,)), ours[:2] + theirs[:2], SIZES)
+    loss_rows = [r for r in summary["time_to_target"] if r["arm"] == "loss"]
+    assert {r["vs_uniform_interval"] for r in loss_rows} == {None}
+
+
 def test_the_report_says_where_each_arms_training_time_goes():
     cfg = _config(seeds=2, workers=(2,), strategies=("uniform", "loss"))
     records = []
@@ -898,6 +956,21 @@ def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, caps
     err = capsys.readouterr().err
     assert f"--resume: {path} was made with other options (budget: 1.0 there, 2.0 here)" in err
     assert json.loads(path.read_text()) == resumed  # and left as it was
+    # more seeds: the runs of seed 0 are kept and seed 1's made, its arms side by side
+    capsys.readouterr()
+    assert main([*argv, "--seeds", "2", "--resume"]) == 0
+    grown = json.loads(path.read_text())
+    assert grown["runs"][:len(resumed["runs"])] == resumed["runs"]
+    added = [r["spec"] for r in grown["runs"][len(resumed["runs"]):]]
+    assert {s["seed"] for s in added} == {1}
+    assert [(s["phase"], s["arm"]["label"]) for s in added if s["phase"] == "sweep"] == [
+        ("sweep", "uniform"), ("sweep", "loss")]
+    assert grown["config"]["seeds"] == 2
+    assert "Seeds: 2 (each seeds" in (out / "results.md").read_text()
+    # but not a seed range without the seeds it holds
+    assert main([*argv, "--seeds", "2", "--first-seed", "1", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {path} was made with other options (first_seed: 0 there, 1 here)" in err
 
 
 def test_report_says_there_are_no_targets_when_every_uniform_run_failed():

@@ -26,10 +26,14 @@ from daskpri.bench.protocol import (
 from daskpri.bench.records import Curve, RunRecord, time_to_target
 from daskpri.training.history import TIME_PARTS
 
+#: the confidence of the speedups' bootstrap intervals in the report
+CONFIDENCE = 0.95
+
 #: the parts of a step's time that the report gives the share of, as a record keeps them
 PARTS = tuple(name.removesuffix("_time") for name in TIME_PARTS)
 
 __all__ = [
+    "Interval",
     "Ratio",
     "Spread",
     "accuracy_at",
@@ -38,6 +42,7 @@ __all__ = [
     "paired_ratios",
     "paired_speedups",
     "speedup",
+    "speedup_interval",
     "spread",
     "steps_to_target",
     "summarize",
@@ -270,6 +275,97 @@ def speedup(baseline: float, arm: float, budget: float) -> Ratio:
     return Ratio(baseline / arm, "exact")
 
 
+@dataclass(frozen=True)
+class Interval:
+    """A bootstrap confidence interval: ``low`` and ``high`` at ``confidence``, from
+    ``n`` seeds."""
+
+    low: float
+    high: float
+    confidence: float
+    n: int
+
+
+def speedup_interval(
+    runs: Sequence[RunRecord],
+    baseline: Sequence[RunRecord],
+    target: float,
+    budget: float,
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Interval | None:
+    """A bootstrap confidence interval of :func:`speedup` over the seeds.
+
+    The seeds that both sides ran are drawn with replacement ``resamples``
+    times, each time as a pair (an arm's run and the baseline's of one seed
+    share the machine's speed of the moment), and the speedup of the two
+    medians is taken again; the interval holds the middle ``confidence`` of
+    those speedups (percentile bootstrap, the outer order statistics, so a
+    missed target, counted as 0x, never gets interpolated away). A resample
+    whose baseline median missed the target counts as the budget over the
+    arm's time, as :func:`speedup` says "at least". It measures how far the
+    spread of the seeds and the machine's noise leave the ratio uncertain;
+    it does not count the choice of each arm's learning rate from the sweep.
+
+    Returns ``None`` where fewer than 3 seeds are paired.
+
+    Parameters
+    ----------
+    runs, baseline : sequence of RunRecord
+        One run per seed for the arm and for its baseline.
+    target : float
+        The accuracy whose time is compared.
+    budget : float
+        The runs' budget in seconds (the bound where the baseline missed).
+    confidence : float
+        Between 0 and 1.
+    resamples : int
+        Bootstrap draws.
+    seed : int
+        Seeds the draws (:func:`numpy.random.default_rng`): a report made
+        twice from the same runs says the same.
+
+    Examples
+    --------
+    >>> from daskpri.bench.records import Arm, Curve, RunSpec
+    >>> def run(label, seed, seconds):
+    ...     spec = RunSpec("sweep", "daskpri", "d", "mlp", Arm(label, label, 64, 64),
+    ...                    0.1, seed, 2, 60.0)
+    ...     return RunRecord(spec, Curve([seconds], [1], [0.9], [1.0]), 64, 64, 61.0)
+    >>> ours = [run("sb", s, t) for s, t in enumerate([10.0, 12.0, 11.0, 9.0, 30.0])]
+    >>> theirs = [run("uniform", s, 20.0) for s in range(5)]
+    >>> ci = speedup_interval(ours, theirs, 0.9, 60.0)
+    >>> ci.low < 20.0 / 11.0 < ci.high, ci.n
+    (True, 5)
+    >>> speedup_interval(ours[:2], theirs, 0.9, 60.0) is None
+    True
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence should be between 0 and 1, but got confidence={confidence!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples should be a positive integer, but got resamples={resamples!r}")
+    base = {r.spec.seed: time_to_target(r.curve, target) for r in baseline}
+    pairs = [(base[r.spec.seed], time_to_target(r.curve, target))
+             for r in runs if r.spec.seed in base]
+    if len(pairs) < 3:
+        return None
+    t0, t = (np.asarray(side, dtype=np.float64) for side in zip(*pairs, strict=True))
+    draws = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
+    m0, m = np.median(t0[draws], axis=1), np.median(t[draws], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(np.isinf(m0), budget / m, m0 / m)
+    ratio = np.where(np.isinf(m), np.where(np.isinf(m0), np.nan, 0.0), ratio)
+    ratio = ratio[~np.isnan(ratio)]
+    if not ratio.size:
+        return None
+    tail = (1.0 - confidence) / 2
+    return Interval(float(np.quantile(ratio, tail, method="lower")),
+                    float(np.quantile(ratio, 1.0 - tail, method="higher")),
+                    confidence, len(pairs))
+
+
 def efficiency(t_base: float, t_n: float, n_base: int, n: int) -> float:
     """Parallel efficiency of ``n`` workers against ``n_base``: ``T_base / ((n/n_base) T_n)``.
 
@@ -372,6 +468,8 @@ def _comparison(config: BenchConfig, arms: Sequence[Any], tuned: dict[str, list[
                 "steps": spread(steps_to_target(r.curve, t) for r in runs),
                 "vs_uniform": speedup(base.median, times.median, budget),
                 "vs_uniform_paired": paired_speedups(runs, tuned.get("uniform", []), t),
+                "vs_uniform_interval": speedup_interval(runs, tuned.get("uniform", []), t,
+                                                        budget),
                 "equal_gradients": equal,
                 "vs_equal_gradients": speedup(same.median, times.median, budget),
             })

@@ -60,18 +60,22 @@ def _accuracy(config: BenchConfig, records: Sequence[RunRecord], summary: Mappin
 
 def _speedup(dataset: str, model: str, rows: Sequence[Mapping[str, Any]]) -> Any:
     from bokeh.models import ColumnDataSource, FactorRange
-    from bokeh.models.annotations import Span
+    from bokeh.models.annotations import Span, Whisker
     from bokeh.plotting import figure
 
     factors = [(r["arm"], r["target"]) for r in rows]
     source = ColumnDataSource({
         "x": factors, "value": [r["value"] for r in rows], "kind": [r["kind"] for r in rows],
+        "low": [r["low"] for r in rows], "high": [r["high"] for r in rows],
     })
     fig = figure(x_range=FactorRange(factors=factors), width=800, height=320,
                  title=f"{dataset} / {model}: speedup vs uniform (time to target)",
                  y_axis_label="speedup", tooltips=[("", "@x"), ("speedup", "@value{0.00}x"),
+                                                   ("interval", "@low{0.00}x–@high{0.00}x"),
                                                    ("kind", "@kind")])
     fig.vbar(x="x", top="value", width=0.8, source=source)
+    # the bootstrap interval over seeds (NaN, not drawn, where there is none)
+    fig.add_layout(Whisker(base="x", lower="low", upper="high", source=source))
     fig.add_layout(Span(location=1.0, dimension="width", line_color="black"))
     fig.xaxis.major_label_orientation = 0.8
     return fig

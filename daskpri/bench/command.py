@@ -85,8 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a short run: mnist1d, mlp, 3 arms, 1 seed, 15 s budgets")
     parser.add_argument("--resume", action="store_true",
-                        help="keep the runs of DIR/results.json (made with the same options) "
-                             "and make only the rest, after an interruption")
+                        help="keep the runs of DIR/results.json (made with the same options; "
+                             "--seeds and --first-seed may take in more seeds than it has) and "
+                             "make only the rest: after an interruption, or to add seeds")
     what = parser.add_argument_group("what is compared")
     what.add_argument("--datasets", type=_listof(str, "datasets"), metavar="D[,D...]",
                       help=_defaults("datasets"))

@@ -64,17 +64,19 @@ def speedup_bars(summary: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[
     """Per dataset and model: the speedup vs uniform of each non-uniform arm per target.
 
     ``value`` is 0 where the arm missed the target (``kind`` says so) and the
-    lower bound where uniform missed it.
+    lower bound where uniform missed it; ``low`` and ``high`` bound its
+    bootstrap interval over seeds (NaN where there is none).
     """
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in summary["time_to_target"]:
         if r["arm"] == "uniform":
             continue
-        ratio = r["vs_uniform"]
+        ratio, ci = r["vs_uniform"], r.get("vs_uniform_interval")
         value = ratio.value if math.isfinite(ratio.value) else 0.0
         out.setdefault((r["dataset"], r["model"]), []).append(
             {"arm": r["arm"], "target": f"{100 * r['fraction']:g}%", "value": value,
-             "kind": ratio.kind}
+             "kind": ratio.kind, "low": ci.low if ci is not None else math.nan,
+             "high": ci.high if ci is not None else math.nan}
         )
     return out
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from daskpri.bench.analysis import CONFIDENCE
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.figures import accuracy_lines, palette, scaling_points, speedup_bars
 from daskpri.bench.records import RunRecord
@@ -104,21 +106,32 @@ def _speedups(out: Path, summary: Mapping[str, Any]) -> str:
         targets = list(dict.fromkeys(r["target"] for r in rows))
         width = 0.8 / max(len(targets), 1)
         for j, target in enumerate(targets):
-            xs, hs, notes = [], [], []
+            xs, hs, notes, spans = [], [], [], []
             for k, arm in enumerate(arms):
                 row = next(r for r in rows if r["arm"] == arm and r["target"] == target)
                 xs.append(k + j * width)
                 hs.append(row["value"])
                 notes.append({"not reached": "n.r.", "at least": "≥", "n/a": "—"}.get(
                     row["kind"], ""))
+                spans.append((row["low"], row["high"]))
             ax.bar(xs, hs, width, label=f"to {target}")
+            # the bootstrap interval over seeds, where there is one
+            whiskers = [(x, lo, hi) for x, (lo, hi) in zip(xs, spans, strict=True)
+                        if math.isfinite(lo) and math.isfinite(hi)]
+            if whiskers:
+                wx, lo, hi = (list(v) for v in zip(*whiskers, strict=True))
+                ax.vlines(wx, lo, hi, color="black", lw=0.8)
+                for ends in (lo, hi):
+                    ax.hlines(ends, [x - width / 6 for x in wx], [x + width / 6 for x in wx],
+                              color="black", lw=0.8)
             for x, h, note in zip(xs, hs, notes, strict=True):
                 if note:
                     ax.annotate(note, (x, h), ha="center", va="bottom", fontsize=7)
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xticks([k + width * (len(targets) - 1) / 2 for k in range(len(arms))], arms,
                       fontsize=8)
-        ax.set(ylabel="speedup vs uniform", title=f"{dataset} / {model}")
+        ax.set(ylabel="speedup vs uniform",
+               title=f"{dataset} / {model} (whiskers: {100 * CONFIDENCE:g}% interval over seeds)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=100)

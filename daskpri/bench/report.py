@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from daskpri.bench.analysis import PARTS, Ratio, Spread, summarize
+from daskpri.bench.analysis import CONFIDENCE, PARTS, Interval, Ratio, Spread, summarize
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import COARSE_RATIO
 from daskpri.bench.records import RunRecord
@@ -72,6 +72,19 @@ def _paired(s: Spread | None) -> str:
     if s.n == 1:
         return f"{s.median:.2f}x"
     return f"{s.median:.2f}x [{s.low:.2f}x–{s.high:.2f}x]"
+
+
+def _interval(ci: Interval | None) -> str:
+    """A speedup's bootstrap interval: ``low–high``, ``x`` after each (``—`` for none).
+
+    Examples
+    --------
+    >>> _interval(Interval(1.31, 1.8, 0.95, 10)), _interval(None)
+    ('1.31x–1.80x', '—')
+    """
+    if ci is None:
+        return "—"
+    return f"{ci.low:.2f}x–{ci.high:.2f}x"
 
 
 def _time_parts(summary: Mapping[str, Any], dm: tuple[str, str]) -> list[str]:
@@ -220,7 +233,11 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         + "`n.r.`: not reached within the budget (a median of `n.r.` means half the seeds or "
         "more missed it); `≥`: uniform missed the target, so the speedup is at least the "
         "budget over the arm's time. `uniform@G`: uniform with batch G, as many gradients "
-        "per step as the strategies that compute G. samples/s counts every sample "
+        "per step as the strategies that compute G. The speedup is uniform's median time "
+        f"over the arm's; its {_pct(CONFIDENCE)} interval is a bootstrap over seeds (the "
+        "seeds drawn with replacement, each arm's run with uniform's of its seed; a missed "
+        "target counts as 0x; at least 3 seeds), which does not count the choice of each "
+        "arm's learning rate from the sweep. samples/s counts every sample "
         "processed (forward passes for scoring included); grads/step/worker, measured, the "
         "samples backpropagated.",
         "",
@@ -293,13 +310,15 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
         [r["arm"], f"{r['learning_rate']:g}", f"{_pct(r['fraction'])} ({r['target']:.4f})",
          fmt_spread(r["seconds"]), fmt_spread(r["steps"], 0),
          "—" if r["arm"] == "uniform" else fmt_ratio(r["vs_uniform"]),
+         "—" if r["arm"] == "uniform" else _interval(r.get("vs_uniform_interval")),
          "—" if r["arm"] == "uniform" else _paired(r.get("vs_uniform_paired")),
          "—" if r["arm"] == r["equal_gradients"]
          else f"{fmt_ratio(r['vs_equal_gradients'])} (vs {r['equal_gradients']})"]
         for r in _rows(summary, "time_to_target", dm)
     ]
     lines += _table(["arm", "lr", "target", "seconds", "steps", "speedup vs uniform",
-                     "paired by seed", "speedup vs uniform of equal gradients"], rows)
+                     f"{_pct(CONFIDENCE)} interval", "paired by seed",
+                     "speedup vs uniform of equal gradients"], rows)
     fractions = list(config.budget_fractions)
     lines += ["### Accuracy at equal wall-clock budgets", ""]
     rows = [

@@ -256,9 +256,13 @@ def previous_runs(path: Path, config: BenchConfig,
     """The runs that ``path`` (a ``results.json``) holds, made with ``config``.
 
     Empty where ``path`` does not exist (the benchmark stopped before its
-    first run ended). A file made with other options (the scheduler's
-    address aside) or other datasets is refused, naming what differs:
-    its runs would not be the ones this benchmark asks for.
+    first run ended). Its seeds may be fewer than ``config``'s: a benchmark
+    of seeds 0-9 resumed with 20 seeds keeps its runs and adds seeds 10-19
+    (each seed's arms still run side by side), for a narrower interval. A
+    file made with other options (the scheduler's address aside), with a
+    seed that ``config`` does not run, or with other datasets is refused,
+    naming what differs: its runs would not be the ones this benchmark
+    asks for.
     """
     import json
 
@@ -271,9 +275,17 @@ def previous_runs(path: Path, config: BenchConfig,
         raise ValueError(f"--resume: {path} is not a daskpri bench results.json ({e})") from None
     ours = json.loads(json.dumps(config.to_dict()))  # as write_json stored it
     theirs.setdefault("first_seed", 0)  # made before the option: its seeds began at 0
+    # more seeds may be added: a file whose seeds this benchmark runs too keeps its runs
+    seeds = ("seeds", "first_seed")
+    try:
+        first, n = int(theirs["first_seed"]), int(theirs["seeds"])
+        grown = set(range(first, first + n)) <= set(config.seed_range)
+    except (KeyError, TypeError, ValueError):
+        grown = False  # named below as an option that differs
     differ = [f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
               for k in sorted(ours.keys() | theirs.keys())
-              if k != "scheduler" and ours.get(k) != theirs.get(k)]
+              if k != "scheduler" and ours.get(k) != theirs.get(k)
+              and not (grown and k in seeds)]
     if doc.get("train_samples") != dict(sizes):
         differ.append(f"samples per dataset: {doc.get('train_samples')!r} there, "
                       f"{dict(sizes)!r} here")
