@@ -536,6 +536,25 @@ def test_the_report_gives_each_speedup_its_bootstrap_interval():
     assert {r["vs_uniform_interval"] for r in loss_rows} == {None}
 
 
+def test_the_report_says_when_uniform_was_still_climbing_at_the_end_of_its_budget():
+    cfg = _config(seeds=3, workers=(2,), strategies=("uniform", "loss"))  # 10 s budgets
+    times = [2.0, 4.0, 6.0, 8.0, 10.0]
+    climbing = [0.5, 0.6, 0.7, 0.8, 0.9]  # best at 10 s: after 3/4 of the budget
+    levelled = [0.5, 0.9, 0.85, 0.88, 0.87]  # best at 4 s
+    def runs(curves: Sequence[Sequence[float]]) -> list[RunRecord]:
+        return [_record(arm, list(c), times=times, seed=seed)
+                for seed, c in enumerate(curves) for arm in (UNIFORM, LOSS)]
+
+    summary = summarize(cfg, runs([climbing, climbing, levelled]), SIZES)
+    assert {t["uniform_late"] for t in summary["targets"]} == {(2, 3)}
+    md = render_markdown(cfg, MACHINE, summary, [])
+    assert ("**uniform's best accuracy came in the last 25% of the budget in 2 of its 3 runs: "
+            "it was still climbing") in md
+    # once in three runs is what a run that levelled off gives by chance: no warning
+    summary = summarize(cfg, runs([climbing, levelled, levelled]), SIZES)
+    assert "still climbing" not in render_markdown(cfg, MACHINE, summary, [])
+
+
 def test_the_report_says_where_each_arms_training_time_goes():
     cfg = _config(seeds=2, workers=(2,), strategies=("uniform", "loss"))
     records = []

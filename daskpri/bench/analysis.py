@@ -29,6 +29,10 @@ from daskpri.training.history import TIME_PARTS
 #: the confidence of the speedups' bootstrap intervals in the report
 CONFIDENCE = 0.95
 
+#: the share of the budget after which uniform's best accuracy comes "late": where
+#: it does in over half its runs, the report says it was still climbing
+LATE = 0.75
+
 #: the parts of a step's time that the report gives the share of, as a record keeps them
 PARTS = tuple(name.removesuffix("_time") for name in TIME_PARTS)
 
@@ -37,6 +41,7 @@ __all__ = [
     "Ratio",
     "Spread",
     "accuracy_at",
+    "best_came_late",
     "efficiency",
     "paired_efficiencies",
     "paired_ratios",
@@ -82,6 +87,23 @@ def accuracy_at(curve: Curve, seconds: float) -> float:
     acc = curve.accuracy[:end]
     acc = acc[~np.isnan(acc)]
     return float(acc[-1]) if acc.size else math.nan
+
+
+def best_came_late(curve: Curve, budget: float, late: float = 0.75) -> bool:
+    """Whether the run's best accuracy came after ``late`` of its ``budget`` seconds.
+
+    A run still climbing at the end of its budget has it there in every
+    seed; one that levelled off, in about ``1 - late`` of them (its
+    evaluations then take turns at the top).
+
+    Examples
+    --------
+    >>> c = Curve([1.0, 2.0, 3.0, 4.0], [1, 2, 3, 4], [0.5, 0.8, 0.7, 0.9], [1.0] * 4)
+    >>> best_came_late(c, 4.0), best_came_late(c, 4.0, late=1.0)
+    (True, False)
+    """
+    t, _, acc = curve.evaluated()
+    return bool(acc.size) and float(t[int(np.argmax(acc))]) > late * budget
 
 
 def final_accuracy(curve: Curve) -> float:
@@ -423,8 +445,12 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
             goal = targets(records, dataset, model, picks, config.target_fractions,
                            config.pick)
             best = next(iter(goal.values())) / config.target_fractions[0]
+            uniform = _select(records, phase="sweep", dataset=dataset, model=model,
+                              label="uniform")
+            late = sum(best_came_late(r.curve, r.spec.budget, LATE) for r in uniform)
             for f, t in goal.items():
-                out["targets"].append({**dm, "fraction": f, "target": t, "uniform_best": best})
+                out["targets"].append({**dm, "fraction": f, "target": t, "uniform_best": best,
+                                       "uniform_late": (late, len(uniform))})
             tuned: dict[str, list[RunRecord]] = {}
             edges = grid_edges(picks, config.learning_rates)
             headline = goal[max(goal)]

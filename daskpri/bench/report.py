@@ -9,7 +9,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from daskpri.bench.analysis import CONFIDENCE, PARTS, Interval, Ratio, Spread, summarize
+from daskpri.bench.analysis import (
+    CONFIDENCE,
+    LATE,
+    PARTS,
+    Interval,
+    Ratio,
+    Spread,
+    summarize,
+)
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import COARSE_RATIO
 from daskpri.bench.records import RunRecord
@@ -304,6 +312,12 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
         lines += ["Targets: " + ", ".join(
             f"{_pct(t['fraction'])} → {t['target']:.4f}" for t in targets
         ) + f" (tuned uniform's median best accuracy {best:.4f}).", ""]
+        late, runs = targets[0].get("uniform_late", (0, 0))
+        if runs and late > runs / 2:
+            lines += [f"**uniform's best accuracy came in the last {_pct(1 - LATE)} of the "
+                      f"budget in {late} of its {runs} runs: it was still climbing, so the "
+                      "targets are fractions of an accuracy it had not finished reaching. A "
+                      "longer --budget measures against where it levels off.**", ""]
     n = config.main_workers
     lines += [f"### Time to target ({n} worker{'' if n == 1 else 's'})", ""]
     rows = [
