@@ -31,7 +31,7 @@ from daskpri.bench.analysis import (
 )
 from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import strategy_of
-from daskpri.bench.figures import accuracy_lines
+from daskpri.bench.figures import accuracy_lines, speedup_bars
 from daskpri.bench.protocol import gradients_per_step, make_arms
 from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
 from daskpri.bench.report import fmt_ratio, fmt_spread, render_markdown, write_report
@@ -682,7 +682,7 @@ def test_spreads_print_median_range_and_misses():
 
 
 def test_report_is_written_from_records_alone(tmp_path: Path):
-    cfg = _config(seeds=2, workers=(1, 2), learning_rates=(0.05, 0.1), ddp=True)
+    cfg = _config(seeds=3, workers=(1, 2), learning_rates=(0.05, 0.1), ddp=True)
     records = _simulate(cfg)
     summary = write_report(tmp_path, cfg, MACHINE, SIZES, records)
     doc = json.loads((tmp_path / "results.json").read_text())
@@ -692,6 +692,12 @@ def test_report_is_written_from_records_alone(tmp_path: Path):
     assert md == render_markdown(cfg, MACHINE, summary, ["accuracy_mnist1d_mlp.png",
                                                          "speedup.png", "scaling.png"])
     assert "## Scaling" in md and "Learning-rate sweep" in md and "PyTorch DDP" in md
+    # three seeds: each speedup has its interval, in the tables, the JSON and the plots
+    bars = [b for rows in speedup_bars(summary).values() for b in rows]
+    assert bars and all(b["low"] <= b["high"] for b in bars)
+    stored = [r["vs_uniform_interval"] for r in doc["summary"]["time_to_target"]]
+    assert all(set(i) == {"low", "high", "confidence", "n"} for i in stored)
+    assert '"name":"Whisker"' in (tmp_path / "results.html").read_text()
 
 
 # -- validation -------------------------------------------------------------------------
