@@ -89,7 +89,7 @@ def accuracy_at(curve: Curve, seconds: float) -> float:
     return float(acc[-1]) if acc.size else math.nan
 
 
-def best_came_late(curve: Curve, budget: float, late: float = 0.75) -> bool:
+def best_came_late(curve: Curve, budget: float, late: float = LATE) -> bool:
     """Whether the run's best accuracy came after ``late`` of its ``budget`` seconds.
 
     A run still climbing at the end of its budget has it there in every
@@ -447,7 +447,7 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
             best = next(iter(goal.values())) / config.target_fractions[0]
             uniform = _select(records, phase="sweep", dataset=dataset, model=model,
                               label="uniform")
-            late = sum(best_came_late(r.curve, r.spec.budget, LATE) for r in uniform)
+            late = sum(best_came_late(r.curve, r.spec.budget) for r in uniform)
             for f, t in goal.items():
                 out["targets"].append({**dm, "fraction": f, "target": t, "uniform_best": best,
                                        "uniform_late": (late, len(uniform))})
