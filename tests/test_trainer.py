@@ -297,15 +297,15 @@ def test_workers_that_join_take_partitions_up_to_n_workers(small_data, caplog, s
             capped.close()
 
 
-def test_a_killed_worker_that_its_nanny_restarts_is_taken_back(small_data):
+def test_a_killed_worker_that_its_nanny_restarts_is_taken_back(small_data, caplog):
     train, _ = small_data
     with (
-        dask.config.set({"daskpri.trainer.rescan-interval": "0s"}),
         LocalCluster(
             n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
         ) as cluster,
         Client(cluster) as client,
     ):
+        # the next fit looks at the cluster before its first round, whatever the interval
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
                                   batch_size=16)
         try:
@@ -320,10 +320,17 @@ def test_a_killed_worker_that_its_nanny_restarts_is_taken_back(small_data):
                     break
                 assert time.monotonic() < deadline, "the nanny did not restart the worker"
                 time.sleep(0.1)
-            h = trainer.fit(train, max_steps=8, progress=False)
+            with caplog.at_level(logging.WARNING, logger="daskpri"):
+                h = trainer.fit(train, max_steps=8, progress=False)
             assert h.sizes["step"] == 8
             assert h["n_workers"].values.tolist()[-1] == 2
             assert set(trainer._deployment.owner_addr) == now
+            # the scheduler said the worker had gone before the run called it
+            # (a call would wait for the 30 s connect timeout, then fail)
+            [dead] = before - now
+            assert f"step 4: worker(s) {dead} left the cluster; their partitions moved" in (
+                caplog.text)
+            assert "a worker was lost" not in caplog.text
         finally:
             trainer.close()
 

@@ -138,6 +138,8 @@ class RunMixin:
             tuple(partition_bounds(ds, self.partition_size, 1).tolist()),
         )
         if key == self._data_key:
+            # workers may have left or joined since the last fit: look before its first round
+            self._next_rescan = 0.0
             return
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
@@ -197,25 +199,34 @@ class RunMixin:
         self._next_rescan = time.monotonic() + rescan_interval()
 
     def _admit_joined(self) -> None:
-        """Move partitions to suitable workers the run does not use yet, if any.
+        """Follow the workers that left the cluster or joined it, if any.
 
         Looked for every ``daskpri.trainer.rescan-interval`` (one call to the
-        scheduler), before a round: workers that joined the cluster, or came
-        back under a new address after a restart, up to ``n_workers`` where
-        that was given. The round selected ahead, if any, is dropped first
-        (it was selected for the workers as they were).
+        scheduler), before a round. Partitions of workers the scheduler no
+        longer lists (they died since the last step) move to live ones at
+        once, rather than after a call to them times out. Workers that joined
+        the cluster, or came back under a new address after a restart, take
+        partitions, up to ``n_workers`` where that was given. The round
+        selected ahead, if any, is dropped first (it was selected for the
+        workers as they were).
         """
         now = time.monotonic()
         if now < self._next_rescan:
             return
         self._next_rescan = now + rescan_interval()
         assert self._deployment is not None
-        if len(self._deployment.owner_addr) <= len(self._deployment.slots):
-            return  # a partition a worker already: none to move
         limit = self.n_workers if self._own_cluster is None else None
-        new = self._deployment.joining(self.resources, self._excluded, limit)
-        if not new:
+        gone, new = self._deployment.rescan(self.resources, self._excluded, limit)
+        if gone:
+            self._drop_prefetched()
+            self._recover()
+            logger.warning(
+                "step %d: worker(s) %s left the cluster; their partitions moved, the run goes "
+                "on with %d", self.step_, ", ".join(gone), len(self._deployment.slots),
+            )
             return
+        if not new or len(self._deployment.owner_addr) <= len(self._deployment.slots):
+            return  # none joined, or a partition a worker already: none to move
         self._drop_prefetched()
         try:
             joined = self._deployment.grow(new, self.resources)

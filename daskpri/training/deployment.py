@@ -281,24 +281,29 @@ class Deployment:
 
     # -- workers that join --------------------------------------------------------------
 
-    def joining(
+    def rescan(
         self, resources: dict[str, float] | None, excluded: set[str], limit: int | None
-    ) -> list[str]:
-        """Suitable workers of the cluster that the run does not use yet (``limit``: in all).
+    ) -> tuple[list[str], list[str]]:
+        """``(gone, new)``: the run's workers the scheduler no longer lists, and
+        suitable workers of the cluster that the run does not use yet (``limit``: in all).
 
-        Workers that joined since the run was planned, or that came back
-        under another address after a restart (a nanny restarts a worker
-        that died). One call to the scheduler.
+        A worker that died between steps is gone from the scheduler before
+        the run sends it anything: a call to its address would wait for the
+        connect timeout (``distributed.comm.timeouts.connect``, 30 s) before
+        it failed. New workers are those that joined since the run was
+        planned, or came back under another address after a restart (a nanny
+        restarts a worker that died). One call to the scheduler.
         """
         workers = cluster_workers(self.client)
+        gone = [a for a in self.slots if a not in workers]
         try:
             live = eligible_workers(workers, resources, self.client.scheduler.address)
         except (RuntimeError, ValueError):
-            return []
+            return gone, []
         new = [a for a in live if a not in self.slots and a not in excluded]
         if limit is not None:
             new = new[: max(0, limit - len(self.slots))]
-        return new
+        return gone, new
 
     def grow(self, new: list[str], resources: dict[str, float] | None) -> list[str]:
         """Move partitions to the workers ``new`` until all hold about as many; those that got some.
