@@ -247,7 +247,7 @@ def _worker_settings(dask_worker: Any) -> dict[str, Any]:
 
 
 def test_own_local_cluster_starts_under_daskpri_settings_which_a_user_can_drop(
-    monkeypatch,
+    monkeypatch, spawned_workers
 ) -> None:
     import dask.config
     from distributed import Client

@@ -6,12 +6,14 @@ which outlive the driver as a shared cluster does.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,28 +91,34 @@ def test_resume_after_sigkill_of_the_driver_continues_the_same_run(gpu_cluster, 
         assert torch.equal(value, run_params[name]), f"{name} differs after resume"
 
 
+def _write_forever(path: str, written: Any) -> None:
+    """Rewrite an 8 MB checkpoint at ``path`` in a loop; ``written`` is set after the first."""
+    step = 0
+    while True:
+        step += 1
+        checkpoint.write({"step": step, "w": torch.full((2_000_000,), float(step))}, path)
+        written.set()
+
+
 @pytest.mark.parametrize("kills", [6, pytest.param(50, marks=pytest.mark.slow)])
 def test_killing_the_writer_never_leaves_a_partial_checkpoint(tmp_path, kills):
-    """A process rewriting a 8 MB checkpoint in a loop, SIGKILLed at random times."""
+    """A process rewriting a 8 MB checkpoint in a loop, SIGKILLed at random times.
+
+    The writers come from the forkserver that starts the suite's workers
+    (conftest.py), which has torch imported: each starts at once.
+    """
     path = tmp_path / "big.ckpt"
-    writer = textwrap.dedent(f"""
-        import torch
-        from daskpri.training import checkpoint
-        step = 0
-        while True:
-            step += 1
-            checkpoint.write({{"step": step, "w": torch.full((2_000_000,), float(step))}},
-                             {str(path)!r})
-            print(step, flush=True)
-    """)
+    ctx = multiprocessing.get_context("forkserver")
     rng = np.random.default_rng(0)
     last = 0
     for _ in range(kills):
-        proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
-        proc.stdout.readline()  # it has written one complete checkpoint
+        written = ctx.Event()
+        proc = ctx.Process(target=_write_forever, args=(str(path), written), daemon=True)
+        proc.start()
+        assert written.wait(timeout=60), "the writer never wrote a complete checkpoint"
         time.sleep(rng.uniform(0.0, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
         # the latest complete file always loads (a partial state, which
         # checkpoint.read refuses as no daskpri checkpoint: torch.load reads it)
         state = torch.load(path, weights_only=True)
