@@ -335,6 +335,33 @@ def test_a_killed_worker_that_its_nanny_restarts_is_taken_back(small_data, caplo
             trainer.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_call_to_a_worker_that_died_between_steps_fails_once_the_scheduler_drops_it():
+    """Not after the connect timeout, which distributed spends retrying a refused connection."""
+    from daskpri.training.placement import cluster_workers
+    from daskpri.training.recovery import LOST
+    from daskpri.training.transport import WorkersGone, run_direct
+
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "600s"}),
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        [(dead, pid)] = client.run(os.getpid).items()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while dead in cluster_workers(client):
+            assert time.monotonic() < deadline, "the scheduler kept the dead worker"
+            time.sleep(0.1)
+        with pytest.raises(WorkersGone) as info:
+            run_direct(client, [(dead, ())], "daskpri-no-such-plugin", timeout=300)
+        assert info.value.addresses == [dead]
+        assert str(info.value) == f"worker(s) {dead} left the cluster during the step"
+        assert isinstance(info.value, LOST)  # a step re-planned on the workers left
+
+
 def test_table_lives_in_the_scheduler_and_round_trips_its_state(gpu_client, small_data):
     from daskpri.table.table import PriorityTable
 

@@ -19,6 +19,25 @@ from distributed.protocol.serialize import Serialize, to_serialize
 from daskpri.replicas.worker import StepResult, raise_state_lost
 from daskpri.training.placement import cluster_workers, eligible_workers
 
+#: seconds a step's calls run before the driver asks the scheduler whether their workers are there
+WATCH_INTERVAL = 2.0
+
+
+class WorkersGone(ConnectionError):
+    """Workers the scheduler no longer lists, while a step's calls to them were outstanding.
+
+    A worker that died between steps refuses the next call's connection,
+    which distributed retries until its connect timeout
+    (``distributed.comm.timeouts.connect``, 30 s). A lost worker (see
+    ``daskpri.training.recovery.LOST``).
+    """
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = list(addresses)
+        super().__init__(
+            f"worker(s) {', '.join(self.addresses)} left the cluster during the step"
+        )
+
 
 class StepTimeout(TimeoutError):
     """Workers that did not finish their share of a step in time."""
@@ -43,8 +62,15 @@ def run_direct(
 
     The first failure (a worker that died closes its connection) is raised
     at once; workers still busy after ``timeout`` raise :class:`StepTimeout`.
-    ``then`` is called on the event loop once the calls have started.
+    While calls are outstanding, the scheduler is asked every
+    :data:`WATCH_INTERVAL` seconds whether their workers are still there
+    (a step shorter than that never asks); a call to a worker it has
+    dropped raises :class:`WorkersGone`. ``then`` is called on the event
+    loop once the calls have started.
     """
+
+    def outstanding(tasks: Sequence[asyncio.Future[Any]], done: set[Any]) -> list[str]:
+        return [addr for (addr, _), task in zip(calls, tasks, strict=True) if task not in done]
 
     async def dispatch() -> list[StepResult]:
         tasks = [
@@ -56,17 +82,28 @@ def run_direct(
         if then is not None:
             await asyncio.sleep(0)  # the calls start (and send) first
             then()
-        done, pending = await asyncio.wait(
-            tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
-        )
+        deadline = time.monotonic() + timeout
+        while True:
+            wait = max(0.0, min(WATCH_INTERVAL, deadline - time.monotonic()))
+            done, pending = await asyncio.wait(
+                tasks, timeout=wait, return_when=asyncio.FIRST_EXCEPTION
+            )
+            failed = any(t.exception() is not None for t in done)
+            if not pending or failed or time.monotonic() >= deadline:
+                break
+            listed = (await client.scheduler.identity(n_workers=-1))["workers"]
+            gone = [a for a in outstanding(tasks, done) if a not in listed]
+            if gone:
+                for task in pending:
+                    task.cancel()
+                raise WorkersGone(gone)
         for task in pending:
             task.cancel()
         for task in tasks:
             if task in done and task.exception() is not None:
                 raise task.exception()
         if pending:
-            late = [addr for (addr, _), task in zip(calls, tasks, strict=True) if task in pending]
-            raise StepTimeout(late, timeout)
+            raise StepTimeout(outstanding(tasks, done), timeout)
         # in-process (inproc://) comms hand the wrapper over as it is
         out = [task.result() for task in tasks]
         out = [r.data if isinstance(r, Serialize) else r for r in out]
