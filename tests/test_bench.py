@@ -7,6 +7,7 @@ a cluster. No test asserts that any strategy is faster than another.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from daskpri.bench.analysis import (
 from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import strategy_of
 from daskpri.bench.figures import accuracy_lines, speedup_bars
-from daskpri.bench.protocol import gradients_per_step, make_arms
+from daskpri.bench.protocol import count_done, gradients_per_step, make_arms
 from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
 from daskpri.bench.report import fmt_ratio, fmt_spread, render_markdown, write_report
 from daskpri.cli import main
@@ -144,6 +145,22 @@ def test_targets_are_fractions_of_tuned_uniforms_median_best_accuracy():
     assert picks[("mnist1d", "mlp", "uniform")] == 0.05
     got = targets(records, "mnist1d", "mlp", picks, [0.97, 0.99])
     assert got == pytest.approx({0.97: 0.97 * 0.85, 0.99: 0.99 * 0.85})
+
+
+def test_count_done_leaves_out_kept_runs_at_a_learning_rate_no_longer_picked():
+    cfg = _config(seeds=1, workers=(2,), learning_rates=(0.05, 0.1), strategies=("uniform",))
+    specs = next_runs(cfg, SIZES, [])
+    assert [s.learning_rate for s in specs] == [0.05, 0.1]
+    sweep = [_record(spec=specs[0], accuracy=[0.9]), _record(spec=specs[1], accuracy=[0.5])]
+    assert count_done(cfg, SIZES, sweep[:1]) == 1
+    overhead = next_runs(cfg, SIZES, sweep)
+    assert overhead and {s.learning_rate for s in overhead} == {0.05}  # uniform's pick
+    made = [_record(spec=s) for s in overhead]
+    # runs at 0.1, as a resumed file holds them from before the pick moved
+    stale = [_record(spec=dataclasses.replace(s, learning_rate=0.1)) for s in overhead]
+    records = sweep + stale + made
+    assert count_done(cfg, SIZES, records) == count_runs(cfg, SIZES) == 2 + len(overhead)
+    assert next_runs(cfg, SIZES, records) == []
 
 
 def test_learning_rate_pick_is_the_best_median_final_accuracy_over_seeds():

@@ -43,6 +43,7 @@ from daskpri.bench.records import Arm, RunRecord, RunSpec, time_to_target
 __all__ = [
     "best_median_accuracy",
     "coarse_neighbours",
+    "count_done",
     "count_runs",
     "equal_gradient_label",
     "gradients_per_step",
@@ -256,6 +257,24 @@ def count_runs(config: BenchConfig, sizes: Mapping[str, int]) -> int:
             _overhead(config, sizes, picks),
         )
     )
+
+
+def count_done(
+    config: BenchConfig, sizes: Mapping[str, int], records: Sequence[RunRecord]
+) -> int:
+    """How many of ``records`` are runs the benchmark's plan asks for (for a progress bar).
+
+    A ``results.json`` taken on with ``--resume`` may hold runs the plan
+    no longer asks for: the scaling and overhead runs at the learning rate
+    the sweep picked before more seeds were added. Those are kept, and not
+    counted here, so the count never passes :func:`count_runs`.
+    """
+    done = {r.spec for r in records}
+    plan = set(_sweep(config, sizes))
+    if plan <= done:
+        picks = pick_learning_rates(records, config.pick, max(config.target_fractions))
+        plan.update(_scaling(config, sizes, picks), _overhead(config, sizes, picks))
+    return len(plan & done)
 
 
 def _final_accuracy(record: RunRecord) -> float:

@@ -23,7 +23,7 @@ from distributed import Client, LocalCluster
 from daskpri.bench.analysis import best_accuracy, final_accuracy, samples_per_second
 from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import BenchConfig
-from daskpri.bench.protocol import count_runs, next_runs
+from daskpri.bench.protocol import count_done, count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import RESULTS_JSON, write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
@@ -346,7 +346,8 @@ def run_bench(
         machine["resumed_runs"] = len(records)
         print(f"daskpri bench: {len(records)} runs kept from {results}", flush=True)
     total = count_runs(config, sizes)
-    bar = tqdm(total=total, initial=len(records), unit="run", desc="daskpri bench",
+    bar = tqdm(total=total, initial=count_done(config, sizes, records), unit="run",
+               desc="daskpri bench",
                disable=not progress)
     try:
         with _Clusters(config.scheduler) as clusters:
@@ -358,8 +359,8 @@ def run_bench(
                     bar.set_postfix_str(spec.name, refresh=True)
                     record = _execute(spec, config, data, clusters)
                     records.append(record)
-                    bar.update(1)
-                    bar.write(f"[{len(records)}/{total}] {describe(record)}")
+                    bar.update(count_done(config, sizes, records) - bar.n)
+                    bar.write(f"[{bar.n}/{total}] {describe(record)}")
                     write_json(results, config, machine, sizes, records)
     finally:
         bar.close()
