@@ -132,7 +132,7 @@ class RunMixin:
             addrs = addrs[: self.n_workers]
         bounds = partition_bounds(ds, self.partition_size, len(addrs))
         # the data and its cut as one worker would have it: a cluster that grew or
-        # shrank between fits keeps the run (its partitions move, see _admit_joined)
+        # shrank between fits keeps the run (its partitions move, see _follow_cluster)
         key = (
             str(source) if not isinstance(source, xr.Dataset) else id(source),
             tuple(partition_bounds(ds, self.partition_size, 1).tolist()),
@@ -198,7 +198,7 @@ class RunMixin:
             self._resume_state = None
         self._next_rescan = time.monotonic() + rescan_interval()
 
-    def _admit_joined(self) -> None:
+    def _follow_cluster(self) -> None:
         """Follow the workers that left the cluster or joined it, if any.
 
         Looked for every ``daskpri.trainer.rescan-interval`` (one call to the
@@ -282,7 +282,7 @@ class RunMixin:
         step = self.step_
         count = self.local_steps if limit is None else max(1, min(self.local_steps, limit))
         t_start = time.perf_counter()
-        self._admit_joined()  # charged to the round: its partitions move
+        self._follow_cluster()  # charged to the round: its partitions move
         for attempt in range(int(_config.get("trainer.max-retries")) + 1):
             t0 = time.perf_counter()
             ahead = self._take_prefetched(step, count)

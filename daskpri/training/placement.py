@@ -65,7 +65,12 @@ def cluster_workers(client: Client) -> dict[str, dict[str, Any]]:
     workers (5 of 500 calls with a 5 ms poll; now and then a test failed
     so with the default 2 s).
     """
-    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+    return client.sync(listed_workers, client)
+
+
+async def listed_workers(client: Client) -> dict[str, dict[str, Any]]:
+    """:func:`cluster_workers` on the client's event loop."""
+    return dict((await client.scheduler.identity(n_workers=-1))["workers"])
 
 
 def eligible_workers(

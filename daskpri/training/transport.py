@@ -17,7 +17,7 @@ from distributed import Client, Future
 from distributed.protocol.serialize import Serialize, to_serialize
 
 from daskpri.replicas.worker import StepResult, raise_state_lost
-from daskpri.training.placement import cluster_workers, eligible_workers
+from daskpri.training.placement import cluster_workers, eligible_workers, listed_workers
 
 #: seconds a step's calls run before the driver asks the scheduler whether their workers are there
 WATCH_INTERVAL = 2.0
@@ -91,7 +91,7 @@ def run_direct(
             failed = any(t.exception() is not None for t in done)
             if not pending or failed or time.monotonic() >= deadline:
                 break
-            listed = (await client.scheduler.identity(n_workers=-1))["workers"]
+            listed = await listed_workers(client)
             gone = [a for a in outstanding(tasks, done) if a not in listed]
             if gone:
                 for task in pending:
