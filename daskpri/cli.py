@@ -692,7 +692,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     _check_destination("--out", args.out, kind="directory")
     earlier = os.path.join(args.out, RESULTS_JSON)
-    if not args.resume and os.path.exists(earlier):
+    if args.report_only and args.resume:
+        raise ValueError("--report-only makes no runs, and --resume makes the rest: pass one")
+    if not args.resume and not args.report_only and os.path.exists(earlier):
         # its runs may be hours of measurement: replaced only when asked to
         raise ValueError(
             f"--out {args.out!r} holds the results of an earlier benchmark ({earlier}); pass "

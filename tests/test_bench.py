@@ -985,9 +985,26 @@ def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, caps
     cut = {**whole, "summary": None, "runs": whole["runs"][:2]}
     path.write_text(json.dumps(cut))
     (out / "results.md").unlink()
+    # the report of the runs made so far, under the file's own options
+    n = len(whole["runs"])
     capsys.readouterr()
+    assert main(["bench", "--out", str(out), "--report-only"]) == 0
+    assert f"daskpri bench: report of 2 of {n} runs in " in capsys.readouterr().out
+    partial = (out / "results.md").read_text()
+    assert f"**Partial: 2 of the {n} runs planned.**" in partial
+    assert "| uniform |" in partial
+    assert [r["spec"] for r in json.loads(path.read_text())["runs"]] == [
+        r["spec"] for r in cut["runs"]]
+    assert main(["bench", "--out", str(out), "--report-only", "--resume"]) == 2
+    assert "--report-only makes no runs, and --resume makes the rest" in capsys.readouterr().err
+    assert main(["bench", "--out", str(tmp_path / "none"), "--report-only"]) == 2
+    assert "results.json does not exist" in capsys.readouterr().err
     assert main([*argv, "--resume"]) == 0
-    assert f"2 runs kept from {path}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"2 runs kept from {path}" in printed
+    # each run's line counts the runs made, with or without the progress bar
+    assert f"[3/{n}] " in printed and f"[{n}/{n}] " in printed
+    assert "**Partial" not in (out / "results.md").read_text()
     resumed = json.loads(path.read_text())
     assert resumed["runs"][:2] == whole["runs"][:2]  # kept as they were, not made again
     assert [r["spec"] for r in resumed["runs"]] == [r["spec"] for r in whole["runs"]]

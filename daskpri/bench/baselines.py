@@ -54,6 +54,7 @@ class _Job:
     budget: float
     eval_seconds: float
     seed: int
+    device: str = "cpu"
 
 
 def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -68,18 +69,20 @@ def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def _loop(job: _Job, *, rank: int = 0, world: int = 1) -> BaselineResult:
     """Shuffled-epoch SGD for ``job.budget`` seconds; with ``world > 1`` under DDP."""
-    model = job.model
+    device = torch.device(job.device)
+    model = job.model.to(device)
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(job.model)
     opt = torch.optim.SGD(model.parameters(), lr=job.learning_rate, momentum=job.momentum)
-    x = torch.as_tensor(np.asarray(job.x, dtype=np.float32))
-    y = torch.as_tensor(np.asarray(job.y, dtype=np.int64))
+    # on the device once, as a daskpri worker holds its partitions
+    x = torch.as_tensor(np.asarray(job.x, dtype=np.float32), device=device)
+    y = torch.as_tensor(np.asarray(job.y, dtype=np.int64), device=device)
     tx = ty = None
     if job.test_x is not None and job.test_y is not None:
-        tx = torch.as_tensor(np.asarray(job.test_x, dtype=np.float32))
-        ty = torch.as_tensor(np.asarray(job.test_y, dtype=np.int64))
+        tx = torch.as_tensor(np.asarray(job.test_x, dtype=np.float32), device=device)
+        ty = torch.as_tensor(np.asarray(job.test_y, dtype=np.int64), device=device)
     rng = np.random.default_rng((job.seed, rank))
     perm, pos = rng.permutation(x.shape[0]), 0
     times: list[float] = []
@@ -91,7 +94,7 @@ def _loop(job: _Job, *, rank: int = 0, world: int = 1) -> BaselineResult:
         t0 = time.perf_counter()
         if pos + job.batch_size > perm.size:
             perm, pos = rng.permutation(x.shape[0]), 0
-        idx = torch.as_tensor(perm[pos : pos + job.batch_size])
+        idx = torch.as_tensor(perm[pos : pos + job.batch_size], device=device)
         pos += job.batch_size
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
@@ -134,6 +137,7 @@ def train_plain(
     budget: float,
     eval_seconds: float,
     seed: int,
+    device: str = "cpu",
 ) -> BaselineResult:
     """Train ``model`` (in place) in this process for ``budget`` seconds, one torch thread.
 
@@ -150,6 +154,11 @@ def train_plain(
         step count: these loops take far shorter steps than the trainer).
     seed : int
         Seeds the shuffles.
+    device : str
+        Where to train: ``"cpu"``, or ``"cuda"`` to compare with workers
+        that train on their GPU. The data is moved there once, and each
+        step's loss is read back (which waits for the GPU), so the clock
+        takes in the device's work.
 
     Examples
     --------
@@ -163,7 +172,7 @@ def train_plain(
     """
     with one_torch_thread():
         job = _Job(model, train[0], train[1], test[0], test[1], batch_size, learning_rate,
-                   momentum, budget, eval_seconds, seed)
+                   momentum, budget, eval_seconds, seed, device)
         return _loop(job)
 
 

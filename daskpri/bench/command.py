@@ -88,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the runs of DIR/results.json (made with the same options; "
                              "--seeds and --first-seed may take in more seeds than it has) and "
                              "make only the rest: after an interruption, or to add seeds")
+    parser.add_argument("--report-only", action="store_true",
+                        help="make no runs: write the report of DIR/results.json as it stands "
+                             "(a benchmark stopped part way; the file's own options are used)")
     what = parser.add_argument_group("what is compared")
     what.add_argument("--datasets", type=_listof(str, "datasets"), metavar="D[,D...]",
                       help=_defaults("datasets"))
@@ -214,8 +217,11 @@ def _command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``daskpri bench`` as parsed into ``args``; return the exit status."""
-    from daskpri.bench.runner import run_bench
+    from daskpri.bench.runner import report_only, run_bench
 
+    if args.report_only:
+        report_only(args.out)
+        return 0
     config = config_from_args(args)
     try:
         run_bench(config, args.out, progress=not args.no_progress,

@@ -308,6 +308,25 @@ class BenchConfig:
             for k, v in asdict(self).items()
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BenchConfig:
+        """The config that :meth:`to_dict` gave ``d`` (as a results.json stores it).
+
+        Fields it lacks (a file written before they existed) keep their
+        defaults; every field is checked again.
+
+        Examples
+        --------
+        >>> cfg = BenchConfig(strategies=("uniform", "loss"), seeds=2, strategy_options=(
+        ...     ("loss", "epsilon", 0.5),))
+        >>> BenchConfig.from_dict(cfg.to_dict()) == cfg
+        True
+        """
+        def tupled(v: Any) -> Any:
+            return tuple(tupled(e) for e in v) if isinstance(v, list) else v
+
+        return cls(**{f.name: tupled(d[f.name]) for f in fields(cls) if f.name in d})
+
     def options_of(self, strategy: str, model: str | None = None) -> tuple[tuple[str, Any], ...]:
         """The ``(key, value)`` options of ``strategy``'s arms on ``model``'s runs.
 

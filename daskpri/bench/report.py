@@ -203,6 +203,12 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
            "whose machine and time are not the ones above)." if machine.get("resumed_runs")
            else "."),
         "",
+        *([f"**Partial: {machine['partial']['done']} of the {machine['partial']['planned']} "
+           "runs planned.** The benchmark stopped before its end, and this report was written "
+           "from its results.json by `--report-only`: phases and seeds it had not reached are "
+           "missing from the tables, and the targets and learning rates come from the runs it "
+           "made. `--resume` with the same options makes the rest.", ""]
+          if machine.get("partial") else []),
         f"Protocol: every run trains for the same budget of {config.budget:g} s of training "
         "time (the history's `time`: it charges every cost of a strategy — scoring passes, "
         "per-sample gradients, table updates, selection, communication — and excludes only "

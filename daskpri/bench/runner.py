@@ -139,6 +139,25 @@ class _Clusters:
             self._n = n_workers
         return self._client
 
+    def device(self) -> str:
+        """Where the plain PyTorch loop trains to compare with this cluster's workers.
+
+        ``"cuda"`` where the given scheduler's workers all have a ``GPU``
+        resource and this process has CUDA: the trainer then asks for
+        ``GPU=1`` and its replicas train on the workers' GPUs. The
+        LocalClusters the benchmark starts have no GPU resource, so their
+        workers, and the loop, use the CPU.
+        """
+        import torch
+
+        if self.scheduler is None or not torch.cuda.is_available():
+            return "cpu"
+        workers = cluster_workers(self.client(1))
+        gpu = bool(workers) and all(
+            w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values()
+        )
+        return "cuda" if gpu else "cpu"
+
     def close(self) -> None:
         """Close a LocalCluster we started (a given scheduler's client stays)."""
         if self._cluster is not None:
@@ -206,8 +225,11 @@ def _execute(
         "eval_seconds": config.baseline_eval_seconds,
         "seed": spec.seed,
     }
+    info: dict[str, Any] = {}
     if spec.kind == "torch":
-        result = train_plain(model, _arrays(train), _arrays(test), **options)
+        info["device"] = clusters.device()
+        result = train_plain(model, _arrays(train), _arrays(test), device=info["device"],
+                             **options)
     else:
         spawn = train_ddp if spec.kind == "ddp" else train_plain_loops
         try:
@@ -216,7 +238,7 @@ def _execute(
         except RuntimeError as e:  # reported, not fatal: the rest of the benchmark stands
             return _failed(spec, str(e), time.perf_counter() - t0)
     wall = time.perf_counter() - t0
-    return RunRecord(spec, result.curve, result.samples, result.samples, wall)
+    return RunRecord(spec, result.curve, result.samples, result.samples, wall, info=info)
 
 
 def _failed(spec: RunSpec, error: str, wall: float) -> RunRecord:
@@ -359,8 +381,11 @@ def run_bench(
                     bar.set_postfix_str(spec.name, refresh=True)
                     record = _execute(spec, config, data, clusters)
                     records.append(record)
-                    bar.update(count_done(config, sizes, records) - bar.n)
-                    bar.write(f"[{bar.n}/{total}] {describe(record)}")
+                    # counted here, not read off the bar: a disabled bar (--no-progress)
+                    # keeps its count where it started
+                    done = count_done(config, sizes, records)
+                    bar.update(done - bar.n)
+                    bar.write(f"[{done}/{total}] {describe(record)}")
                     write_json(results, config, machine, sizes, records)
     finally:
         bar.close()
@@ -370,3 +395,42 @@ def run_bench(
     print(f"daskpri bench: {len(records)} runs in {machine['bench_seconds']:.0f} s; "
           f"report in {out / 'results.md'}", flush=True)
     return records
+
+
+def report_only(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write the report of ``out``'s ``results.json`` as it stands, making no runs.
+
+    For a benchmark that stopped before its end (a time limit, a lost
+    machine): the report is of the runs it made, under the options it was
+    made with (stored in the file), and says how many of the runs planned
+    those are. A complete benchmark's report is written again as it was.
+
+    Returns
+    -------
+    dict
+        The summary, as ``results.json`` now holds it.
+    """
+    import json
+
+    path = Path(out) / RESULTS_JSON
+    if not path.exists():
+        raise FileNotFoundError(
+            f"--report-only: {path} does not exist; it is written by `daskpri bench --out "
+            f"{out}` after each run"
+        )
+    try:
+        doc = json.loads(path.read_text())
+        config = BenchConfig.from_dict(dict(doc["config"]))
+        machine, sizes = dict(doc["machine"]), dict(doc["train_samples"])
+        records = [RunRecord.from_dict(r) for r in doc["runs"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--report-only: {path} is not a daskpri bench results.json ({e})") \
+            from None
+    done, planned = count_done(config, sizes, records), count_runs(config, sizes)
+    machine.pop("partial", None)
+    if done < planned:
+        machine["partial"] = {"done": done, "planned": planned}
+    summary = write_report(Path(out), config, machine, sizes, records)
+    print(f"daskpri bench: report of {done} of {planned} runs in {Path(out) / 'results.md'}",
+          flush=True)
+    return summary

@@ -1,0 +1,106 @@
+"""The CUDA path: workers tagged ``GPU=1`` train on their GPU where CUDA is available.
+
+Without CUDA (CI, this project's machines) the same workers fall back to the
+CPU, and the first test checks that; with CUDA (the device runs recorded in
+docs/bench/LOG.md) every test here runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import daskpri
+from daskpri.bench.baselines import train_plain
+from daskpri.models import build_model
+from daskpri.strategies import STRATEGIES, get_strategy
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+
+def _replica_devices(dask_worker) -> list[str]:
+    """The devices of the daskpri replicas this worker holds."""
+    return sorted(str(p.replica.device) for name, p in dask_worker.plugins.items()
+                  if name.startswith("daskpri-") and hasattr(p, "replica"))
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _fit(client, data, strategy, path=None, steps=12, model="cnn", **options):
+    train, test = data
+    trainer = daskpri.Trainer(
+        build_model(model, train, seed=1), strategy=get_strategy(strategy, **options),
+        client=client, seed=0, batch_size=32, eval_every=6, checkpoint_path=path,
+    )
+    try:
+        history = trainer.fit(train, eval_data=test, max_steps=steps, progress=False)
+        devices = client.run(_replica_devices)
+    finally:
+        trainer.close()
+    return history, devices
+
+
+def test_gpu_tagged_workers_train_on_their_gpu_or_else_on_the_cpu(gpu_client, small_data,
+                                                                 tmp_path):
+    path = tmp_path / "run.ckpt"
+    history, devices = _fit(gpu_client, small_data, "selective-backprop", path)
+    expected = "cuda:0" if CUDA else "cpu"
+    assert len(devices) == 2
+    assert all(found == [expected] for found in devices.values()), devices
+    assert np.isfinite(history["loss"]).all()
+    assert float(history["accuracy"].dropna("step")[-1]) > 0.3
+    # the checkpoint holds CPU tensors: it loads weights-only on a machine with no GPU
+    state = torch.load(path, weights_only=True)
+    tensors = list(_tensors(state))
+    assert tensors and {t.device.type for t in tensors} == {"cpu"}
+
+
+@needs_cuda
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_every_strategy_trains_on_the_gpu(gpu_client, small_data, strategy, model):
+    history, devices = _fit(gpu_client, small_data, strategy, model=model, steps=16)
+    assert all(found == ["cuda:0"] for found in devices.values()), devices
+    assert np.isfinite(history["loss"]).all()
+    assert int(history["grad_samples"][-1]) > 0
+    assert float(history["accuracy"].dropna("step")[-1]) > 0.25
+
+
+@needs_cuda
+def test_a_forced_cuda_device_and_a_bfloat16_score_run_on_the_gpu(gpu_client, small_data):
+    history, devices = _fit(gpu_client, small_data, "upper-bound", tau_threshold=1.0,
+                            smoothing=0.0, score_dtype="bfloat16")
+    assert all(found == ["cuda:0"] for found in devices.values()), devices
+    assert np.isfinite(history["loss"]).all()
+    train, test = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                              device="cuda:0")
+    try:
+        trainer.fit(train, max_steps=4, progress=False)
+        assert all(found == ["cuda:0"] for found in gpu_client.run(_replica_devices).values())
+    finally:
+        trainer.close()
+
+
+@needs_cuda
+def test_the_plain_loop_baseline_trains_on_the_gpu(small_data):
+    train, test = small_data
+    arrays = [(np.asarray(d["x"].values, np.float32), np.asarray(d["y"].values))
+              for d in (train, test)]
+    model = build_model("cnn", train, seed=0)
+    result = train_plain(model, *arrays, batch_size=64, learning_rate=0.05, momentum=0.9,
+                         budget=1.0, eval_seconds=0.5, seed=0, device="cuda")
+    assert next(model.parameters()).device.type == "cuda"
+    assert result.samples == 64 * int(result.curve.step[-1]) > 0
+    assert np.nanmax(result.curve.accuracy) > 0.3
