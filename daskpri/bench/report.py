@@ -180,13 +180,19 @@ def _pct(f: float) -> str:
     return f"{100 * f:g}%"
 
 
+def _cuda(machine: Mapping[str, Any]) -> str:
+    if not machine.get("cuda"):
+        return "no"
+    return f"yes ({machine['gpu']})" if machine.get("gpu") else "yes"
+
+
 def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
                     summary: Mapping[str, Any], pngs: Sequence[str]) -> str:
     """The report's tables and protocol, as markdown."""
     lines = ["# daskpri bench", ""]
     if machine.get("command"):
         lines += [f"Command: `{machine['command']}`", ""]
-    load = machine.get("load_average_start"), machine.get("load_average_end")
+    load = tuple(machine.get(k) or "—" for k in ("load_average_start", "load_average_end"))
     cpu = f"{machine['cpu']}; " if machine.get("cpu") else ""
     if machine.get("torch_cpu_capability"):
         cpu += f"torch's CPU kernels {machine['torch_cpu_capability']}; "
@@ -195,7 +201,7 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         cpu += f"bfloat16/float16 instructions {flags}; "
     lines += [
         f"Machine: {machine['cores']} cores ({machine['processor']}; {cpu}{machine['platform']}), "
-        f"CUDA {'yes' if machine.get('cuda') else 'no'}; Python {machine['python']}, "
+        f"CUDA {_cuda(machine)}; Python {machine['python']}, "
         f"torch {machine['torch']}, dask {machine['dask']}, distributed "
         f"{machine['distributed']}. Load average (1/5/15 min) at start {load[0]}, at end "
         f"{load[1]}. Benchmark time: {machine.get('bench_seconds', '?')} s"

@@ -60,6 +60,8 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "daskpri": daskpri.__version__,
         "cuda": torch.cuda.is_available(),
+        # the driver's; the workers of a --scheduler may have others
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_average_start": _load(),
     }
 
