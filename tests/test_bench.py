@@ -1045,3 +1045,29 @@ def test_report_says_there_are_no_targets_when_every_uniform_run_failed():
             "failed, see \"Failed runs\" below).") in md
     assert ("- mnist1d/mlp sweep: loss lr=0.05 seed=0 workers=2: diverged: the training loss "
             "became nan at step 3") in md
+
+
+def test_bench_on_a_running_scheduler_uses_its_gpu_workers(gpu_cluster: str, tmp_path: Path,
+                                                           capsys):
+    # `dask scheduler` and two `dask worker --resources GPU=1` processes (conftest): the
+    # daskpri runs ask for GPU=1; the plain loop trains where those workers do, the GPU
+    # where the driver has CUDA, else the CPU
+    out = tmp_path / "bench"
+    argv = ["bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
+            "--strategies", "uniform", "--budget", "1", "--baseline-budget", "0.5",
+            "--no-ddp", "--no-progress", "--scheduler", gpu_cluster]
+    assert main([*argv, "--workers", "2", "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    kinds = {(r["spec"]["kind"], r["spec"]["n_workers"]) for r in doc["runs"]}
+    assert kinds == {("daskpri", 2), ("daskpri", 1), ("torch", 1)}
+    plain = [r for r in doc["runs"] if r["spec"]["kind"] == "torch"]
+    assert plain[0]["info"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert doc["machine"]["gpu"] == (torch.cuda.get_device_name(0)
+                                     if torch.cuda.is_available() else None)
+    assert all(r["curve"]["accuracy"] for r in doc["runs"])
+    # more workers than the scheduler has: refused before any run, saying what to do
+    capsys.readouterr()
+    assert main([*argv, "--workers", "3", "--out", str(tmp_path / "three")]) == 2
+    assert (f"the benchmark needs 3 workers, but the scheduler at {gpu_cluster} has 2; start "
+            "more or pass --workers up to 2") in capsys.readouterr().err
+    assert not (tmp_path / "three" / "results.json").exists()

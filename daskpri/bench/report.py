@@ -181,6 +181,11 @@ def _pct(f: float) -> str:
 
 
 def _cuda(machine: Mapping[str, Any]) -> str:
+    """Whether the driver had CUDA, and its GPU (files made before it was recorded lack it).
+
+    >>> _cuda({"cuda": True, "gpu": "NVIDIA H200"}), _cuda({"cuda": True}), _cuda({})
+    ('yes (NVIDIA H200)', 'yes', 'no')
+    """
     if not machine.get("cuda"):
         return "no"
     return f"yes ({machine['gpu']})" if machine.get("gpu") else "yes"
