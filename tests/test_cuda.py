@@ -104,3 +104,23 @@ def test_the_plain_loop_baseline_trains_on_the_gpu(small_data):
     assert next(model.parameters()).device.type == "cuda"
     assert result.samples == 64 * int(result.curve.step[-1]) > 0
     assert np.nanmax(result.curve.accuracy) > 0.3
+
+
+@needs_cuda
+def test_the_driver_evaluates_on_its_gpu_a_copy_of_the_cpu_model(small_data):
+    from daskpri.training.evaluation import EvalSet
+
+    train, test = small_data
+    model = build_model("cnn", train, seed=0)
+    on_gpu, on_cpu = EvalSet(test), EvalSet(test, device="cpu")
+    assert on_gpu.device == torch.device("cuda", 0) and on_gpu.x.is_cuda
+    first = on_gpu.evaluate(model)
+    assert first[0] == pytest.approx(on_cpu.evaluate(model)[0], abs=2e-3)
+    assert first[1] == pytest.approx(on_cpu.evaluate(model)[1], rel=1e-4)
+    assert next(model.parameters()).device.type == "cpu"  # the caller's model stays
+    with torch.no_grad():  # the next evaluation scores the weights as they are then
+        for p in model.parameters():
+            p.mul_(0.5)
+    second = on_gpu.evaluate(model)
+    assert second[1] != first[1]
+    assert second[1] == pytest.approx(on_cpu.evaluate(model)[1], rel=1e-4)

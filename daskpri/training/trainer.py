@@ -364,7 +364,9 @@ class Trainer(RunMixin):
             Variables ``x`` and ``y`` along ``sample``, in memory or in a zarr
             store / netCDF file (read partition by partition on the workers).
         eval_data : xarray.Dataset or path, optional
-            Evaluated every ``eval_every`` steps and at the end.
+            Evaluated every ``eval_every`` steps and at the end, on the
+            driver: on its GPU where it has one, else its CPU (the
+            ``daskpri.trainer.eval-device`` setting chooses another).
         max_steps : int, optional
             Total steps of the trainer (a second ``fit`` continues counting).
         max_time : float, optional
