@@ -27,7 +27,7 @@ from daskpri.bench.protocol import count_done, count_runs, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import RESULTS_JSON, write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
-from daskpri.training.placement import cluster_workers
+from daskpri.training.placement import all_have_gpus, cluster_workers
 
 __all__ = ["describe", "machine_info", "previous_runs", "run_bench"]
 
@@ -154,11 +154,7 @@ class _Clusters:
 
         if self.scheduler is None or not torch.cuda.is_available():
             return "cpu"
-        workers = cluster_workers(self.client(1))
-        gpu = bool(workers) and all(
-            w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values()
-        )
-        return "cuda" if gpu else "cpu"
+        return "cuda" if all_have_gpus(cluster_workers(self.client(1))) else "cpu"
 
     def close(self) -> None:
         """Close a LocalCluster we started (a given scheduler's client stays)."""

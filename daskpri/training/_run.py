@@ -42,6 +42,7 @@ from daskpri.training._checks import check_model, check_strategy_model
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import (
+    all_have_gpus,
     assign_owners,
     cluster_workers,
     eligible_workers,
@@ -117,11 +118,7 @@ class RunMixin:
     def _prepare(self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str) -> None:
         client = self.client
         workers = cluster_workers(client)
-        if (
-            self.resources is None
-            and workers
-            and all(w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values())
-        ):
+        if self.resources is None and all_have_gpus(workers):
             self.resources = {"GPU": 1.0}
         addrs = eligible_workers(workers, self.resources, client.scheduler.address)
         if self.n_workers is not None and self._own_cluster is None:

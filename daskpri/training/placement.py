@@ -73,6 +73,22 @@ async def listed_workers(client: Client) -> dict[str, dict[str, Any]]:
     return dict((await client.scheduler.identity(n_workers=-1))["workers"])
 
 
+def all_have_gpus(workers: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether there are workers and every one has a ``GPU`` resource.
+
+    Then a run asks for ``{"GPU": 1}`` where it was given no resources, and
+    its replicas train on the workers' GPUs.
+
+    >>> all_have_gpus({"tcp://a": {"resources": {"GPU": 1}}, "tcp://b": {"resources": {}}})
+    False
+    >>> all_have_gpus({"tcp://a": {"resources": {"GPU": 1}}}), all_have_gpus({})
+    (True, False)
+    """
+    return bool(workers) and all(
+        w.get("resources", {}).get("GPU", 0) > 0 for w in workers.values()
+    )
+
+
 def eligible_workers(
     workers: Mapping[str, Mapping[str, Any]], resources: dict[str, float] | None, address: str
 ) -> list[str]:
