@@ -58,8 +58,9 @@ def _finish(proc, timeout=240):
 
 def test_resume_after_sigkill_of_the_driver_continues_the_same_run(gpu_cluster, tmp_path):
     steps = 130
+    # the run not stopped, beside the one killed: the same seed selects the same samples
+    # and reaches the same weights whatever else the workers compute meanwhile
     ref = _driver(tmp_path, gpu_cluster, "ref", steps)
-    _finish(ref)
     victim = _driver(tmp_path, gpu_cluster, "run", steps)
     ckpt = tmp_path / "run.ckpt"
     deadline = time.monotonic() + 180
@@ -75,6 +76,7 @@ def test_resume_after_sigkill_of_the_driver_continues_the_same_run(gpu_cluster, 
     finally:
         if victim.poll() is None:
             victim.kill()
+    _finish(ref)
     start = checkpoint.read(ckpt)["step"]
     assert 20 <= start <= steps - 100, "at least 100 steps are left to compare"
     _finish(_driver(tmp_path, gpu_cluster, "run", steps, resume=True))
