@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# The CUDA path on a machine with a GPU, in one go (about 8 minutes on an
-# H200): the CUDA tests, then `daskpri bench` on a `dask scheduler` with two
+# The CUDA path on a machine with a GPU, in one go (about 7 minutes on an
+# H100): the CUDA tests, then `daskpri bench` on a `dask scheduler` with two
 # `dask worker --resources GPU=1` processes on loopback (both on the machine's
 # one GPU). What comes back in $OUT: env.txt, pytest.log, and each benchmark's
-# log, results.json and results.md (8 files).
+# log, results.json and results.md (11 files).
 #
 #   OUT=/some/dir bash benchmarks/device_run.sh
 #
 # Wheels in .whl/ (dask, distributed, ... missing from the machine's image) are
 # installed to /tmp/site first where the directory exists. BUDGET, SHORT_BUDGET,
-# SEEDS and the *_LIMIT seconds let a short rehearsal run on a CPU machine.
+# OVERHEAD_BUDGET, SEEDS, OVERHEAD_SEEDS
+# and the *_LIMIT seconds (560 s in all) let a short rehearsal run on a CPU machine.
 set -u
+# the scheduler and workers started below stop with the script
+trap 'kill $(jobs -p) 2>/dev/null' EXIT
 OUT=${OUT:-/tmp/device_out}
 BUDGET=${BUDGET:-6}
 SHORT_BUDGET=${SHORT_BUDGET:-1.5}
 SEEDS=${SEEDS:-5}
-TEST_LIMIT=${TEST_LIMIT:-120}
-CNN_LIMIT=${CNN_LIMIT:-240}
-SHORT_LIMIT=${SHORT_LIMIT:-150}
+TEST_LIMIT=${TEST_LIMIT:-80}
+CNN_LIMIT=${CNN_LIMIT:-210}
+SHORT_LIMIT=${SHORT_LIMIT:-160}
+OVERHEAD_LIMIT=${OVERHEAD_LIMIT:-90}
+OVERHEAD_BUDGET=${OVERHEAD_BUDGET:-4}
+OVERHEAD_SEEDS=${OVERHEAD_SEEDS:-3}
 PY=${PY:-python3}
 # the benchmarks' directories: fresh, unless BENCH_ROOT names the one of a run to take on
 # with RESUME=1 (after a call that stopped at its limit)
@@ -59,10 +65,10 @@ sleep 8
 SB="selective-backprop+r8"
 OPTS=(--strategy-option $SB:fraction=0.33 --strategy-option $SB:refresh=8
       --strategy-option $SB:warmup=1)
-bench() {  # NAME LIMIT ARGS...
-  local name=$1 limit=$2; shift 2
+bench() {  # NAME LIMIT WORKERS ARGS...
+  local name=$1 limit=$2 workers=$3; shift 3
   echo "== bench $name"
-  timeout "$limit" $PY -m daskpri bench --scheduler tcp://127.0.0.1:$PORT --workers 2 --no-ddp \
+  timeout "$limit" $PY -m daskpri bench --scheduler tcp://127.0.0.1:$PORT --workers $workers --no-ddp \
     --no-progress --first-seed 10 --out $BENCH_ROOT/$name $RESUME "$@" > "$OUT/$name.log" 2>&1
   echo "bench $name rc $?"; tail -n 30 "$OUT/$name.log"
   # a benchmark stopped at its limit still gets its report, of the runs it made
@@ -71,12 +77,17 @@ bench() {  # NAME LIMIT ARGS...
     [ -f $BENCH_ROOT/$name/$f ] && cp $BENCH_ROOT/$name/$f "$OUT/${name}_$f"
   done
 }
-# the MNIST-1D CNN as the thirtieth session ran it on an H200 (1.83x on seeds 10-12), more seeds
-bench cnn "$CNN_LIMIT" --datasets mnist1d --models cnn --strategies uniform,$SB "${OPTS[@]}" \
+# the MNIST-1D CNN as the thirtieth and thirty-first sessions ran it on an H200 and an H100
+bench cnn "$CNN_LIMIT" 2 --datasets mnist1d --models cnn --strategies uniform,$SB "${OPTS[@]}" \
   --seeds "$SEEDS" --local-steps 16 --budget "$BUDGET" --learning-rates 0.1,0.15 --baseline-budget 3
-# the mnist5k models reach their targets within a second on an H200: short budgets, and rounds
-# of 4 steps so that the evaluations (every round) resolve the time to target
-bench mnist5k "$SHORT_LIMIT" --datasets mnist5k --models mlp,cnn --strategies uniform,$SB "${OPTS[@]}" \
+# the mnist5k models reach their targets within a second on a GPU: short budgets, and rounds
+# of 4 steps so that the evaluations (every round) resolve the time to target; the CNN wants
+# 0.075 (at 0.15 the selective arm collapsed on 2 of 5 seeds of an H100), the MLP 0.3
+bench mnist5k "$SHORT_LIMIT" 2 --datasets mnist5k --models mlp,cnn --strategies uniform,$SB "${OPTS[@]}" \
   --seeds "$SEEDS" --local-steps 4 --eval-every 4 --budget "$SHORT_BUDGET" \
-  --learning-rates 0.15,0.3 --baseline-budget 1
+  --learning-rates 0.075,0.15,0.3 --baseline-budget 1
+# the overhead goal's setting: one worker, 512 local steps, each seed next to the plain loop
+bench overhead "$OVERHEAD_LIMIT" 1 --datasets mnist1d --models mlp,cnn --strategies uniform \
+  --seeds "$OVERHEAD_SEEDS" --local-steps 512 --budget "$OVERHEAD_BUDGET" --baseline-budget "$OVERHEAD_BUDGET" \
+  --learning-rates 0.15
 tail -n 5 /tmp/worker1.log
