@@ -8,10 +8,11 @@ Run, for example::
 
 Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``, the options the
 strategy's (checked before the cluster starts) or the trainer's learning-rate
-schedule (``lr_schedule``, ``schedule_steps``). Every arm runs
-each seed on one LocalCluster of 2 one-thread workers (batch 64 a worker,
-16 local steps unless ``--local-steps`` says otherwise, SGD with momentum
-0.9, partitions of 1,000, as
+schedule (``lr_schedule``, ``schedule_steps``) and gradient clipping
+(``max_grad_norm``). Every arm runs each seed on one LocalCluster of 2
+one-thread workers (batch 64 a worker, 16 local steps unless
+``--local-steps`` says otherwise, SGD with momentum 0.9, partitions of
+1,000, as
 ``daskpri bench`` runs them) until the test accuracy reaches ``--target``
 or ``--max-steps``. It prints each run's steps and training seconds to the
 target, then per arm the median and each seed's steps.
@@ -39,7 +40,7 @@ from daskpri.training.cluster import local_cluster, one_torch_thread
 from daskpri.training.schedule import validate_schedule
 
 #: The arm options that go to the trainer, not the strategy.
-TRAINER_OPTIONS = ("lr_schedule", "schedule_steps")
+TRAINER_OPTIONS = ("lr_schedule", "schedule_steps", "max_grad_norm")
 
 
 def parse_arm(text: str) -> tuple[str, str, float, dict]:

@@ -166,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
                           f"null: {own_rates})")
     run.add_argument("--optimizer", choices=tuple(LEARNING_RATES),
                      help="the driver's optimizer (default: daskpri.trainer.optimizer, sgd)")
+    run.add_argument("--max-grad-norm", type=_norm, metavar="NORM",
+                     help="clip each optimizer step's gradient to this L2 norm (default: "
+                          "daskpri.trainer.max-grad-norm, null: no clipping)")
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
     run.add_argument("--lr-schedule", choices=SCHEDULES,
                      help="learning rate: constant (the default), or decaying to zero over "
@@ -350,6 +353,7 @@ def _number(ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
 
 
 _seconds = _number(lambda v: math.isfinite(v) and v > 0, "a positive finite number of seconds")
+_norm = _number(lambda v: math.isfinite(v) and v > 0, "a positive finite number")
 _accuracy = _number(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 
 
@@ -475,6 +479,7 @@ def _new_run(
         strategy=strategy, seed=0 if args.seed is None else args.seed,
         n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
         learning_rate=args.learning_rate, optimizer=args.optimizer,
+        max_grad_norm=args.max_grad_norm,
         local_steps=1 if args.local_steps is None else args.local_steps,
         staleness=args.staleness, lr_schedule=lr_schedule,
         schedule_steps=None if lr_schedule == "constant" else max_steps,
@@ -502,6 +507,7 @@ def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
         "--batch-size": params["batch_size"],
         "--learning-rate": params["learning_rate"],
         "--optimizer": params["optimizer"],
+        "--max-grad-norm": params.get("max_grad_norm"),  # absent before the option: none
         "--local-steps": params["local_steps"],
         "--staleness": params["staleness"],
         "--lr-schedule": params["lr_schedule"],

@@ -66,6 +66,8 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         (["--target-accuracy", "1.5"], r"--target-accuracy: should be a number in \(0, 1\], "
                                        r"but got '1\.5'"),
         (["--target-accuracy", "nan"], r"--target-accuracy: .*in \(0, 1\], but got 'nan'"),
+        (["--max-grad-norm", "0"], r"--max-grad-norm: should be a positive finite number, "
+                                   r"but got '0'"),
         (["--checkpoint", "run.ckpt", "--checkpoint-every", "0"],
          r"--checkpoint-every: should be a positive integer, but got '0'"),
     ],
@@ -693,6 +695,9 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--resume continues the run in '{ckpt}' as it was started, but got --strategy-option "
          "epsilon=0.5 (the run's: epsilon=0.2); --strategy-option k=3 (the run's: loss takes "
          "no k). "),
+        (["--max-grad-norm", "1"],
+         "--resume continues the run in '{ckpt}' as it was started, but got --max-grad-norm 1.0 "
+         "(the run's: None). "),
         (["--max-steps", "3"],
          "--max-steps counts the run's steps from its start, and the run in '{ckpt}' is at "
          "step 4 already, but got --max-steps 3: give more than 4 to go on\n"),

@@ -27,7 +27,8 @@ class LocalSteps(TensorsAsNumpy):
 
     The worker builds the driver's optimizer over its replica, loads
     ``state`` (the driver's, averaged over the workers after each round) and
-    takes one step per share, at ``rates[i]``. With one worker the driver's
+    takes one step per share, at ``rates[i]``, its gradient clipped to
+    ``max_grad_norm`` where that is set. With one worker the driver's
     state after a round is the worker's own: the worker keeps it (``keep``)
     and the next round starts from it (``resume``), so the parameters and
     optimizer state travel one way per round, not both.
@@ -43,6 +44,8 @@ class LocalSteps(TensorsAsNumpy):
     #: start from the state kept under this name instead: ``state`` is empty
     #: and the weights carry no parameters
     resume: str | None = None
+    #: clip each step's gradient to this L2 norm (``None``: no clipping)
+    max_grad_norm: float | None = None
 
 
 def make_optimizer(

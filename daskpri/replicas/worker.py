@@ -561,6 +561,8 @@ def _train(
             elif c.n_grad:
                 # a non-finite gradient shows in the parameters: the driver drops the round
                 _mean_grad(replica, c.grad, c.n_grad)
+                if local.max_grad_norm is not None:  # type: ignore[union-attr]
+                    torch.nn.utils.clip_grad_norm_(params, local.max_grad_norm)  # type: ignore[union-attr]
                 for group in opt.param_groups:
                     group["lr"] = local.rates[i]  # type: ignore[union-attr]
                 opt.step()

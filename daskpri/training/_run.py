@@ -69,6 +69,7 @@ class RunMixin:
     learning_rate: float
     momentum: float
     weight_decay: float
+    max_grad_norm: float | None
     optimizer: str
     lr_schedule: str
     schedule_steps: int | None
@@ -389,6 +390,7 @@ class RunMixin:
                 ],
                 keep=uuid.uuid4().hex[:12] if keep else None,
                 resume=resume,
+                max_grad_norm=self.max_grad_norm,
             )
         try:
             return self._deployment.run(
@@ -503,7 +505,10 @@ class RunMixin:
         return options
 
     def _apply_gradient(self, grad: torch.Tensor, rate: float) -> None:
-        set_flat_grad(list(self.model.parameters()), grad)
+        params = list(self.model.parameters())
+        set_flat_grad(params, grad)
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         assert self._opt is not None
         for group in self._opt.param_groups:
             group["lr"] = rate

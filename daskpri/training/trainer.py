@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+import dask
 import numpy as np
 import torch
 import xarray as xr
@@ -77,8 +78,8 @@ __all__ = ["SchedulerLostError", "Trainer", "dask_timeout"]
 #: checkpoint keeps them for :meth:`Trainer.resume`.
 _INIT_PARAMS = (
     "seed", "n_workers", "resources", "batch_size", "learning_rate", "momentum",
-    "weight_decay", "optimizer", "lr_schedule", "schedule_steps", "local_steps", "eval_every",
-    "partition_size", "staleness", "device", "checkpoint_path", "checkpoint_every",
+    "weight_decay", "max_grad_norm", "optimizer", "lr_schedule", "schedule_steps", "local_steps",
+    "eval_every", "partition_size", "staleness", "device", "checkpoint_path", "checkpoint_every",
     "transport", "on_nonfinite",
 )
 
@@ -143,6 +144,14 @@ class Trainer(RunMixin):
         or ``"adam"``); ``None`` reads the ``daskpri.trainer`` config. Its
         ``learning-rate`` is null, which takes the optimizer's own rate
         (:data:`LEARNING_RATES`: 0.1 for SGD, 0.001 for Adam).
+    max_grad_norm : float, optional
+        Clip the gradient of each optimizer step to this L2 norm over all
+        parameters (``torch.nn.utils.clip_grad_norm_``): the mean gradient
+        of the workers at a synchronous step, as DDP users clip after the
+        all-reduce, and each worker's own gradient at a local step. ``None``
+        reads ``daskpri.trainer.max-grad-norm`` (null: no clipping). It
+        keeps a learning rate that the high-loss samples a prioritized
+        strategy picks would make diverge from blowing up a run.
     lr_schedule : {"constant", "cosine", "linear"}
         How the learning rate changes with the step: constant, or decaying
         from ``learning_rate`` to zero over ``schedule_steps`` steps (a
@@ -227,6 +236,7 @@ class Trainer(RunMixin):
         learning_rate: float | None = None,
         momentum: float | None = None,
         weight_decay: float = 0.0,
+        max_grad_norm: float | None = None,
         optimizer: str | None = None,
         lr_schedule: str = "constant",
         schedule_steps: int | None = None,
@@ -261,6 +271,8 @@ class Trainer(RunMixin):
         self.batch_size = check_int("batch_size", _config.get("trainer.batch-size", batch_size), 1)
         self.momentum = check_real("momentum", _config.get("trainer.momentum", momentum), 0.0, 1.0)
         self.weight_decay = check_real("weight_decay", weight_decay, 0.0, math.inf)
+        norm = _config.get("trainer.max-grad-norm", max_grad_norm)
+        self.max_grad_norm = None if norm is None else check_float("max_grad_norm", norm)
         self.optimizer = check_choice(
             "optimizer", _config.get("trainer.optimizer", optimizer), tuple(LEARNING_RATES)
         )
@@ -659,7 +671,10 @@ class Trainer(RunMixin):
             raise ValueError(f"model does not match the checkpoint's architecture: {e}") from None
         params = dict(state["trainer"], **overrides)
         strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])
-        trainer = cls(model, strategy=strategy, client=client, **params)
+        # the run's own clipping: None there is none, whatever the config says now
+        # (a checkpoint from before the option has none)
+        with dask.config.set({"daskpri.trainer.max-grad-norm": None}):
+            trainer = cls(model, strategy=strategy, client=client, **params)
         trainer.step_ = int(state["step"])
         trainer._elapsed = float(state["elapsed"])
         trainer._recorder.records = list(state["history"])
@@ -683,6 +698,8 @@ class Trainer(RunMixin):
                 "seed": self.seed,
                 "batch_size": self.batch_size,
                 "learning_rate": self.learning_rate,
+                # 0: no clipping (netCDF attributes have no null)
+                "max_grad_norm": self.max_grad_norm or 0.0,
                 "optimizer": self.optimizer,
                 "lr_schedule": self.lr_schedule,
                 "schedule_steps": self.schedule_steps if self.schedule_steps else 0,
