@@ -717,6 +717,17 @@ def test_report_is_written_from_records_alone(tmp_path: Path):
     assert '"name":"Whisker"' in (tmp_path / "results.html").read_text()
 
 
+def test_the_report_says_when_every_run_clips_its_gradients(tmp_path: Path):
+    cfg = _config(seeds=1, max_grad_norm=1.0)
+    write_report(tmp_path, cfg, MACHINE, SIZES, _simulate(cfg))
+    md = (tmp_path / "results.md").read_text()
+    assert "SGD with momentum 0.9, gradients clipped to L2 norm 1 (in every run and baseline)" in md
+    stored = json.loads((tmp_path / "results.json").read_text())["config"]
+    assert BenchConfig.from_dict(stored) == cfg
+    write_report(tmp_path, _config(seeds=1), MACHINE, SIZES, _simulate(_config(seeds=1)))
+    assert "clipped" not in (tmp_path / "results.md").read_text()
+
+
 # -- validation -------------------------------------------------------------------------
 
 
@@ -725,6 +736,9 @@ def test_config_names_the_bad_value():
         BenchConfig(strategies=("nope",))
     with pytest.raises(ValueError, match="budget should be a positive finite number"):
         BenchConfig(budget=-1.0)
+    with pytest.raises(ValueError, match="max_grad_norm should be a positive finite number, "
+                       "but got max_grad_norm=0.0"):
+        BenchConfig(max_grad_norm=0.0)
     with pytest.raises(ValueError, match="staleness should be one of 'keep', 'exp-linear', "
                        "'exp-quadratic', but got 'linear'"):
         BenchConfig(staleness="linear")
@@ -852,6 +866,23 @@ def test_plain_loop_trains_for_its_budget_and_evaluates():
     assert r.curve.time[-1] >= 0.3
     assert r.samples == 32 * r.curve.step[-1]
     assert not np.isnan(r.curve.accuracy[-1])
+
+
+def test_plain_loop_clips_each_steps_gradient_to_the_norm_given():
+    data, model = _tiny()
+    start = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    moved = {}
+    for norm in (1e-4, None):
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(start.clone(), model.parameters())
+        r = train_plain(model, data, data, batch_size=32, learning_rate=0.5, momentum=0.0,
+                        budget=0.2, eval_seconds=0.1, seed=0, max_grad_norm=norm)
+        after = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        moved[norm] = (float(torch.linalg.vector_norm(after - start)), int(r.curve.step[-1]))
+    # no momentum: each step moves the weights by at most lr x the norm
+    distance, steps = moved[1e-4]
+    assert 0 < distance <= steps * 0.5 * 1e-4 * (1 + 1e-5)
+    assert moved[None][0] > 10 * distance
 
 
 def test_ddp_trains_on_two_processes():

@@ -55,6 +55,7 @@ class _Job:
     eval_seconds: float
     seed: int
     device: str = "cpu"
+    max_grad_norm: float | None = None
 
 
 def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -99,6 +100,8 @@ def _loop(job: _Job, *, rank: int = 0, world: int = 1) -> BaselineResult:
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if job.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), job.max_grad_norm)
         opt.step()
         step += 1
         if world > 1:
@@ -138,6 +141,7 @@ def train_plain(
     eval_seconds: float,
     seed: int,
     device: str = "cpu",
+    max_grad_norm: float | None = None,
 ) -> BaselineResult:
     """Train ``model`` (in place) in this process for ``budget`` seconds, one torch thread.
 
@@ -172,7 +176,7 @@ def train_plain(
     """
     with one_torch_thread():
         job = _Job(model, train[0], train[1], test[0], test[1], batch_size, learning_rate,
-                   momentum, budget, eval_seconds, seed, device)
+                   momentum, budget, eval_seconds, seed, device, max_grad_norm)
         return _loop(job)
 
 
@@ -280,6 +284,7 @@ def _spawn(
     eval_seconds: float,
     seed: int,
     timeout: float | None = None,
+    max_grad_norm: float | None = None,
 ) -> BaselineResult:
     import torch.multiprocessing as mp
 
@@ -301,7 +306,7 @@ def _spawn(
             a, b = bounds[rank], bounds[rank + 1]
             job = _Job(model, x[a:b], y[a:b], test[0] if rank == 0 else None,
                        test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
-                       budget, eval_seconds, seed)
+                       budget, eval_seconds, seed, max_grad_norm=max_grad_norm)
             p = ctx.Process(target=_process,
                             args=(rank, processes, port, job, queue, barrier, communicate))
             p.start()

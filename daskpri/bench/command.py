@@ -125,6 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds of the plain PyTorch and DDP runs (default --budget; "
                           "--quick: 5)")
     how.add_argument("--no-ddp", action="store_true", help="do not measure PyTorch DDP")
+    how.add_argument("--max-grad-norm", type=float, metavar="NORM",
+                     help="clip the gradients of every run and baseline to this L2 norm "
+                          "(default: daskpri.trainer.max-grad-norm, null: no clipping)")
     how.add_argument("--local-steps", type=int, metavar="K",
                      help="optimizer steps per worker per round trip (local SGD; default 1) "
                      "in the runs of strategies that allow it")
@@ -166,6 +169,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         n_samples=args.n_samples,
         partition_size=_config.get("trainer.partition-size"),
         momentum=float(_config.get("trainer.momentum")),
+        max_grad_norm=_config.get("trainer.max-grad-norm", args.max_grad_norm),
         ddp=not args.no_ddp,
         local_steps=args.local_steps,
         staleness=_config.get("table.staleness", args.staleness),

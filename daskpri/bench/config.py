@@ -90,6 +90,10 @@ class BenchConfig:
         Samples per worker per step of uniform (and the strategies' default).
     momentum : float
         SGD momentum of every run (the trainer's default).
+    max_grad_norm : float, optional
+        Clip every run's gradients to this L2 norm (the trainer's
+        ``max_grad_norm``; the plain loop and DDP clip theirs alike);
+        ``None``: no clipping.
     eval_every : int, optional
         Steps between evaluations on the test set (daskpri runs); ``None``
         takes :func:`default_eval_every`. A run evaluates at the end of a
@@ -156,6 +160,7 @@ class BenchConfig:
     baseline_budget: float | None = None
     batch_size: int = 64
     momentum: float = 0.9
+    max_grad_norm: float | None = None
     eval_every: int | None = None
     baseline_eval_seconds: float = 0.25
     target_fractions: tuple[float, ...] = (0.97, 0.99)
@@ -246,6 +251,8 @@ class BenchConfig:
                        lambda lr: check_float("learning_rates", lr))
         object.__setattr__(self, "learning_rates", tuple(sorted(rates)))
         check_float("budget", self.budget)
+        if self.max_grad_norm is not None:
+            check_float("max_grad_norm", self.max_grad_norm)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum should be in [0, 1), but got momentum={self.momentum!r}")
         check_float("baseline_eval_seconds", self.baseline_eval_seconds)

@@ -227,6 +227,8 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         f"Comparison on {config.main_workers} worker(s), batch {config.batch_size} per worker, "
         f"partitions of {config.partition_size} samples, "
         f"SGD with momentum {config.momentum:g}"
+        + (f", gradients clipped to L2 norm {config.max_grad_norm:g} (in every run and "
+           "baseline)" if config.max_grad_norm is not None else "")
         + (
             f", {config.local_steps} local steps per round trip (local SGD; projection and "
             "length take 1)"

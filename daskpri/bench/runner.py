@@ -203,7 +203,8 @@ def _execute(
                 model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
                 n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
                 learning_rate=spec.learning_rate, momentum=config.momentum,
-                eval_every=config.eval_every, local_steps=1 if fresh else config.local_steps,
+                max_grad_norm=config.max_grad_norm, eval_every=config.eval_every,
+                local_steps=1 if fresh else config.local_steps,
                 partition_size=config.partition_size, staleness=config.staleness,
                 **dict(spec.arm.options),
             ) as trainer:
@@ -219,6 +220,7 @@ def _execute(
         "batch_size": spec.arm.batch_size,
         "learning_rate": spec.learning_rate,
         "momentum": config.momentum,
+        "max_grad_norm": config.max_grad_norm,
         "budget": spec.budget,
         "eval_seconds": config.baseline_eval_seconds,
         "seed": spec.seed,
