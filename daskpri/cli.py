@@ -700,12 +700,16 @@ def _bench(args: argparse.Namespace) -> int:
     earlier = os.path.join(args.out, RESULTS_JSON)
     if args.report_only and args.resume:
         raise ValueError("--report-only makes no runs, and --resume makes the rest: pass one")
+    if args.merge is not None and (args.report_only or args.resume):
+        raise ValueError("--merge writes a new report in --out from the benchmarks it names: "
+                         "pass it without --resume and --report-only")
     if not args.resume and not args.report_only and os.path.exists(earlier):
         # its runs may be hours of measurement: replaced only when asked to
         raise ValueError(
-            f"--out {args.out!r} holds the results of an earlier benchmark ({earlier}); pass "
-            "--resume to go on with it, or give another --out (or remove that file) to start "
-            "afresh"
+            f"--out {args.out!r} holds the results of an earlier benchmark ({earlier}); "
+            + ("give --merge another --out (or remove that file)" if args.merge is not None else
+               "pass --resume to go on with it, or give another --out (or remove that file) to "
+               "start afresh")
         )
     return bench_command.run(args)
 

@@ -91,6 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="make no runs: write the report of DIR/results.json as it stands "
                              "(a benchmark stopped part way; the file's own options are used)")
+    parser.add_argument("--merge", type=_listof(str, "directories"), metavar="DIR,DIR[,...]",
+                        help="make no runs: pool the seeds of benchmarks run in parts (same "
+                             "options and machine, seeds that follow on, e.g. --first-seed 10 "
+                             "and 20 with --seeds 10) into one report in --out; --strategies "
+                             "picks the arms (default: those every part ran)")
     what = parser.add_argument_group("what is compared")
     what.add_argument("--datasets", type=_listof(str, "datasets"), metavar="D[,D...]",
                       help=_defaults("datasets"))
@@ -219,12 +224,26 @@ def _command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
+#: The options ``--merge`` takes (the rest are the parts' own).
+_MERGE_OPTIONS = ("run", "command", "out", "merge", "strategies", "no_progress")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``daskpri bench`` as parsed into ``args``; return the exit status."""
-    from daskpri.bench.runner import report_only, run_bench
+    from daskpri.bench.runner import merge_results, report_only, run_bench
 
     if args.report_only:
         report_only(args.out)
+        return 0
+    if args.merge is not None:
+        given = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                       if k not in _MERGE_OPTIONS and v not in (None, False))
+        if given:
+            raise ValueError(f"--merge takes the options the parts were made with, but got "
+                             f"{', '.join(given)}; with --merge, give only --out, --strategies "
+                             "and --no-progress")
+        merge_results(args.merge, args.out, strategies=args.strategies,
+                      command=_command_line(args))
         return 0
     config = config_from_args(args)
     try:

@@ -208,17 +208,30 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         f"Machine: {machine['cores']} cores ({machine['processor']}; {cpu}{machine['platform']}), "
         f"CUDA {_cuda(machine)}; Python {machine['python']}, "
         f"torch {machine['torch']}, dask {machine['dask']}, distributed "
-        f"{machine['distributed']}. Load average (1/5/15 min) at start {load[0]}, at end "
-        f"{load[1]}. Benchmark time: {machine.get('bench_seconds', '?')} s"
+        f"{machine['distributed']}. "
+        + ("" if machine.get("merged") else
+           f"Load average (1/5/15 min) at start {load[0]}, at end {load[1]}. ")
+        + f"Benchmark time: {machine.get('bench_seconds', '?')} s"
         + (f" (resumed: {machine['resumed_runs']} runs kept from an earlier invocation, "
            "whose machine and time are not the ones above)." if machine.get("resumed_runs")
            else "."),
         "",
+        *([f"Merged (`--merge`, no runs made) from {len(machine['merged'])} benchmarks of the "
+           "same options on this kind of machine, each with seeds of its own; the benchmark "
+           "time is theirs together:", "",
+           *(f"- seeds {m['seeds']}: `{m['command'] or m['path']}`; "
+             f"{m.get('bench_seconds', '?')} s, load average (1/5/15 min) at start "
+             f"{m.get('load_average_start') or '—'}, at end {m.get('load_average_end') or '—'}"
+             for m in machine["merged"]), ""]
+          if machine.get("merged") else []),
         *([f"**Partial: {machine['partial']['done']} of the {machine['partial']['planned']} "
-           "runs planned.** The benchmark stopped before its end, and this report was written "
-           "from its results.json by `--report-only`: phases and seeds it had not reached are "
-           "missing from the tables, and the targets and learning rates come from the runs it "
-           "made. `--resume` with the same options makes the rest.", ""]
+           "runs planned.** "
+           + ("A benchmark merged here stopped before its end: " if machine.get("merged") else
+              "The benchmark stopped before its end, and this report was written from its "
+              "results.json by `--report-only`: ")
+           + "phases and seeds it had not reached are missing from the tables, and the targets "
+           "and learning rates come from the runs it made. `--resume` with the same options "
+           "makes the rest.", ""]
           if machine.get("partial") else []),
         f"Protocol: every run trains for the same budget of {config.budget:g} s of training "
         "time (the history's `time`: it charges every cost of a strategy — scoring passes, "
@@ -248,8 +261,8 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
             else ""
         )
         + ". One torch thread in each worker and in the driver. "
-        f"Seeds: {config.seeds}"
-        + (f", {config.first_seed}–{config.seed_range[-1]}" if config.first_seed else "")
+        f"Seeds: {config.first_seed}"
+        + (f"–{config.seed_range[-1]}" if config.seeds > 1 else "")
         + " (each seeds the weights and the selections; the data split is fixed); "
         "values are medians over seeds with [min–max]. Arms run interleaved "
         "(for each dataset, model, seed and learning rate, every arm in turn). "

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,13 @@ from distributed import Client, LocalCluster
 from daskpri.bench.analysis import best_accuracy, final_accuracy, samples_per_second
 from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import BenchConfig
-from daskpri.bench.protocol import count_done, count_runs, next_runs
+from daskpri.bench.protocol import count_done, count_runs, make_arms, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import RESULTS_JSON, write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
 from daskpri.training.placement import all_have_gpus, cluster_workers
 
-__all__ = ["describe", "machine_info", "previous_runs", "run_bench"]
+__all__ = ["describe", "machine_info", "merge_results", "previous_runs", "run_bench"]
 
 _CONNECT_TIMEOUT = 10.0  # seconds
 
@@ -317,6 +318,157 @@ def previous_runs(path: Path, config: BenchConfig,
             "the options it was made with, or give another --out"
         )
     return [RunRecord.from_dict(r) for r in runs]
+
+
+#: What two benchmarks' machines must share for their times to be pooled.
+_SAME_MACHINE = ("cores", "processor", "cpu", "torch_cpu_capability", "cuda", "gpu",
+                 "python", "torch", "dask", "distributed")
+
+
+def _read_results(path: Path, what: str) -> dict[str, Any]:
+    """``path``'s results.json as a dict, or an error naming what is wrong with it."""
+    import json
+
+    if not path.exists():
+        raise FileNotFoundError(f"{what}: {path} does not exist")
+    try:
+        doc = json.loads(path.read_text())
+        doc["config"], doc["machine"] = dict(doc["config"]), dict(doc["machine"])
+        doc["train_samples"], doc["runs"] = dict(doc["train_samples"]), list(doc["runs"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") from None
+    doc["config"].setdefault("first_seed", 0)
+    return doc
+
+
+def _seed_span(seeds: Sequence[int]) -> str:
+    """``seeds`` (sorted, consecutive) as ``a–b``, or ``a`` alone."""
+    return f"{seeds[0]}–{seeds[-1]}" if len(seeds) > 1 else f"{seeds[0]}"
+
+
+def merge_results(
+    sources: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    strategies: Sequence[str] | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Pool the seeds of several benchmarks into one report, making no runs.
+
+    For a benchmark whose seeds were run in parts: in several sessions, or
+    on a machine lent for a while. Each source directory holds the
+    ``results.json`` of a benchmark made with the same options, on the same
+    kind of machine, with seeds of its own; together its seeds must be
+    consecutive (``--first-seed 10 --seeds 10`` and ``--first-seed 20
+    --seeds 10`` make seeds 10-29). The arms compared are ``strategies``
+    (uniform always among them; each must be in every source), or those
+    that every source ran: an arm that only one part ran is dropped, with
+    its options. ``out`` gets ``results.json``, ``results.md``, the PNGs and
+    ``results.html``, as ``daskpri bench`` writes them; its report names
+    each part's command, seeds, time and load.
+
+    Anything that would make the runs of one part not comparable to the
+    other's is refused, naming it: another option, another machine (CPU
+    model, GPU, core count or versions), another dataset size, a seed in
+    two parts, a gap between the parts' seeds.
+
+    Returns
+    -------
+    dict
+        The summary, as ``out``'s ``results.json`` holds it.
+    """
+    what = "--merge"
+    if len(sources) < 2:
+        raise ValueError(f"{what} pools two benchmarks or more, but got {len(sources)}")
+    paths = [Path(s) / RESULTS_JSON for s in sources]
+    if len({p.resolve() for p in paths}) < len(paths):
+        raise ValueError(f"{what} names a directory twice: {', '.join(map(str, sources))}")
+    docs = [_read_results(p, what) for p in paths]
+    # in the order of their seeds: the report lists the parts, and holds the runs, in it
+    order = sorted(range(len(docs)), key=lambda i: int(docs[i]["config"]["first_seed"]))
+    docs, paths = [docs[i] for i in order], [paths[i] for i in order]
+    common = [a for a in docs[0]["config"]["strategies"]
+              if all(a in d["config"]["strategies"] for d in docs[1:])]
+    if strategies is not None:
+        for arm in strategies:
+            for doc, path in zip(docs, paths, strict=True):
+                if arm != "uniform" and arm not in doc["config"]["strategies"]:
+                    raise ValueError(f"{what}: {path} has no arm {arm!r}; the arms every part "
+                                     f"ran are {', '.join(common)}")
+        common = ["uniform", *(a for a in strategies if a != "uniform")]
+
+    def projected(doc: dict[str, Any]) -> dict[str, Any]:
+        cfg = dict(doc["config"])
+        cfg["strategies"] = common
+        cfg["strategy_options"] = [o for o in cfg.get("strategy_options") or () if o[0] in common]
+        for k in ("seeds", "first_seed", "scheduler"):
+            cfg.pop(k, None)
+        return cfg
+
+    base = projected(docs[0])
+    for doc, path in zip(docs[1:], paths[1:], strict=True):
+        cfg = projected(doc)
+        differ = [f"{k}: {base.get(k)!r} in {paths[0]}, {cfg.get(k)!r} in {path}"
+                  for k in sorted(base.keys() | cfg.keys()) if base.get(k) != cfg.get(k)]
+        if doc["train_samples"] != docs[0]["train_samples"]:
+            differ.append(f"samples per dataset: {docs[0]['train_samples']!r} in {paths[0]}, "
+                          f"{doc['train_samples']!r} in {path}")
+        machines = [f"{k}: {docs[0]['machine'].get(k)!r} in {paths[0]}, "
+                    f"{doc['machine'].get(k)!r} in {path}"
+                    for k in _SAME_MACHINE if docs[0]["machine"].get(k) != doc["machine"].get(k)]
+        if differ:
+            raise ValueError(f"{what}: the parts were made with other options ({'; '.join(differ)})"
+                             "; only their seeds may differ")
+        if machines:
+            raise ValueError(f"{what}: the parts ran on other machines ({'; '.join(machines)}); "
+                             "their times do not pool")
+    spans = [(int(d["config"]["first_seed"]), int(d["config"]["seeds"]), p)
+             for d, p in zip(docs, paths, strict=True)]
+    for (a, n, p), (b, _, q) in pairwise(spans):
+        if b != a + n:
+            kind = "share seeds" if b < a + n else "leave a gap between their seeds"
+            raise ValueError(
+                f"{what}: {p} (seeds {_seed_span(range(a, a + n))}) and {q} (from seed {b}) "
+                f"{kind}; the parts' seeds should follow on, each part's --first-seed the "
+                "seed after the last of another's"
+            )
+    config_dict = {**docs[0]["config"], "strategies": common,
+                   "strategy_options": base["strategy_options"],
+                   "first_seed": spans[0][0], "seeds": sum(n for _, n, _ in spans),
+                   "scheduler": None}
+    config = BenchConfig.from_dict(config_dict)
+    records = [RunRecord.from_dict(r) for d in docs for r in d["runs"]]
+    sizes = dict(docs[0]["train_samples"])
+    # the arms the pooled benchmark compares: the equal-gradient baselines of its
+    # strategies are kept, those of the strategies dropped are not
+    arms = {(d, m): set(make_arms(config, sizes[d], m))
+            for d in config.datasets for m in config.models}
+    records = [r for r in records if r.spec.arm in arms.get((r.spec.dataset, r.spec.model), ())]
+    machine = {k: v for k, v in docs[0]["machine"].items()
+               if k not in ("command", "bench_seconds", "load_average_start",
+                            "load_average_end", "resumed_runs", "partial", "merged")}
+    machine["command"] = command
+    machine["merged"] = [
+        {"path": str(p), "command": d["machine"].get("command"),
+         "seeds": _seed_span(range(int(d["config"]["first_seed"]),
+                                   int(d["config"]["first_seed"]) + int(d["config"]["seeds"]))),
+         "bench_seconds": d["machine"].get("bench_seconds"),
+         "load_average_start": d["machine"].get("load_average_start"),
+         "load_average_end": d["machine"].get("load_average_end")}
+        for d, p in zip(docs, paths, strict=True)
+    ]
+    seconds = [m["bench_seconds"] for m in machine["merged"]]
+    if all(s is not None for s in seconds):
+        machine["bench_seconds"] = round(sum(seconds), 1)
+    done, planned = count_done(config, sizes, records), count_runs(config, sizes)
+    if done < planned:
+        machine["partial"] = {"done": done, "planned": planned}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = write_report(out, config, machine, sizes, records)
+    print(f"daskpri bench: {done} runs of {len(docs)} benchmarks pooled, seeds "
+          f"{_seed_span(config.seed_range)}; report in {out / 'results.md'}", flush=True)
+    return summary
 
 
 def run_bench(
