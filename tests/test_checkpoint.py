@@ -122,6 +122,8 @@ class _Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
+# torch warns of the pickle's protocol before its weights-only loader refuses it
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 def test_a_malicious_pickle_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.ckpt"

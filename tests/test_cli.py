@@ -561,6 +561,8 @@ def test_an_interrupted_gathers_waits_are_not_reported_after_the_interrupt():
             logger.removeFilter(f)
 
 
+# the finalizer's KeyboardInterrupt is the point: Python reports it as unraisable
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_data):
     train, _ = small_data
     outer = signal.getsignal(signal.SIGINT)
