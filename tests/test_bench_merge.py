@@ -154,6 +154,8 @@ def test_a_part_that_stopped_early_makes_a_partial_report(tmp_path: Path):
     (lambda d: d["config"].update(first_seed=3),
      r"\(from seed 3\) leave a gap between their seeds; the parts' seeds should follow on"),
     (lambda d: d.pop("runs"), r"b/results.json is not a daskpri bench results.json \('runs'\)"),
+    (lambda d: d["config"].update(seeds="ten"),
+     r"b/results.json is not a daskpri bench results.json \(seeds should be "),
 ])
 def test_merge_refuses_parts_that_do_not_pool_naming_what_differs(tmp_path: Path, change,
                                                                   message: str):

@@ -274,6 +274,22 @@ def describe(record: RunRecord) -> str:
     )
 
 
+def _read_results(path: Path, what: str) -> dict[str, Any]:
+    """``path``'s results.json as a dict, or an error naming what is wrong with it."""
+    import json
+
+    if not path.exists():
+        raise FileNotFoundError(f"{what}: {path} does not exist")
+    try:
+        doc = json.loads(path.read_text())
+        doc["config"], doc["machine"] = dict(doc["config"]), dict(doc["machine"])
+        doc["train_samples"], doc["runs"] = dict(doc["train_samples"]), list(doc["runs"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") from None
+    doc["config"].setdefault("first_seed", 0)
+    return doc
+
+
 def previous_runs(path: Path, config: BenchConfig,
                   sizes: Mapping[str, int]) -> list[RunRecord]:
     """The runs that ``path`` (a ``results.json``) holds, made with ``config``.
@@ -291,13 +307,9 @@ def previous_runs(path: Path, config: BenchConfig,
 
     if not path.exists():
         return []
-    try:
-        doc = json.loads(path.read_text())
-        theirs, runs = dict(doc["config"]), doc["runs"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"--resume: {path} is not a daskpri bench results.json ({e})") from None
+    doc = _read_results(path, "--resume")
+    theirs, runs = doc["config"], doc["runs"]
     ours = json.loads(json.dumps(config.to_dict()))  # as write_json stored it
-    theirs.setdefault("first_seed", 0)  # made before the option: its seeds began at 0
     # more seeds may be added: a file whose seeds this benchmark runs too keeps its runs
     seeds = ("seeds", "first_seed")
     try:
@@ -323,22 +335,6 @@ def previous_runs(path: Path, config: BenchConfig,
 #: What two benchmarks' machines must share for their times to be pooled.
 _SAME_MACHINE = ("cores", "processor", "cpu", "torch_cpu_capability", "cuda", "gpu",
                  "python", "torch", "dask", "distributed")
-
-
-def _read_results(path: Path, what: str) -> dict[str, Any]:
-    """``path``'s results.json as a dict, or an error naming what is wrong with it."""
-    import json
-
-    if not path.exists():
-        raise FileNotFoundError(f"{what}: {path} does not exist")
-    try:
-        doc = json.loads(path.read_text())
-        doc["config"], doc["machine"] = dict(doc["config"]), dict(doc["machine"])
-        doc["train_samples"], doc["runs"] = dict(doc["train_samples"]), list(doc["runs"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") from None
-    doc["config"].setdefault("first_seed", 0)
-    return doc
 
 
 def _seed_span(seeds: Sequence[int]) -> str:
@@ -384,9 +380,18 @@ def merge_results(
     if len({p.resolve() for p in paths}) < len(paths):
         raise ValueError(f"{what} names a directory twice: {', '.join(map(str, sources))}")
     docs = [_read_results(p, what) for p in paths]
+    configs, runs = [], []
+    for doc, path in zip(docs, paths, strict=True):
+        try:  # every field checked, before any is compared
+            configs.append(BenchConfig.from_dict(doc["config"]))
+            runs.append([RunRecord.from_dict(r) for r in doc["runs"]])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") \
+                from None
     # in the order of their seeds: the report lists the parts, and holds the runs, in it
-    order = sorted(range(len(docs)), key=lambda i: int(docs[i]["config"]["first_seed"]))
+    order = sorted(range(len(docs)), key=lambda i: configs[i].first_seed)
     docs, paths = [docs[i] for i in order], [paths[i] for i in order]
+    configs, runs = [configs[i] for i in order], [runs[i] for i in order]
     common = [a for a in docs[0]["config"]["strategies"]
               if all(a in d["config"]["strategies"] for d in docs[1:])]
     if strategies is not None:
@@ -422,8 +427,7 @@ def merge_results(
         if machines:
             raise ValueError(f"{what}: the parts ran on other machines ({'; '.join(machines)}); "
                              "their times do not pool")
-    spans = [(int(d["config"]["first_seed"]), int(d["config"]["seeds"]), p)
-             for d, p in zip(docs, paths, strict=True)]
+    spans = [(c.first_seed, c.seeds, p) for c, p in zip(configs, paths, strict=True)]
     for (a, n, p), (b, _, q) in pairwise(spans):
         if b != a + n:
             kind = "share seeds" if b < a + n else "leave a gap between their seeds"
@@ -437,7 +441,7 @@ def merge_results(
                    "first_seed": spans[0][0], "seeds": sum(n for _, n, _ in spans),
                    "scheduler": None}
     config = BenchConfig.from_dict(config_dict)
-    records = [RunRecord.from_dict(r) for d in docs for r in d["runs"]]
+    records = [r for part in runs for r in part]
     sizes = dict(docs[0]["train_samples"])
     # the arms the pooled benchmark compares: the equal-gradient baselines of its
     # strategies are kept, those of the strategies dropped are not
@@ -450,12 +454,11 @@ def merge_results(
     machine["command"] = command
     machine["merged"] = [
         {"path": str(p), "command": d["machine"].get("command"),
-         "seeds": _seed_span(range(int(d["config"]["first_seed"]),
-                                   int(d["config"]["first_seed"]) + int(d["config"]["seeds"]))),
+         "seeds": _seed_span(c.seed_range),
          "bench_seconds": d["machine"].get("bench_seconds"),
          "load_average_start": d["machine"].get("load_average_start"),
          "load_average_end": d["machine"].get("load_average_end")}
-        for d, p in zip(docs, paths, strict=True)
+        for d, c, p in zip(docs, configs, paths, strict=True)
     ]
     seconds = [m["bench_seconds"] for m in machine["merged"]]
     if all(s is not None for s in seconds):
@@ -562,22 +565,20 @@ def report_only(out: str | os.PathLike[str]) -> dict[str, Any]:
     dict
         The summary, as ``results.json`` now holds it.
     """
-    import json
-
     path = Path(out) / RESULTS_JSON
     if not path.exists():
         raise FileNotFoundError(
             f"--report-only: {path} does not exist; it is written by `daskpri bench --out "
             f"{out}` after each run"
         )
+    doc = _read_results(path, "--report-only")
     try:
-        doc = json.loads(path.read_text())
-        config = BenchConfig.from_dict(dict(doc["config"]))
-        machine, sizes = dict(doc["machine"]), dict(doc["train_samples"])
+        config = BenchConfig.from_dict(doc["config"])
         records = [RunRecord.from_dict(r) for r in doc["runs"]]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--report-only: {path} is not a daskpri bench results.json ({e})") \
             from None
+    machine, sizes = doc["machine"], doc["train_samples"]
     done, planned = count_done(config, sizes, records), count_runs(config, sizes)
     machine.pop("partial", None)
     if done < planned:
