@@ -299,6 +299,18 @@ class BenchConfig:
         return range(self.first_seed, self.first_seed + self.seeds)
 
     @property
+    def seed_span(self) -> str:
+        """The seeds as the report names them.
+
+        Examples
+        --------
+        >>> BenchConfig(seeds=10, first_seed=20).seed_span, BenchConfig(seeds=1).seed_span
+        ('20–29', '0')
+        """
+        last = self.first_seed + self.seeds - 1
+        return f"{self.first_seed}–{last}" if self.seeds > 1 else f"{self.first_seed}"
+
+    @property
     def main_workers(self) -> int:
         """The worker count of the comparison (the largest of ``workers``)."""
         return self.workers[-1]

@@ -261,9 +261,8 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
             else ""
         )
         + ". One torch thread in each worker and in the driver. "
-        f"Seeds: {config.first_seed}"
-        + (f"–{config.seed_range[-1]}" if config.seeds > 1 else "")
-        + " (each seeds the weights and the selections; the data split is fixed); "
+        f"Seeds: {config.seed_span} (each seeds the weights and the selections; the data "
+        "split is fixed); "
         "values are medians over seeds with [min–max]. Arms run interleaved "
         "(for each dataset, model, seed and learning rate, every arm in turn). "
         "Targets: " + ", ".join(_pct(f) for f in config.target_fractions)

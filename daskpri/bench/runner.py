@@ -337,11 +337,6 @@ _SAME_MACHINE = ("cores", "processor", "cpu", "torch_cpu_capability", "cuda", "g
                  "python", "torch", "dask", "distributed")
 
 
-def _seed_span(seeds: Sequence[int]) -> str:
-    """``seeds`` (sorted, consecutive) as ``a–b``, or ``a`` alone."""
-    return f"{seeds[0]}–{seeds[-1]}" if len(seeds) > 1 else f"{seeds[0]}"
-
-
 def merge_results(
     sources: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -427,18 +422,18 @@ def merge_results(
         if machines:
             raise ValueError(f"{what}: the parts ran on other machines ({'; '.join(machines)}); "
                              "their times do not pool")
-    spans = [(c.first_seed, c.seeds, p) for c, p in zip(configs, paths, strict=True)]
-    for (a, n, p), (b, _, q) in pairwise(spans):
-        if b != a + n:
-            kind = "share seeds" if b < a + n else "leave a gap between their seeds"
+    for (c, p), (d, q) in pairwise(zip(configs, paths, strict=True)):
+        if d.first_seed != c.seed_range.stop:
+            kind = ("share seeds" if d.first_seed < c.seed_range.stop
+                    else "leave a gap between their seeds")
             raise ValueError(
-                f"{what}: {p} (seeds {_seed_span(range(a, a + n))}) and {q} (from seed {b}) "
+                f"{what}: {p} (seeds {c.seed_span}) and {q} (from seed {d.first_seed}) "
                 f"{kind}; the parts' seeds should follow on, each part's --first-seed the "
                 "seed after the last of another's"
             )
     config_dict = {**docs[0]["config"], "strategies": common,
                    "strategy_options": base["strategy_options"],
-                   "first_seed": spans[0][0], "seeds": sum(n for _, n, _ in spans),
+                   "first_seed": configs[0].first_seed, "seeds": sum(c.seeds for c in configs),
                    "scheduler": None}
     config = BenchConfig.from_dict(config_dict)
     records = [r for part in runs for r in part]
@@ -454,7 +449,7 @@ def merge_results(
     machine["command"] = command
     machine["merged"] = [
         {"path": str(p), "command": d["machine"].get("command"),
-         "seeds": _seed_span(c.seed_range),
+         "seeds": c.seed_span,
          "bench_seconds": d["machine"].get("bench_seconds"),
          "load_average_start": d["machine"].get("load_average_start"),
          "load_average_end": d["machine"].get("load_average_end")}
@@ -470,7 +465,7 @@ def merge_results(
     out.mkdir(parents=True, exist_ok=True)
     summary = write_report(out, config, machine, sizes, records)
     print(f"daskpri bench: {done} runs of {len(docs)} benchmarks pooled, seeds "
-          f"{_seed_span(config.seed_range)}; report in {out / 'results.md'}", flush=True)
+          f"{config.seed_span}; report in {out / 'results.md'}", flush=True)
     return summary
 
 
