@@ -129,8 +129,7 @@ def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_cli
     ("loss", {}), ("uniform", {}),
     ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5, "warmup": 0}),
     ("selective-backprop", {"refresh": 2, "beta": 1.0, "prefilter": 0.5, "warmup": 0,
-                            "wait_for_inflight": False}),
-    ("selective-backprop", {"fraction": 0.5, "refresh": 2, "warmup": 0, "rank_on_worker": True})])
+                            "wait_for_inflight": False})])
 def test_a_resumed_run_of_local_rounds_continues_exactly(
     gpu_client, small_data, tmp_path, strategy, options
 ):
@@ -266,8 +265,7 @@ def _ahead_counts(client, run: str) -> tuple[int, int]:
 # selective-backprop with refresh reads the table, and checks what it reads
 @pytest.mark.parametrize("strategy, options", [
     ("uniform", {}), ("selective-backprop", {}),
-    ("selective-backprop", {"fraction": 0.5, "refresh": 2, "warmup": 0}),
-    ("selective-backprop", {"fraction": 0.5, "refresh": 2, "warmup": 0, "rank_on_worker": True})])
+    ("selective-backprop", {"fraction": 0.5, "refresh": 2, "warmup": 0})])
 def test_selecting_the_next_round_ahead_changes_no_selection(
     gpu_client, small_data, tmp_path, monkeypatch, strategy, options
 ):

@@ -28,13 +28,7 @@ from daskpri._wire import TensorsAsNumpy
 from daskpri.data.io import check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights, flat_params, sample_losses
-from daskpri.strategies.base import (
-    Batch,
-    Computed,
-    RecentLosses,
-    Strategy,
-    concat_selections,
-)
+from daskpri.strategies.base import Batch, Computed, Strategy, concat_selections
 
 
 class ReplicaStateLost(LookupError):
@@ -137,8 +131,6 @@ class ReplicaPlugin(WorkerPlugin):
         #: (name, optimizer) of the state a round of local steps left in the
         #: replica, for the next round to resume from (see :class:`LocalSteps`)
         self.kept: tuple[str, torch.optim.Optimizer] | None = None
-        #: the losses this worker computed lately, for a strategy that ranks by them
-        self.recent: RecentLosses | None = None
         self.address = worker.address
         self.worker = worker
         # The direct transport: steps arrive as RPCs from the driver, past the
@@ -217,12 +209,6 @@ class ReplicaPlugin(WorkerPlugin):
         if (start < 0).any():
             return None
         return torch.as_tensor(start + local, device=stacked[0].device)
-
-    def recent_losses(self, n_samples: int) -> RecentLosses:
-        """The worker's :class:`RecentLosses` over ``n_samples`` samples (made on first use)."""
-        if self.recent is None or self.recent.n_samples != n_samples:
-            self.recent = RecentLosses(n_samples, self.replica.device)
-        return self.recent
 
     def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` and ``y`` of ``rows`` (from :meth:`rows`), as one gather each."""
@@ -543,17 +529,13 @@ def _train(
     if opt is not None:
         replica.version = -1  # the replica's weights leave the driver's version
     grad: torch.Tensor | None = None  # a step's gradient sum (no local steps)
-    out_idx: list[np.ndarray | tuple[np.ndarray, Any]] = []
+    out_idx: list[np.ndarray] = []
     out_prio: list[Any] = []
     deferred: list[tuple[int, Computed]] = []  # (place in out_prio, step)
     loss_sums: list[Any] = []  # each step's, numbers or 0-d tensors
     corrects: list[Any] = []
     n_loss, n_grad = 0, 0
     rows = _rows(plugin, shares, parts)
-    recent = None
-    if strategy.keeps_recent_losses:
-        recent = plugin.recent_losses(int(shares.bounds[-1]))
-        recent.begin(shares.seed[1])
     # with local steps, gradients stay in the module for the optimizer
     replica.keep_grads = opt is not None
     try:
@@ -562,11 +544,9 @@ def _train(
             if a == b:
                 continue
             share = shares.share(i)
-            batch = _batch(plugin, weights, share, rows[a:b], recent)
+            batch = _batch(plugin, weights, share, rows[a:b])
             c = strategy.compute(replica, batch)
-            out_idx.append(share.indices if c.rows is None else (share.indices, c.rows))
-            if recent is not None and c.priorities is not None:
-                _record(recent, share, c, device)
+            out_idx.append(share.indices if c.rows is None else share.indices[c.rows])
             if c.logits is not None:
                 deferred.append((len(out_prio), c))
                 out_prio.append(None)
@@ -601,7 +581,7 @@ def _train(
     result = StepResult(
         grad=grad.detach().to("cpu"),
         n_grad=n_grad,
-        indices=_indices(out_idx),
+        indices=np.concatenate(out_idx) if out_idx else np.empty(0, dtype=np.int64),
         priorities=_concat(out_prio),
         loss_sum=_total(loss_sums),
         n_loss=n_loss,
@@ -712,47 +692,8 @@ def _rows(
     return rows
 
 
-def _record(recent: RecentLosses, share: Share, c: Computed, device: torch.device) -> None:
-    """Keep a step's priorities in the worker's recent losses, on the device."""
-    idx = torch.as_tensor(share.indices, device=device)
-    if c.rows is not None:
-        idx = idx[torch.as_tensor(c.rows, device=device)]
-    prio = torch.as_tensor(c.priorities, device=device).reshape(-1)
-    recent.record(idx, prio, int(share.seed[1]))
-
-
-def _indices(parts: list[np.ndarray | tuple[np.ndarray, Any]]) -> np.ndarray:
-    """The samples whose priorities a round returns, in order.
-
-    A part is a step's indices, or (indices, rows) where a step computed
-    the priorities of some rows only; rows as a tensor on the device are
-    converted here, once the round is done.
-    """
-    if not parts:
-        return np.empty(0, dtype=np.int64)
-    out = []
-    for part in parts:
-        if isinstance(part, tuple):
-            indices, rows = part
-            if isinstance(rows, torch.Tensor):
-                rows = rows.cpu().numpy()
-            part = indices[rows]
-        out.append(part)
-    return np.concatenate(out)
-
-
-def _batch(
-    plugin: ReplicaPlugin,
-    weights: Weights,
-    share: Share,
-    rows: torch.Tensor,
-    recent: RecentLosses | None = None,
-) -> Batch:
-    """The samples of ``share`` (at ``rows``) as tensors on the replica's device.
-
-    With ``recent`` (a strategy that keeps the worker's recent losses), the
-    step's losses are computed at once, not deferred to the round's end.
-    """
+def _batch(plugin: ReplicaPlugin, weights: Weights, share: Share, rows: torch.Tensor) -> Batch:
+    """The samples of ``share`` (at ``rows``) as tensors on the replica's device."""
     x, y = plugin.take(rows)
     w = share.weights
     return Batch(
@@ -764,8 +705,7 @@ def _batch(
         mean_grad=weights.mean_grad,
         extra=share.extra,
         seed=share.seed,
-        defer=recent is None,
-        recent=recent,
+        defer=True,
     )
 
 

@@ -158,11 +158,6 @@ class SelectContext:
     #: where a round is selected ahead, a mask over the samples of the round
     #: the workers are computing, whose priorities the table does not hold yet
     inflight: np.ndarray | None = None
-    #: the first step whose priorities the table does not hold yet: ``step``,
-    #: or where a round is selected ahead the first step of the round in flight
-    #: (a worker that ranks by its own recent losses takes those of the steps
-    #: from here on over the table's; ``None``: ``step``)
-    horizon: int | None = None
 
     def check_ahead(self, indices: np.ndarray) -> None:
         """Raise :class:`NotAhead` if a priority of ``indices`` is in flight.
@@ -186,65 +181,6 @@ class SelectContext:
         return self.owner[self.table.partition_of(indices)]
 
 
-class RecentLosses:
-    """The losses a worker computed lately, by sample, on its device.
-
-    For a strategy that ranks samples on the worker
-    (:attr:`Strategy.keeps_recent_losses`): the table that selected a round
-    ahead did not hold the round in flight's priorities, nor those of the
-    round's own earlier steps, and the worker computed both. Each loss is
-    kept with the step that computed it; :meth:`merge` takes those of the
-    steps from the selection's :attr:`SelectContext.horizon` on over the
-    table's, so that a step ranks by every step before it, as a step
-    selected on the driver after the last one returned does.
-
-    Examples
-    --------
-    >>> recent = RecentLosses(6, "cpu")
-    >>> recent.begin(0)
-    >>> recent.record(torch.tensor([1, 4]), torch.tensor([0.5, 2.0]), step=3)
-    >>> table = torch.tensor([9.0, 9.0, 9.0], dtype=torch.float64)
-    >>> recent.merge(torch.tensor([0, 1, 4]), table, horizon=3).tolist()
-    [9.0, 0.5, 2.0]
-    >>> recent.merge(torch.tensor([0, 1, 4]), table, horizon=4).tolist()  # the table has step 3
-    [9.0, 9.0, 9.0]
-    >>> recent.begin(3)   # steps 3 on computed again (a round retried): step 3's are gone
-    >>> recent.merge(torch.tensor([1]), table[:1], horizon=0).tolist()
-    [9.0]
-    """
-
-    def __init__(self, n_samples: int, device: torch.device | str) -> None:
-        self.n_samples = n_samples
-        self.device = torch.device(device)
-        self.losses = torch.zeros(n_samples, dtype=torch.float32, device=self.device)
-        #: the step that computed each loss; -1: none kept
-        self.steps = torch.full((n_samples,), -1, dtype=torch.int64, device=self.device)
-        self._last = -1  # the latest step recorded
-
-    def begin(self, first_step: int) -> None:
-        """A round from ``first_step`` begins: forget losses of its steps or later.
-
-        Those are from a round computed before and not taken (a worker
-        computes rounds in order, so it computes no step twice otherwise).
-        """
-        if self._last >= first_step:
-            self.steps[self.steps >= first_step] = -1
-            self._last = first_step - 1
-
-    def record(self, indices: torch.Tensor, losses: torch.Tensor, step: int) -> None:
-        """Keep the finite ``losses`` of samples ``indices``, computed at ``step``."""
-        ok = torch.isfinite(losses)
-        idx = indices[ok]
-        self.losses[idx] = losses[ok].to(torch.float32)
-        self.steps[idx] = step
-        self._last = max(self._last, step)
-
-    def merge(self, indices: torch.Tensor, table: torch.Tensor, horizon: int) -> torch.Tensor:
-        """``table``'s losses of ``indices`` (float64), newer ones of this worker's taken over."""
-        newer = self.steps[indices] >= horizon
-        return torch.where(newer, self.losses[indices].to(table.dtype), table)
-
-
 @dataclass
 class Batch:
     """The selected samples as a worker sees them, on its device."""
@@ -265,9 +201,6 @@ class Batch:
     #: logits later, for a whole round at once: :meth:`Strategy.compute` may
     #: return a :class:`Computed` that carries ``logits`` instead
     defer: bool = False
-    #: the worker's recent losses, for a strategy that keeps them
-    #: (:attr:`Strategy.keeps_recent_losses`); ``None`` otherwise
-    recent: RecentLosses | None = None
 
     @property
     def rng(self) -> np.random.Generator:
@@ -288,9 +221,8 @@ class Computed:
     #: how many samples the gradient sums (the driver divides by the total)
     n_grad: int
     #: rows of the batch whose priority was computed (``None``: all rows, in
-    #: order; a tensor on the device is converted with the round's
-    #: priorities), and the priorities
-    rows: np.ndarray | torch.Tensor | None
+    #: order), and the priorities
+    rows: np.ndarray | None
     #: numbers, or a tensor on the device: the worker converts a round's
     #: tensors at once at its end (each conversion on its own costs a step time)
     priorities: np.ndarray | torch.Tensor | None
@@ -342,10 +274,6 @@ class Strategy(abc.ABC):
     #: a whole (a distribution of its priorities) see it without the round in
     #: flight.
     selects_ahead: bool = False
-    #: the worker keeps the losses each step computes (:class:`RecentLosses`,
-    #: as :attr:`Batch.recent`) for the strategy's later steps, and computes
-    #: them step by step (no :attr:`Batch.defer`)
-    keeps_recent_losses: bool = False
 
     @abc.abstractmethod
     def select(self, ctx: SelectContext) -> list[Selection]:

@@ -373,23 +373,6 @@ class SelectiveBackprop(Strategy):
         bounded by the selection's, it did not help (thirty-second
         session). Adam and other optimizers that normalise the gradient's
         scale undo most of it.
-    rank_on_worker : bool
-        Where the top ``fraction`` of a stale step's candidates is chosen
-        (``refresh``, without ``beta``). False (the default): by the table,
-        from the losses it holds, which where a round is selected ahead
-        lack the round in flight's (``wait_for_inflight``) and, in a round
-        of local steps, the losses of the round's own earlier steps. True:
-        the table sends the candidates with the losses it holds, and the
-        worker ranks them, taking over the table's the losses that it
-        computed itself since (:class:`~daskpri.strategies.base.RecentLosses`:
-        those of the round in flight and of the round's earlier steps; a
-        worker's candidates are of its own samples). A round then never
-        waits for the round in flight, and ranks by every step before it:
-        a run in rounds of local steps selects what it selects in
-        synchronous steps, which with False it does not where a round spans
-        the end of a fresh epoch. The worker computes each step's losses as
-        it goes (a round no longer defers them to its end). A worker that
-        restarts ranks its next round by the table's losses alone.
 
     Examples
     --------
@@ -417,7 +400,6 @@ class SelectiveBackprop(Strategy):
         anneal_step: int | None = None,
         recent_last: bool = False,
         grad_scale: float = 1.0,
-        rank_on_worker: bool = False,
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -435,13 +417,6 @@ class SelectiveBackprop(Strategy):
         self.wait_for_inflight = check_bool("wait_for_inflight", wait_for_inflight)
         self.recent_last = check_bool("recent_last", recent_last)
         self.grad_scale = check_number("grad_scale", grad_scale, 0.0, low_open=True)
-        self.rank_on_worker = check_bool("rank_on_worker", rank_on_worker)
-        if self.rank_on_worker and (self.beta is not None or (self.refresh or 1) == 1):
-            raise ValueError(
-                "rank_on_worker ranks the stale steps' candidates by the top fraction on the "
-                "worker, so it needs a refresh of 2 or more and no beta (the probabilistic "
-                f"rule draws on the table), but got beta={beta!r}, refresh={refresh!r}"
-            )
         self.anneal_step = None if anneal_step is None else check_int("anneal_step", anneal_step, 0)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
@@ -456,11 +431,6 @@ class SelectiveBackprop(Strategy):
         table's losses (``refresh``, ``prefilter``) or drawn against their
         distribution (``beta``)."""
         return self.beta is not None or self.refresh is not None or self.prefilter < 1.0
-
-    @property  # a property, not a parameter: get_params() gives __init__'s only
-    def keeps_recent_losses(self) -> bool:  # type: ignore[override]
-        """The worker keeps its recent losses where it ranks the stale steps."""
-        return self.rank_on_worker
 
     def begin_round(self, ctx: SelectContext) -> None:
         if self.recent_last and self.reads_table:
@@ -528,12 +498,6 @@ class SelectiveBackprop(Strategy):
             if fresh and not prefilter:
                 out.append(Selection(train=cand, extra=extra))
                 continue
-            if not fresh and self.rank_on_worker:
-                # the worker ranks them, by the table's losses and its own newer ones
-                rank = {"rank": ctx.table.estimate(ctx.step, cand),
-                        "horizon": np.asarray(ctx.step if ctx.horizon is None else ctx.horizon)}
-                out.append(Selection(train=cand, extra={**self._stale_extra, **rank}))
-                continue
             # ranked by the table's losses: the top share is scored afresh on the worker
             # (prefilter: the table's easy samples are not), or trained in a plain step (stale)
             if self.wait_for_inflight:
@@ -542,33 +506,6 @@ class SelectiveBackprop(Strategy):
             kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), share)]
             out.append(Selection(train=kept, extra=extra if fresh else self._stale_extra))
         return out
-
-    def _ranked(self, replica: Replica, batch: Batch) -> Computed:
-        """A stale step ranked on the worker: the top ``fraction`` of its candidates
-        by the table's losses, or the worker's own where newer, trained plainly."""
-        device = batch.x.device
-        table = torch.as_tensor(batch.extra["rank"], device=device)
-        indices = torch.as_tensor(batch.indices, device=device)
-        if batch.recent is not None:
-            table = batch.recent.merge(indices, table, int(batch.extra["horizon"]))
-        n = table.numel()
-        keep = min(n, max(1, math.ceil(self.fraction * n)))
-        # stable: ties to the earlier candidate, as keep_top ranks them on the table
-        sel = torch.sort(table, descending=True, stable=True).indices[:keep].sort().values
-        x, y = batch.x[sel], batch.y[sel]
-        grad, losses, logits = replica.weighted_grad(x, y, None)
-        c = Computed(
-            grad=grad,
-            n_grad=keep,
-            rows=sel,
-            priorities=losses,
-            loss_sum=losses.sum(),
-            n_loss=keep,
-            correct=(logits.argmax(1) == y).sum(),
-        )
-        if "scaled" in batch.extra:
-            scale_grad(replica, c, self.grad_scale)
-        return c
 
     @property
     def _stale_extra(self) -> dict[str, np.ndarray]:
@@ -619,8 +556,6 @@ class SelectiveBackprop(Strategy):
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
-        if "rank" in batch.extra:
-            return self._ranked(replica, batch)
         if "stale" in batch.extra:
             c = super().compute(replica, batch)
             if "scaled" in batch.extra:

@@ -65,15 +65,10 @@ class TableRun:
     last_step: int = -1
     selection_seconds: float = 0.0
     #: the selection state before the last selection made ahead (``undo=True``)
-    undo: tuple[dict[str, Any], dict[str, Any], int, np.ndarray | None, int | None] | None = None
+    undo: tuple[dict[str, Any], dict[str, Any], int, np.ndarray | None] | None = None
     #: mask of the samples of the last round selected: the round in flight
     #: while the next is selected ahead (``None``: not known)
     inflight: np.ndarray | None = None
-    #: the first step of that round (``None``: not known)
-    inflight_from: int | None = None
-    #: the first step whose priorities the table does not hold yet, as the
-    #: selection being made sees it (:attr:`SelectContext.horizon`)
-    horizon: int | None = None
     #: rounds of a strategy that reads the table selected ahead, and declined
     ahead_taken: int = 0
     ahead_declined: int = 0
@@ -127,7 +122,6 @@ class TableRun:
             rng=self.rng,
             state=self.state,
             inflight=inflight,
-            horizon=step if self.horizon is None else self.horizon,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -145,7 +139,7 @@ class TableRun:
         self.state = state["strategy_state"]
         self.set_owner(state["owner"])
         self.last_step = int(state["last_step"])
-        self.inflight = self.inflight_from = None
+        self.inflight = None
 
 
 class TablePlugin(SchedulerPlugin):
@@ -271,10 +265,8 @@ class TablePlugin(SchedulerPlugin):
         tr.undo = None
         if undo:
             tr.undo = (copy.deepcopy(dict(tr.rng.bit_generator.state)), copy.deepcopy(tr.state),
-                       tr.last_step, tr.inflight, tr.inflight_from)
+                       tr.last_step, tr.inflight)
         checked = undo and tr.strategy.reads_table
-        # selected ahead, the table lacks the round in flight's priorities; else it has all
-        tr.horizon = tr.inflight_from if undo and tr.inflight_from is not None else step
         t0 = time.perf_counter()
         try:
             if checked and (tr.inflight is None or not tr.strategy.selects_ahead):
@@ -284,22 +276,18 @@ class TablePlugin(SchedulerPlugin):
             self._unselect(run)
             tr.ahead_declined += 1
             return None
-        finally:
-            tr.horizon = None
         tr.selection_seconds = time.perf_counter() - t0
         tr.last_step = step + count - 1
         tr.ahead_taken += checked
         if tr.strategy.reads_table and tr.strategy.selects_ahead:  # only these check it
             tr.inflight = _mask(tr.table.n_samples, arrays)
-        tr.inflight_from = step
         return [_pack_arrays(a) for a in arrays]
 
     def _unselect(self, run: str) -> None:
         """Take back the last selection made with ``undo`` (a round selected ahead, unused)."""
         tr = self._run(run, live=True)
         if tr.undo is not None:
-            (tr.rng.bit_generator.state, tr.state, tr.last_step, tr.inflight,
-             tr.inflight_from) = tr.undo
+            tr.rng.bit_generator.state, tr.state, tr.last_step, tr.inflight = tr.undo
             tr.undo = None
 
     def _update(self, run: str, updates: list, metrics: list | dict | None = None) -> None:
@@ -351,7 +339,7 @@ class TablePlugin(SchedulerPlugin):
         tr = self.runs.get(run)
         if tr is None:
             return
-        tr.closed, tr.undo, tr.inflight, tr.inflight_from = True, None, None, None
+        tr.closed, tr.undo, tr.inflight = True, None, None
         closed = [name for name, r in self.runs.items() if r.closed]
         for name in closed[: max(len(closed) - keep, 0)]:  # the oldest closed go first
             del self.runs[name]
