@@ -208,5 +208,6 @@ def main() -> None:
                   f"median curve's best {best:.4f} at step {int(steps_at[label][at]) + 1} "
                   f"(99%: {0.99 * best:.4f}, 97%: {0.97 * best:.4f})")
 
+
 if __name__ == "__main__":
     main()
