@@ -15,7 +15,7 @@ import daskpri
 from daskpri._wire import pack
 from daskpri.models import build_model
 from daskpri.replicas.optim import LocalSteps, make_optimizer
-from daskpri.replicas.replica import Replica, Weights
+from daskpri.replicas.replica import Replica, Weights, sample_entropies
 from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, Shares, _train
 from daskpri.strategies import get_strategy
 from daskpri.strategies.base import Batch, Selection
@@ -120,6 +120,27 @@ def test_selective_backprop_warmup_trains_a_plain_epoch_before_selecting(gpu_cli
     assert h["samples"].values[-1] == 2 * (25 * 32 + 13 * 64 + 10 * 32)
     # the warmup's training losses reached the table: every sample has one
     assert np.isfinite(warm.values).all() and (warm["version"].values >= 0).all()
+
+
+@pytest.mark.parametrize("score", ["loss", "entropy"])
+def test_selective_backprop_warmup_steps_give_the_table_its_score(gpu_client, small_data, score):
+    # the warmup's plain steps compute their priorities at the round's end, from the
+    # logits of their training forward pass: the strategy's score, not the loss, is kept
+    train, _ = small_data
+    start = build_model("mlp", train, seed=1)
+    with _trainer(gpu_client, train, strategy="selective-backprop", n_workers=1,
+                  local_steps=4, warmup=1, score=score) as t:
+        t.fit(train, max_steps=1, progress=False)
+        table = t.table_
+    seen = np.flatnonzero(table["version"].values >= 0)
+    assert seen.size == 32  # the first step's batch, forwarded before its update
+    with torch.no_grad():
+        logits = start(torch.as_tensor(train.x.values[seen]))
+    labels = torch.as_tensor(train.y.values[seen])
+    losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    expected = sample_entropies(logits) if score == "entropy" else losses
+    assert not torch.allclose(sample_entropies(logits), losses, rtol=1e-2)
+    np.testing.assert_allclose(table.values[seen], expected.numpy(), rtol=1e-4, atol=1e-5)
 
 
 # uniform selects rounds ahead; selective-backprop with refresh, beta and prefilter too,

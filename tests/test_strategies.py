@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from daskpri.models import CNN
-from daskpri.replicas.replica import Replica
+from daskpri.replicas.replica import Replica, sample_entropies
 from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
 from daskpri.strategies.base import SCORE_DTYPES, Batch, concat_selections, walk_epoch
 from daskpri.strategies.loss import importance_sample, sampling_probabilities
@@ -653,6 +653,49 @@ def test_selective_backprop_scores_in_a_lower_precision_and_trains_in_float32(dt
     grad, _ = replica.grad_and_logits(x[rows], y[rows])
     assert c.n_grad == 16 and c.grad.dtype == torch.float32
     torch.testing.assert_close(c.grad, grad)
+
+
+def test_selective_backprop_entropy_score_ranks_and_keeps_the_predictions_entropies():
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Linear(3, 5), "cpu")
+    x, y = torch.randn(12, 3) * 3, torch.randint(0, 5, (12,))
+    losses, logits = replica.losses(x, y)
+    entropies = sample_entropies(logits)
+    by_entropy = torch.topk(entropies, 3).indices
+    # the case tells the two apart: the highest entropies are not the highest losses
+    assert set(by_entropy.tolist()) != set(torch.topk(losses, 3).indices.tolist())
+    grads, _, _ = replica.per_sample_grads(x, y)
+    s = get_strategy("selective-backprop", fraction=0.25, warmup=0, score="entropy")
+    c = s.compute(replica, _batch(x, y, 12))  # a fresh step: 3 of 12 trained
+    assert c.n_grad == 3
+    torch.testing.assert_close(c.grad, grads[by_entropy].sum(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c.priorities, entropies)
+    torch.testing.assert_close(c.loss_sum, losses.double().sum())  # the loss, still reported
+    # a stale (or warmup) step, trained whole: the table gets entropies from it too,
+    # for the rows it trains and those it only scores
+    batch = _batch(x, y, 8)
+    batch.extra = {"stale": np.ones(0, dtype=bool)}
+    c = s.compute(replica, batch)
+    torch.testing.assert_close(c.priorities, entropies, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c.loss_sum, losses[:8].sum(), rtol=1e-5, atol=1e-6)
+    assert c.n_grad == 8
+    # with the rule of Jiang et al., the CDF is the table's entropies'
+    s = get_strategy("selective-backprop", beta=1, warmup=0, score="entropy")
+    batch = _batch(x, y, 12)
+    batch.extra = {"reference": np.full(4, np.inf), "batch_size": np.asarray(12)}
+    assert s.compute(replica, batch).n_grad == 0  # no entropy reaches an infinite one
+    batch.extra = {"reference": np.zeros(4), "batch_size": np.asarray(2)}
+    c = s.compute(replica, batch)
+    torch.testing.assert_close(c.grad, grads[torch.topk(entropies, 2).indices].sum(0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_selective_backprop_score_is_checked_and_kept_in_the_params():
+    with pytest.raises(ValueError, match="score should be one of 'loss', 'entropy', but got "
+                                         "score='margin'"):
+        get_strategy("selective-backprop", score="margin")
+    assert get_strategy("selective-backprop").score == "loss"
+    assert get_strategy("selective-backprop", score="entropy").get_params()["score"] == "entropy"
 
 
 def test_score_dtype_is_checked_and_kept_in_the_params():

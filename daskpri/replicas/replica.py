@@ -60,6 +60,25 @@ def sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels, reduction="none")
 
 
+def sample_entropies(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row's predicted distribution, ``-sum softmax * log_softmax``.
+
+    As ``logsumexp(z) - sum softmax(z) * z``, which needs no ``log_softmax``
+    (slow over a short last dimension on a CPU; see :func:`sample_losses`).
+
+    Examples
+    --------
+    >>> logits = torch.randn(300, 10)
+    >>> logp = logits.log_softmax(1)
+    >>> torch.allclose(sample_entropies(logits), -(logp.exp() * logp).sum(1), atol=1e-5)
+    True
+    >>> round(sample_entropies(torch.zeros(1, 4)).item(), 6)  # log 4: nothing told apart
+    1.386294
+    """
+    lse = torch.logsumexp(logits, 1, keepdim=True)
+    return (lse - ((logits - lse).exp() * logits).sum(1, keepdim=True)).squeeze(1)
+
+
 def flat_params(params: Iterable[torch.Tensor]) -> torch.Tensor:
     """The parameters as one flat vector (a copy), in their order.
 

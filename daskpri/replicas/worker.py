@@ -569,7 +569,7 @@ def _train(
     finally:
         replica.keep_grads = False
     if deferred:
-        loss_sum, correct = _finish_deferred(deferred, out_prio)
+        loss_sum, correct = _finish_deferred(deferred, out_prio, strategy)
         loss_sums.append(loss_sum)
         corrects.append(correct)
     if device.type == "cuda":
@@ -607,11 +607,12 @@ def _train(
 
 
 def _finish_deferred(
-    deferred: list[tuple[int, Computed]], out_prio: list[Any]
+    deferred: list[tuple[int, Computed]], out_prio: list[Any], strategy: Strategy
 ) -> tuple[float, int]:
     """The losses of a round's deferred steps, from their logits, all at once.
 
-    Each step's per-sample losses take its place in ``out_prio``; returns
+    Each step's priorities (:meth:`Strategy.priority`: by default its
+    per-sample losses) take its place in ``out_prio``; returns
     the loss summed over the train rows (in float64) and the train rows
     predicted right. One cross-entropy over the round's rows costs what one
     step's did: a step's kernels are small, their launches are the cost.
@@ -628,7 +629,8 @@ def _finish_deferred(
         rows = [np.arange(size) < c.n_loss for c, size in zip(steps, sizes, strict=True)]
         mask = torch.as_tensor(np.concatenate(rows), device=losses.device)
         train_losses, train_hits = losses[mask], hits[mask]
-    for (place, _), part in zip(deferred, losses.split(sizes), strict=True):
+    priorities = strategy.priority(losses, logits)
+    for (place, _), part in zip(deferred, priorities.split(sizes), strict=True):
         out_prio[place] = part
     return float(train_losses.double().sum()), int(train_hits.sum())
 

@@ -299,6 +299,17 @@ class Strategy(abc.ABC):
         """
         return None
 
+    def priority(self, losses: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The priorities the table keeps for rows with these losses and logits.
+
+        Called on the worker, for every row a step forwards (trained or
+        scored only). The default: the per-sample losses. A strategy that
+        ranks by another score of the forward pass (``selective-backprop``'s
+        ``score="entropy"``) returns it here, so that its plain and stale
+        steps fill the table with what its fresh steps rank by.
+        """
+        return losses
+
     def compute(self, replica: Replica, batch: Batch) -> Computed:
         """Gradient of the train rows; losses of all rows as priorities."""
         n, rows = batch.n_train, batch.x.shape[0]
@@ -320,19 +331,22 @@ class Strategy(abc.ABC):
                 labels=batch.y,
             )
         grad, losses, logits = replica.weighted_grad(x, y, batch.weights)
+        correct = (logits.argmax(1) == y).sum()
+        loss_sum = losses.sum()
         if rows > n:
-            score_losses, _ = replica.losses(
+            score_losses, score_logits = replica.losses(
                 batch.x[n:], batch.y[n:], SCORE_DTYPES[self.score_dtype]
             )
             losses = torch.cat([losses, score_losses])
+            logits = torch.cat([logits, score_logits])
         return Computed(
             grad=grad,
             n_grad=n,
             rows=None,
-            priorities=losses,
-            loss_sum=losses[:n].sum(),
+            priorities=self.priority(losses, logits),
+            loss_sum=loss_sum,
             n_loss=n,
-            correct=(logits.argmax(1) == y).sum(),
+            correct=correct,
         )
 
     def gradients_per_step(self, batch_size: int, samples: int) -> int:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from daskpri.replicas.replica import Replica
+from daskpri.replicas.replica import Replica, sample_entropies
 from daskpri.strategies.base import (
     SCORE_DTYPES,
     Batch,
@@ -94,6 +94,9 @@ def keep_by_cdf(
     at = np.minimum((v * reference.size).astype(np.int64), reference.size - 1)
     return np.flatnonzero(losses >= reference[at])
 
+
+#: what a step ranks its candidates by, and the table keeps (``score``)
+SCORES = ("loss", "entropy")
 
 #: how many of the table's losses make the CDF of the probabilistic rule
 _REFERENCE_SIZE = 1024
@@ -373,6 +376,15 @@ class SelectiveBackprop(Strategy):
         bounded by the selection's, it did not help (thirty-second
         session). Adam and other optimizers that normalise the gradient's
         scale undo most of it.
+    score : {"loss", "entropy"}
+        What a step ranks its candidates by, and the table keeps for them:
+        the per-sample loss (the default, as Jiang et al.), or the entropy
+        of the model's predicted distribution, ``-sum p log p`` (the
+        uncertainty of active learning, which passes over samples the model
+        gets confidently wrong). Both come from the same forward pass; the
+        warmup's and stale steps' forward passes give the table the same
+        score (:meth:`priority`), and ``beta``'s CDF is then over
+        entropies. The history's ``loss`` stays the loss.
 
     Examples
     --------
@@ -400,6 +412,7 @@ class SelectiveBackprop(Strategy):
         anneal_step: int | None = None,
         recent_last: bool = False,
         grad_scale: float = 1.0,
+        score: str = "loss",
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -417,6 +430,11 @@ class SelectiveBackprop(Strategy):
         self.wait_for_inflight = check_bool("wait_for_inflight", wait_for_inflight)
         self.recent_last = check_bool("recent_last", recent_last)
         self.grad_scale = check_number("grad_scale", grad_scale, 0.0, low_open=True)
+        if score not in SCORES:
+            raise ValueError(
+                f"score should be one of {', '.join(map(repr, SCORES))}, but got score={score!r}"
+            )
+        self.score = score
         self.anneal_step = None if anneal_step is None else check_int("anneal_step", anneal_step, 0)
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
@@ -424,6 +442,10 @@ class SelectiveBackprop(Strategy):
                 f"needs beta and a refresh of 2 or more, but got beta={beta!r}, "
                 f"refresh={refresh!r}"
             )
+
+    def priority(self, losses: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The losses, or with ``score="entropy"`` the predictions' entropies."""
+        return sample_entropies(logits) if self.score == "entropy" else losses
 
     @property  # a property, not a parameter: get_params() gives __init__'s only
     def reads_table(self) -> bool:  # type: ignore[override]
@@ -562,13 +584,14 @@ class SelectiveBackprop(Strategy):
                 scale_grad(replica, c, self.grad_scale)
             return c
         losses, logits = replica.losses(batch.x, batch.y, SCORE_DTYPES[self.score_dtype])
+        priorities = self.priority(losses, logits)
         if self.beta is None:
             # chosen where the losses are, and the step's numbers left as tensors that the
             # worker converts once a round: a small model's step is a fraction of a
             # millisecond, which a numpy round trip each step adds to
-            sel = top_rows(losses, self.fraction)
+            sel = top_rows(priorities, self.fraction)
         else:
-            scores = losses.cpu().numpy().astype(np.float64)
+            scores = priorities.cpu().numpy().astype(np.float64)
             rows = keep_by_cdf(scores, batch.extra["reference"], self.beta, batch.rng)
             cap = int(batch.extra.get("batch_size", rows.size))
             if rows.size > cap:
@@ -584,7 +607,7 @@ class SelectiveBackprop(Strategy):
             grad=grad,
             n_grad=int(sel.numel()),
             rows=None,
-            priorities=losses,
+            priorities=priorities,
             loss_sum=losses.double().sum(),
             n_loss=int(losses.numel()),
             correct=(logits.argmax(1) == batch.y).sum(),
