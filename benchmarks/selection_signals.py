@@ -40,6 +40,11 @@ steps is not counted. Arms (``NAME[:OPTION=VALUE...]``):
 - ``classbal``: the highest losses within each class, each class given
   the share of the batch it has among the candidates (rounded, largest
   remainders first), so that the batch is stratified as a uniform one is.
+- ``proxy``: the highest losses under a small proxy model (the built-in
+  MLP, SGD with momentum at ``proxy_lr``, default 0.3) trained on every
+  step's batch beside the model, so that scoring costs the proxy's
+  forward pass rather than the model's (selection via proxy, Coleman et
+  al. 2020).
 - ``warmup=e`` (with any arm): the first ``e`` epochs (of the training
   set, ``--batch`` a step) are plain steps, as ``selective-backprop``'s
   ``warmup``. Without it (the default) loss ranking starts from the
@@ -67,7 +72,7 @@ from daskpri.models import build_model
 
 #: the selection signals an arm may name
 ARMS = ("uniform", "loss", "rho", "projection", "gradnorm", "margin", "entropy", "classbal",
-        "sampled")
+        "sampled", "proxy")
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, float]]:
@@ -86,9 +91,9 @@ def parse_arm(text: str) -> tuple[str, dict[str, float]]:
     options = {}
     for item in items:
         key, _, value = item.partition("=")
-        if key not in ("skip", "il_epochs", "sign", "alpha", "warmup"):
+        if key not in ("skip", "il_epochs", "sign", "alpha", "warmup", "proxy_lr"):
             raise argparse.ArgumentTypeError(
-                f"arm {text!r}: options are skip, il_epochs, sign, alpha and warmup, "
+                f"arm {text!r}: options are skip, il_epochs, sign, alpha, warmup and proxy_lr, "
                 f"but got {key!r}"
             )
         options[key] = float(value)
@@ -176,6 +181,11 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
             args.model, train, x, y, seed=seed, lr=args.lr, batch=args.batch,
             epochs=int(options.get("il_epochs", 3)),
         )
+    proxy = proxy_opt = None
+    if arm == "proxy":
+        proxy = build_model("mlp", train, seed=seed + 500)
+        proxy_opt = torch.optim.SGD(proxy.parameters(), lr=options.get("proxy_lr", 0.3),
+                                    momentum=0.9)
     walk = Walk(len(x), torch.Generator().manual_seed(seed))
     draws = torch.Generator().manual_seed(2000 + seed)
     skip = options.get("skip", 0.0)
@@ -199,6 +209,9 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
                     true = logits.gather(1, y[candidates, None]).squeeze(1)
                     logits.scatter_(1, y[candidates, None], -torch.inf)
                     score = logits.max(1).values - true
+                elif arm == "proxy":
+                    score = F.cross_entropy(proxy(x[candidates]), y[candidates],
+                                            reduction="none")
                 elif arm == "entropy":
                     logp = model(x[candidates]).log_softmax(1)
                     score = -(logp.exp() * logp).sum(1)
@@ -223,6 +236,10 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
             mean_grad = ({n: g.clone() for n, g in grads.items()} if mean_grad is None
                          else {n: 0.9 * mean_grad[n] + 0.1 * grads[n] for n in grads})
         optimizer.step()
+        if proxy is not None:
+            proxy_opt.zero_grad()
+            F.cross_entropy(proxy(x[rows]), y[rows]).backward()
+            proxy_opt.step()
         if step % args.eval_every == 0:
             with torch.no_grad():
                 accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
