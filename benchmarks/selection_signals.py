@@ -70,6 +70,7 @@ from torch.func import functional_call, jvp
 
 import daskpri
 from daskpri.models import build_model
+from daskpri.replicas.replica import sample_entropies
 
 #: the selection signals an arm may name
 ARMS = ("uniform", "loss", "rho", "projection", "gradnorm", "margin", "entropy", "classbal",
@@ -173,10 +174,12 @@ def class_balanced(score: torch.Tensor, labels: torch.Tensor, k: int) -> torch.T
 
 def narrow_cnn(train, seed: int) -> torch.nn.Module:
     """A CNN of 4 and 8 channels for one-channel images, a cheap proxy."""
+    if train.x.ndim != 4 or train.x.shape[1] != 1:
+        raise SystemExit(f"narrow=1 needs one-channel images (samples of shape (1, H, W)), "
+                         f"but the samples have shape {tuple(train.x.shape[1:])}")
     torch.manual_seed(seed)
     h, w = train.x.shape[-2:]
     return torch.nn.Sequential(
-        torch.nn.Unflatten(1, (1, h)) if train.x.ndim == 3 else torch.nn.Identity(),
         torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Flatten(), torch.nn.Linear(8 * (h // 4) * (w // 4), int(train.y.max()) + 1),
@@ -228,8 +231,7 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
                     score = F.cross_entropy(proxy(x[candidates]), y[candidates],
                                             reduction="none")
                 elif arm == "entropy":
-                    logp = model(x[candidates]).log_softmax(1)
-                    score = -(logp.exp() * logp).sum(1)
+                    score = sample_entropies(model(x[candidates]))
                 else:
                     score = F.cross_entropy(model(x[candidates]), y[candidates],
                                             reduction="none")

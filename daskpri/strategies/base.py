@@ -331,22 +331,20 @@ class Strategy(abc.ABC):
                 labels=batch.y,
             )
         grad, losses, logits = replica.weighted_grad(x, y, batch.weights)
-        correct = (logits.argmax(1) == y).sum()
-        loss_sum = losses.sum()
+        priorities = self.priority(losses, logits)
         if rows > n:
             score_losses, score_logits = replica.losses(
                 batch.x[n:], batch.y[n:], SCORE_DTYPES[self.score_dtype]
             )
-            losses = torch.cat([losses, score_losses])
-            logits = torch.cat([logits, score_logits])
+            priorities = torch.cat([priorities, self.priority(score_losses, score_logits)])
         return Computed(
             grad=grad,
             n_grad=n,
             rows=None,
-            priorities=self.priority(losses, logits),
-            loss_sum=loss_sum,
+            priorities=priorities,
+            loss_sum=losses.sum(),
             n_loss=n,
-            correct=correct,
+            correct=(logits.argmax(1) == y).sum(),
         )
 
     def gradients_per_step(self, batch_size: int, samples: int) -> int:
