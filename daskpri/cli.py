@@ -711,6 +711,14 @@ def _bench(args: argparse.Namespace) -> int:
                "pass --resume to go on with it, or give another --out (or remove that file) to "
                "start afresh")
         )
+    report = [f for f in ("results.md", "results.html")
+              if os.path.exists(os.path.join(args.out, f))]
+    if not args.resume and not args.report_only and report:
+        # a report without its results.json: written over, it could not be made again
+        raise ValueError(
+            f"--out {args.out!r} holds a benchmark's report ({', '.join(report)}) without its "
+            f"{RESULTS_JSON}; give another --out (or remove those files)"
+        )
     return bench_command.run(args)
 
 

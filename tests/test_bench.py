@@ -847,6 +847,82 @@ def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsy
         main(["bench", "--out", str(tmp_path), "--workers", "one"])
 
 
+@pytest.mark.parametrize(("options", "error"), [
+    (["--datasets", "mnist"], "--datasets mnist needs --root DIR, the directory of its files"),
+    (["--root", "."], "--root is only read for --datasets mnist, cifar10, but the datasets are "
+                      "mnist1d"),
+    (["--datasets", "mnist1d,mnist", "--root", "/no/such/dir"],
+     "--root '/no/such/dir' is not a directory"),
+    (["--scheduler", "notanaddress"],
+     "--scheduler 'notanaddress': missing port number in address 'notanaddress'; give the "
+     "scheduler's address, e.g. tcp://127.0.0.1:8786"),
+    (["--datasets", "synthetic", "--n-samples", "100"],
+     "--n-samples: synthetic has 80 training samples, fewer than a batch of 64 on each of 2 "
+     "workers (128); give a larger --n-samples, or a smaller --batch-size"),
+])
+def test_bench_refuses_what_it_cannot_run_and_leaves_no_directory(
+    tmp_path: Path, capsys, options: list[str], error: str
+):
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--no-progress", "--out", str(out), *options]) == 2
+    assert error in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bench_keeps_a_report_it_could_not_make_again(tmp_path: Path, capsys):
+    (tmp_path / "results.md").write_text("# an earlier report\n")
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 2
+    assert (f"--out {str(tmp_path)!r} holds a benchmark's report (results.md) without its "
+            "results.json") in capsys.readouterr().err
+    assert (tmp_path / "results.md").read_text() == "# an earlier report\n"
+    # --report-only takes the options from results.json: others would be ignored, so refused
+    assert main(["bench", "--out", str(tmp_path), "--report-only", "--budget", "5"]) == 2
+    assert "with --report-only, give only --out" in capsys.readouterr().err
+
+
+def test_the_command_in_the_report_gives_the_learning_rates_as_typed():
+    from daskpri.bench.command import _command_line
+    from daskpri.cli import _parser
+
+    args = _parser().parse_args(["bench", "--out", "o", "--learning-rates", "0.1234567,0.3",
+                                 "--workers", "1,2"])
+    assert "--learning-rates 0.1234567,0.3 --workers 1,2" in _command_line(args)
+
+
+def _write_mnist(root: Path, n_train: int, n_test: int) -> None:
+    """MNIST's four IDX files, of random images."""
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        (root / f"{prefix}-images-idx3-ubyte").write_bytes(
+            bytes([0, 0, 8, 3]) + np.array([n, 28, 28], ">u4").tobytes() + images.tobytes())
+        (root / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            bytes([0, 0, 8, 1]) + np.array([n], ">u4").tobytes() + labels.tobytes())
+
+
+def test_bench_on_a_scheduler_checks_its_workers_for_every_run_before_the_first(
+    tmp_path: Path, capsys
+):
+    from distributed import LocalCluster
+
+    _write_mnist(tmp_path, 200, 20)
+    out = tmp_path / "bench"
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster:
+        # one worker is all --workers 1 asks for, but DDP's overhead runs pair two processes
+        # with two: refused before any run, and nothing left in --out; the data came from
+        # --root (mnist needs it)
+        assert main(["bench", "--quick", "--no-progress", "--workers", "1", "--datasets", "mnist",
+                     "--root", str(tmp_path), "--scheduler", cluster.scheduler_address,
+                     "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert ("the benchmark needs 2 workers (DDP's overhead runs pair 2 processes with 2 "
+            f"workers), but the scheduler at {cluster.scheduler_address} has 1; start more or "
+            "pass --workers up to 1 and --no-ddp") in err
+    assert not out.exists()
+
+
 # -- baselines ------------------------------------------------------------------------
 
 
@@ -1040,7 +1116,14 @@ def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, caps
     assert resumed["runs"][:2] == whole["runs"][:2]  # kept as they were, not made again
     assert [r["spec"] for r in resumed["runs"]] == [r["spec"] for r in whole["runs"]]
     assert resumed["machine"]["resumed_runs"] == 2
-    assert "(resumed: 2 runs kept from an earlier invocation, " in (out / "results.md").read_text()
+    # the earlier invocation's command and seconds are kept, and counted in the time
+    earlier = resumed["machine"]["earlier"]
+    assert [(e["command"], e["runs"], e["bench_seconds"]) for e in earlier] == [
+        (whole["machine"]["command"], 2, whole["machine"]["bench_seconds"])]
+    assert resumed["machine"]["bench_seconds"] > whole["machine"]["bench_seconds"]
+    md = (out / "results.md").read_text()
+    assert "Resumed (`--resume`): the benchmark time is that of 2 invocations together" in md
+    assert f"- `{whole['machine']['command']}`: 2 runs, {earlier[0]['bench_seconds']} s, " in md
     # other options would not make the runs it holds: refused, naming what differs
     assert main([*argv[:-2], "--budget", "2", "--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err

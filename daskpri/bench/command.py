@@ -107,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "e.g. selective-backprop+stale")
     what.add_argument("--n-samples", type=int, metavar="N",
                       help="samples of each dataset, train and test together")
+    what.add_argument("--root", metavar="DIR",
+                      help="directory of the mnist or cifar10 files (for --datasets mnist, "
+                           "cifar10; daskpri downloads nothing)")
     how = parser.add_argument_group("protocol")
     how.add_argument("--seeds", type=int, metavar="N", help=_defaults("seeds"))
     how.add_argument("--first-seed", type=int, metavar="N",
@@ -217,8 +220,8 @@ def _command_line(args: argparse.Namespace) -> str:
                 scope = "" if model is None else f"@{model}"
                 parts += [flag, f"{strategy}{scope}:{k}={v}"]
         elif isinstance(value, tuple):
-            parts += [flag, ",".join(f"{v:g}" if isinstance(v, float) else str(v)
-                                     for v in value)]
+            # repr: the shortest text that reads back as the same float
+            parts += [flag, ",".join(map(repr if isinstance(value[0], float) else str, value))]
         else:
             parts += [flag, str(value)]
     return shlex.join(parts)
@@ -226,6 +229,65 @@ def _command_line(args: argparse.Namespace) -> str:
 
 #: The options ``--merge`` takes (the rest are the parts' own).
 _MERGE_OPTIONS = ("run", "command", "out", "merge", "strategies", "no_progress")
+#: The options ``--report-only`` takes (it reads the rest from results.json).
+_REPORT_OPTIONS = ("run", "command", "out", "report_only", "no_progress")
+
+
+def _others(args: argparse.Namespace, taken: tuple[str, ...]) -> list[str]:
+    """The flags given in ``args`` besides ``taken``, as typed."""
+    return sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                  if k not in taken and v not in (None, False))
+
+
+def check_scheduler(address: str | None) -> None:
+    """Refuse a ``--scheduler`` that is no address, before the data loads.
+
+    Examples
+    --------
+    >>> check_scheduler("tcp://127.0.0.1:8786")
+    >>> check_scheduler("tcp://127.0.0.1:99999")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --scheduler 'tcp://127.0.0.1:99999': port 99999 is not between 1 and 65535; ...
+    """
+    from distributed.comm import get_address_host_port, parse_address
+
+    if address is None or parse_address(address, strict=False)[0] not in ("tcp", "tls"):
+        return  # other protocols' addresses are theirs to check
+
+    example = "give the scheduler's address, e.g. tcp://127.0.0.1:8786"
+    try:
+        _, port = get_address_host_port(address)
+    except ValueError as e:
+        raise ValueError(f"--scheduler {address!r}: {e}; {example}") from None
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--scheduler {address!r}: port {port} is not between 1 and 65535; "
+                         f"{example}")
+
+
+def check_root(datasets: tuple[str, ...], root: str | None) -> None:
+    """Refuse ``--root`` where no dataset reads it, and its absence where one does.
+
+    Examples
+    --------
+    >>> check_root(("mnist1d", "mnist"), None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --datasets mnist needs --root DIR, the directory of its files; ...
+    """
+    import os
+
+    from daskpri.data.datasets import TAKES_ROOT
+
+    takes = [d for d in datasets if d in TAKES_ROOT]
+    if takes and root is None:
+        raise ValueError(f"--datasets {','.join(takes)} needs --root DIR, the directory of its "
+                         "files; daskpri downloads nothing")
+    if root is not None and not takes:
+        raise ValueError(f"--root is only read for --datasets {', '.join(TAKES_ROOT)}, but "
+                         f"the datasets are {','.join(datasets)}")
+    if root is not None and not os.path.isdir(root):
+        raise ValueError(f"--root {root!r} is not a directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,12 +295,14 @@ def run(args: argparse.Namespace) -> int:
     from daskpri.bench.runner import merge_results, report_only, run_bench
 
     if args.report_only:
+        if given := _others(args, _REPORT_OPTIONS):
+            raise ValueError(f"--report-only reports under the options results.json was made "
+                             f"with, but got {', '.join(given)}; with --report-only, give only "
+                             "--out")
         report_only(args.out)
         return 0
     if args.merge is not None:
-        given = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
-                       if k not in _MERGE_OPTIONS and v not in (None, False))
-        if given:
+        if given := _others(args, _MERGE_OPTIONS):
             raise ValueError(f"--merge takes the options the parts were made with, but got "
                              f"{', '.join(given)}; with --merge, give only --out, --strategies "
                              "and --no-progress")
@@ -246,9 +310,11 @@ def run(args: argparse.Namespace) -> int:
                       command=_command_line(args))
         return 0
     config = config_from_args(args)
+    check_scheduler(config.scheduler)
+    check_root(config.datasets, args.root)
     try:
         run_bench(config, args.out, progress=not args.no_progress,
-                  command=_command_line(args), resume=args.resume)
+                  command=_command_line(args), resume=args.resume, root=args.root)
     except ConnectionError as e:
         print(f"daskpri: error: {e}", file=sys.stderr)
         return 1

@@ -71,15 +71,28 @@ def _paired(s: Spread | None) -> str:
     Examples
     --------
     >>> _paired(Spread(1.5, 0.0, 2.0, 3, 3))
-    '1.50x [0.00x–2.00x]'
+    '1.50x [n.r.–2.00x]'
     >>> _paired(None), _paired(Spread(math.nan, math.nan, math.nan, 0, 0))
     ('—', '—')
     """
     if s is None or s.n == 0:
         return "—"
-    if s.n == 1:
-        return f"{s.median:.2f}x"
-    return f"{s.median:.2f}x [{s.low:.2f}x–{s.high:.2f}x]"
+
+    def x(v: float) -> str:  # a seed that missed the target counts as 0
+        return "n.r." if v == 0 else f"{v:.2f}x"
+
+    return x(s.median) if s.n == 1 else f"{x(s.median)} [{x(s.low)}–{x(s.high)}]"
+
+
+def _seeds(span: str) -> str:
+    """``seeds 10–19``, or ``seed 3`` for one (``span``: :attr:`BenchConfig.seed_span`).
+
+    Examples
+    --------
+    >>> _seeds("10–19"), _seeds("3")
+    ('seeds 10–19', 'seed 3')
+    """
+    return f"seeds {span}" if "–" in span else f"seed {span}"
 
 
 def _interval(ci: Interval | None) -> str:
@@ -214,12 +227,21 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         + f"Benchmark time: {machine.get('bench_seconds', '?')} s"
         + (f" (resumed: {machine['resumed_runs']} runs kept from an earlier invocation, "
            "whose machine and time are not the ones above)." if machine.get("resumed_runs")
-           else "."),
+           and not machine.get("earlier") else "."),
         "",
+        *([f"Resumed (`--resume`): the benchmark time is that of {len(machine['earlier']) + 1}"
+           " invocations together; the runs of the earlier ones, with their machine and load:",
+           "",
+           *(f"- `{e['command'] or 'daskpri bench'}`: {e['runs']} runs, "
+             f"{'?' if e.get('bench_seconds') is None else e['bench_seconds']} s, "
+             f"{e.get('cpu') or 'CPU not recorded'}, load average (1/5/15 min) at start "
+             f"{e.get('load_average_start') or '—'}, at end {e.get('load_average_end') or '—'}"
+             for e in machine["earlier"]), ""]
+          if machine.get("earlier") else []),
         *([f"Merged (`--merge`, no runs made) from {len(machine['merged'])} benchmarks of the "
            "same options on this kind of machine, each with seeds of its own; the benchmark "
            "time is theirs together:", "",
-           *(f"- seeds {m['seeds']}: `{m['command'] or m['path']}`; "
+           *(f"- {_seeds(m['seeds'])}: `{m['command'] or m['path']}`; "
              f"{m.get('bench_seconds', '?')} s, load average (1/5/15 min) at start "
              f"{m.get('load_average_start') or '—'}, at end {m.get('load_average_end') or '—'}"
              for m in machine["merged"]), ""]

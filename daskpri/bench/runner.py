@@ -30,7 +30,8 @@ from daskpri.bench.report import RESULTS_JSON, write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
 from daskpri.training.placement import all_have_gpus, cluster_workers
 
-__all__ = ["describe", "machine_info", "merge_results", "previous_runs", "run_bench"]
+__all__ = ["check_sizes", "describe", "machine_info", "merge_results", "previous_runs",
+           "run_bench"]
 
 _CONNECT_TIMEOUT = 10.0  # seconds
 
@@ -119,7 +120,8 @@ class _Clusters:
         self._client: Client | None = None
         self._n = 0
 
-    def client(self, n_workers: int) -> Client:
+    def client(self, n_workers: int, *, why: str = "") -> Client:
+        """A client of ``n_workers`` workers; ``why`` says, in the error, what needs them."""
         if self.scheduler is not None:
             if self._client is None:
                 try:
@@ -131,8 +133,9 @@ class _Clusters:
             have = len(cluster_workers(self._client))
             if have < n_workers:
                 raise ValueError(
-                    f"the benchmark needs {n_workers} workers, but the scheduler at "
+                    f"the benchmark needs {n_workers} workers{why}, but the scheduler at "
                     f"{self.scheduler} has {have}; start more or pass --workers up to {have}"
+                    + (" and --no-ddp" if why else "")
                 )
             return self._client
         if self._client is None or self._n != n_workers:
@@ -445,7 +448,8 @@ def merge_results(
     records = [r for r in records if r.spec.arm in arms.get((r.spec.dataset, r.spec.model), ())]
     machine = {k: v for k, v in docs[0]["machine"].items()
                if k not in ("command", "bench_seconds", "load_average_start",
-                            "load_average_end", "resumed_runs", "partial", "merged")}
+                            "load_average_end", "resumed_runs", "partial", "merged",
+                            "earlier")}
     machine["command"] = command
     machine["merged"] = [
         {"path": str(p), "command": d["machine"].get("command"),
@@ -469,6 +473,49 @@ def merge_results(
     return summary
 
 
+def _invocation(machine: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """What a resumed benchmark's report keeps of an earlier invocation.
+
+    Its own command, CPU, load and seconds: ``machine["bench_seconds"]``
+    counts the invocations before it too (``machine["earlier"]``).
+    """
+    earlier = machine.get("earlier") or ()
+    total = machine.get("bench_seconds")
+    own = None if total is None else round(
+        total - sum(e.get("bench_seconds") or 0.0 for e in earlier), 1)
+    return {"command": machine.get("command"), "cpu": machine.get("cpu"),
+            "bench_seconds": own, "runs": runs,
+            "load_average_start": machine.get("load_average_start"),
+            "load_average_end": machine.get("load_average_end")}
+
+
+def check_sizes(config: BenchConfig, sizes: Mapping[str, int]) -> None:
+    """Refuse a dataset too small for a batch on every worker of the largest count.
+
+    A smaller one would give each worker a partition short of a batch, the
+    plain loop and DDP batches of what is there, and targets from
+    accuracies measured on a handful of samples.
+
+    Examples
+    --------
+    >>> check_sizes(BenchConfig(workers=(1, 2), ddp=False), {"mnist1d": 100})
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --n-samples: mnist1d has 100 training samples, fewer than a batch of 64 on ...
+    """
+    from daskpri.bench.protocol import DDP_PROCESSES
+
+    n = max((*config.workers, *((DDP_PROCESSES,) if config.ddp else ())))
+    for name, size in sizes.items():
+        if size < config.batch_size * n:
+            raise ValueError(
+                f"--n-samples: {name} has {size} training samples, fewer than a batch of "
+                f"{config.batch_size} on each of {n} workers ({config.batch_size * n}); give a "
+                "larger --n-samples, or a smaller --batch-size"
+            )
+
+
 def run_bench(
     config: BenchConfig,
     out: str | os.PathLike[str],
@@ -476,6 +523,7 @@ def run_bench(
     progress: bool = True,
     command: str | None = None,
     resume: bool = False,
+    root: str | os.PathLike[str] | None = None,
 ) -> list[RunRecord]:
     """Run the whole benchmark and write its report into ``out``.
 
@@ -484,8 +532,10 @@ def run_bench(
     config : BenchConfig
     out : path
         Directory for ``results.json``, ``results.md``, the PNG plots and
-        ``results.html`` (created if missing). ``results.json`` is rewritten
-        after every run, so an interrupted benchmark keeps what it measured.
+        ``results.html`` (created if missing, and removed again if the
+        benchmark fails before it wrote anything there). ``results.json``
+        is rewritten after every run, so an interrupted benchmark keeps
+        what it measured, and the seconds it had taken.
     progress : bool
         Show a progress bar over the runs (a line per run is printed anyway).
     command : str, optional
@@ -493,8 +543,13 @@ def run_bench(
     resume : bool
         Keep the runs that ``out``'s ``results.json`` holds (see
         :func:`previous_runs`) and make only the rest: a benchmark stopped
-        part way goes on where it stopped. Without it an earlier
-        ``results.json`` there is replaced (``daskpri bench`` refuses to).
+        part way goes on where it stopped. The report keeps the earlier
+        invocations' commands and times; its benchmark time is theirs and
+        this one's together. Without it an earlier ``results.json`` there
+        is replaced (``daskpri bench`` refuses to).
+    root : path, optional
+        The directory of the files of ``"mnist"`` and ``"cifar10"``, where
+        ``config.datasets`` has them (see :func:`daskpri.datasets.load`).
 
     Returns
     -------
@@ -502,27 +557,46 @@ def run_bench(
     """
     from tqdm.auto import tqdm
 
-    from daskpri.data.datasets import load
+    from daskpri.bench.protocol import DDP_PROCESSES
+    from daskpri.data.datasets import TAKES_ROOT, load
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    data = {name: load(name, root=root if name in TAKES_ROOT else None,
+                       n_samples=config.n_samples, seed=0) for name in config.datasets}
+    sizes = {name: int(train.sizes["sample"]) for name, (train, _) in data.items()}
+    check_sizes(config, sizes)
+    results = out / RESULTS_JSON
+    records, earlier = [], []
+    if resume:
+        records = previous_runs(results, config, sizes)
+        if results.exists():
+            before = _read_results(results, "--resume")["machine"]
+            earlier = [*(before.get("earlier") or ()), _invocation(before, len(records))]
     machine = machine_info()
     machine["command"] = command
-    data = {name: load(name, n_samples=config.n_samples, seed=0) for name in config.datasets}
-    sizes = {name: int(train.sizes["sample"]) for name, (train, _) in data.items()}
-    results = out / RESULTS_JSON
-    records = previous_runs(results, config, sizes) if resume else []
+    if earlier:
+        machine["earlier"] = earlier
+    seconds_before = sum(e["bench_seconds"] or 0.0 for e in earlier)
     attempted: set[RunSpec] = {r.spec for r in records}
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
     if resume:
         machine["resumed_runs"] = len(records)
-        print(f"daskpri bench: {len(records)} runs kept from {results}", flush=True)
+        print(f"daskpri bench: {len(records)} runs kept from {results}" if results.exists()
+              else f"daskpri bench: no {RESULTS_JSON} in {out} yet; the benchmark starts "
+                   "from its first run", flush=True)
     total = count_runs(config, sizes)
     bar = tqdm(total=total, initial=count_done(config, sizes, records), unit="run",
                desc="daskpri bench",
                disable=not progress)
     try:
         with _Clusters(config.scheduler) as clusters:
+            if config.scheduler is not None:  # every worker the runs need, before the first
+                ddp = config.ddp and DDP_PROCESSES > max(config.workers)
+                clusters.client(max((*config.workers, *((DDP_PROCESSES,) if ddp else ()))),
+                                why=" (DDP's overhead runs pair 2 processes with 2 workers)"
+                                if ddp else "")
             while specs := next_runs(config, sizes, records):
                 for spec in specs:
                     if spec in attempted:  # a protocol bug; never loop forever on it
@@ -536,14 +610,21 @@ def run_bench(
                     done = count_done(config, sizes, records)
                     bar.update(done - bar.n)
                     bar.write(f"[{done}/{total}] {describe(record)}")
+                    machine["bench_seconds"] = round(
+                        seconds_before + time.perf_counter() - started, 1)
                     write_json(results, config, machine, sizes, records)
+    except BaseException:
+        if created and not any(out.iterdir()):  # nothing measured: no directory left behind
+            out.rmdir()
+        raise
     finally:
         bar.close()
     machine["load_average_end"] = _load()
-    machine["bench_seconds"] = round(time.perf_counter() - started, 1)
+    machine["bench_seconds"] = round(seconds_before + time.perf_counter() - started, 1)
     write_report(out, config, machine, sizes, records)
-    print(f"daskpri bench: {len(records)} runs in {machine['bench_seconds']:.0f} s; "
-          f"report in {out / 'results.md'}", flush=True)
+    print(f"daskpri bench: {len(records)} runs in {time.perf_counter() - started:.0f} s"
+          + (f" ({machine['bench_seconds']:.0f} s with the earlier invocations)"
+             if earlier else "") + f"; report in {out / 'results.md'}", flush=True)
     return records
 
 

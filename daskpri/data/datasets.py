@@ -26,7 +26,8 @@ __all__ = ["DATASETS", "load"]
 
 DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "cifar10", "synthetic")
 
-_TAKES_ROOT = ("mnist", "cifar10")
+#: The datasets read from files in a directory the user names (``root``).
+TAKES_ROOT = ("mnist", "cifar10")
 _TRAIN_FRACTION = 0.8
 _FLAT = ("sample", "feature")
 _GRAY = ("sample", "height", "width")
@@ -91,7 +92,7 @@ def load(
     if not isinstance(name, str) or name not in DATASETS:
         allowed = ", ".join(repr(d) for d in DATASETS)
         raise ValueError(f"dataset should be one of {allowed}, but got {name!r}")
-    if name in _TAKES_ROOT:
+    if name in TAKES_ROOT:
         if root is None:
             files = {
                 "mnist": "train-images-idx3-ubyte, train-labels-idx1-ubyte, "
@@ -99,13 +100,14 @@ def load(
                 "cifar10": "cifar-10-batches-py/ with data_batch_1 ... data_batch_5 and test_batch",
             }[name]
             raise ValueError(
-                f"dataset {name!r} needs root=, the directory holding {files}; "
+                f"dataset {name!r} needs root= (--root DIR on the command line), the "
+                f"directory holding {files}; "
                 f"daskpri does not download it"
             )
         root = os.fspath(root)
     elif root is not None:
         raise ValueError(
-            f"root is only used by datasets {', '.join(map(repr, _TAKES_ROOT))}, "
+            f"root is only used by datasets {', '.join(map(repr, TAKES_ROOT))}, "
             f"but got root={os.fspath(root)!r} for dataset {name!r}"
         )
     seed = _check_int(seed, "seed", low=0, high=2**32 - 1)
