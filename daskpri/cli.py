@@ -439,6 +439,10 @@ def _train(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             if args.output is not None:
                 _write_interrupted(trainer, args.output, args.dataset, model_name)
+            if args.checkpoint is not None:
+                step = trainer.checkpointed_step_
+                print(f"no checkpoint written to {args.checkpoint}" if step is None else
+                      f"the checkpoint in {args.checkpoint} is of step {step}", flush=True)
             raise
         print(_summary(history), flush=True)
         if args.output is not None:
@@ -624,12 +628,15 @@ def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:
 
 @contextlib.contextmanager
 def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
-    """Ctrl-C stops ``trainer``'s fit even where its ``KeyboardInterrupt`` is lost.
+    """Ctrl-C ends ``trainer``'s fit after its step in flight; a second Ctrl-C at once.
 
-    Python raises the interrupt in whatever the main thread runs at that
-    moment; inside a finalizer or a callback it is printed and dropped, and
-    the run would go on to its budget. The handler also asks the trainer to
-    stop after its step in flight, and the interrupt is raised again then.
+    The first interrupt asks the trainer to stop: the fit ends as at the
+    end of its budget (it evaluates, writes its checkpoint at the step it
+    ended on, and returns), and ``KeyboardInterrupt`` is raised then. Raised
+    at once instead, it would land in whatever the main thread runs: in the
+    middle of a step, whose checkpoint could not be written, or in a
+    finalizer or a callback, where Python prints and drops it. The second
+    interrupt, for a step that does not end, raises at once.
     """
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
@@ -639,8 +646,12 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
 
     def handler(signum: int, frame: Any) -> None:
         nonlocal interrupted
-        interrupted = True
-        trainer.stop()
+        if not interrupted:
+            interrupted = True
+            trainer.stop()
+            print(f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop at once)",
+                  file=sys.stderr, flush=True)
+            return
         drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
         raise KeyboardInterrupt
 

@@ -28,6 +28,7 @@ import daskpri
 from daskpri import STRATEGIES
 from daskpri.cli import _interruptible, _parse_value, main
 from daskpri.models import build_model
+from daskpri.training import checkpoint
 
 SMALL = ["--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "20"]
 SUMMARY = re.compile(
@@ -413,11 +414,16 @@ def test_interrupt_closes_the_cluster_and_exits_130() -> None:
     assert err.endswith("daskpri: interrupted\n") and "Traceback" not in err
 
 
-def test_interrupt_writes_the_history_so_far_to_the_output(tmp_path: Path) -> None:
-    out = tmp_path / "run.nc"
+def test_interrupt_writes_the_history_and_checkpoint_of_the_step_it_ended_on(
+    tmp_path: Path
+) -> None:
+    out, ckpt = tmp_path / "run.nc", tmp_path / "run.ckpt"
     argv = [sys.executable, "-c", _FOREGROUND, "train", *SMALL[:4], "--max-time", "60",
-            "--workers", "1", "--output", str(out)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            "--workers", "1", "--output", str(out), "--checkpoint", str(ckpt),
+            "--checkpoint-every", "100000"]
+    # its own process group, as a terminal's foreground job: Ctrl-C reaches the workers too
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     err = bytearray()
     assert proc.stderr is not None and proc.stdout is not None
     stderr = proc.stderr.fileno()
@@ -437,7 +443,7 @@ def test_interrupt_writes_the_history_so_far_to_the_output(tmp_path: Path) -> No
 
     try:
         assert stepped(), err.decode()
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         reader.start()
         rest = proc.stdout.read().decode()
         proc.wait(timeout=60)
@@ -454,6 +460,13 @@ def test_interrupt_writes_the_history_so_far_to_the_output(tmp_path: Path) -> No
     with _open(out) as ds:
         assert ds.sizes["step"] == int(said.group(1)) > 0
         assert ds.attrs["dataset"] == "synthetic" and ds.attrs["model"] == "mlp"
+    # the run ended after its step in flight, and its checkpoint is of that step
+    assert f"the checkpoint in {ckpt} is of step {said.group(1)}" in rest
+    assert checkpoint.read(ckpt)["step"] == int(said.group(1))
+    text = err.decode()
+    assert "daskpri: stopping after the step in flight (Ctrl-C again to stop at once)" in text
+    # the workers ignored it: none was lost, nothing was reported
+    assert "Traceback" not in text and "lose scattered data" not in text, text
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -587,6 +600,16 @@ def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_
         assert trainer.step_ == 0  # the fit ended before its first step
         # the handler is put back
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        # the first interrupt only asks the fit to stop; a second raises at once
+        reached = False
+        with pytest.raises(KeyboardInterrupt), _interruptible(trainer):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            reached = True
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+            pytest.fail("the second interrupt did not raise")
+        assert reached
     finally:
         signal.signal(signal.SIGINT, outer)
         trainer.close()
@@ -728,7 +751,6 @@ def test_resume_takes_the_runs_own_settings_repeated_and_keeps_its_checkpoint_fi
     assert main([*first, "--resume", str(ckpt), "--checkpoint-every", "3", "--max-steps", "7",
                  "--output", str(out)]) == 0
     assert f"resumed {ckpt} at step 4" in capsys.readouterr().out
-    from daskpri.training import checkpoint
 
     # --checkpoint-every alone: the run's own file, at step 6 and where the fit ended
     state = checkpoint.read(ckpt)

@@ -26,7 +26,9 @@ def local_cluster(
     Its scheduler, workers and dashboard bind to loopback (LocalCluster's own
     default is every interface for the dashboard). ``security`` (``True`` for
     temporary credentials) switches it to TLS. It starts under the Dask
-    settings of ``daskpri.local-cluster`` (:func:`cluster_config`).
+    settings of ``daskpri.local-cluster`` (:func:`cluster_config`). Its
+    workers ignore Ctrl-C (:mod:`daskpri.training.worker_signals`): a
+    terminal's reaches the driver, which ends the run and closes them.
     """
     tls: dict[str, Any] = {}
     if security not in (None, False):
@@ -41,6 +43,7 @@ def local_cluster(
             host="127.0.0.1",
             dashboard_address="127.0.0.1:0",
             resources=resources,
+            preload=["daskpri.training.worker_signals"],
             **tls,
         )
 

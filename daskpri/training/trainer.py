@@ -712,6 +712,16 @@ class Trainer(RunMixin):
             }
         )
 
+    @property
+    def checkpointed_step_(self) -> int | None:
+        """The step of the checkpoint last written to ``checkpoint_path`` (``None``: none yet).
+
+        A fit writes one every ``checkpoint_every`` steps and where it ends,
+        whatever ends it (its budget, :meth:`stop`); one stopped by an
+        exception keeps the last written before it.
+        """
+        return None if self._checkpointed < 0 else self._checkpointed
+
     def _fit_elsewhere(self) -> bool:
         """A fit runs in another thread (:meth:`fit_in_background`)."""
         return self._fit_thread not in (None, threading.get_ident())
