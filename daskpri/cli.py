@@ -418,6 +418,8 @@ def _train(args: argparse.Namespace) -> int:
     train, test = daskpri.datasets.load(
         args.dataset, root=args.root, seed=seed, n_samples=args.n_samples
     )
+    if args.resume is not None:
+        _check_resumed_data(args, state, train)
     client = None if args.scheduler is None else _connect(args.scheduler, security)
     trainer = None
     try:
@@ -576,6 +578,32 @@ def _resumed_run(
         if value is not None:
             overrides[key] = value
     return overrides
+
+
+def _check_resumed_data(args: argparse.Namespace, state: dict[str, Any],
+                        train: xr.Dataset) -> None:
+    """Refuse data other than the resumed run's, before the cluster starts.
+
+    The checkpoint holds what the run trained on: its model's sample shape
+    and classes, and its table's sample count.
+    """
+    from daskpri.models import _shape_and_classes
+
+    spec = state["model_spec"]
+    theirs = (tuple(spec["in_shape"]), int(spec["n_classes"]),
+              int(np.asarray(state["table"]["table"]["offsets"])[-1]))
+    shape, n_classes = _shape_and_classes(train)
+    ours = (tuple(shape), int(n_classes), int(train.sizes["sample"]))
+    if ours != theirs:
+        def said(shape: tuple[int, ...], classes: int, n: int) -> str:
+            return f"{n} samples of shape {shape} in {classes} classes"
+
+        given = f"--dataset {args.dataset}" + (
+            f" --n-samples {args.n_samples}" if args.n_samples is not None else "")
+        raise ValueError(
+            f"--resume: the run in {args.resume!r} trained on {said(*theirs)}, but {given} "
+            f"gives {said(*ours)}; give the --dataset and --n-samples the run was started with"
+        )
 
 
 def _write_interrupted(trainer: daskpri.Trainer, path: str, dataset: str, model: str) -> None:

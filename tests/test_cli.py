@@ -726,6 +726,15 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--max-steps", "3"],
          "--max-steps counts the run's steps from its start, and the run in '{ckpt}' is at "
          "step 4 already, but got --max-steps 3: give more than 4 to go on\n"),
+        # the data: the checkpoint knows the samples' shape and count
+        (["--n-samples", "2000"],
+         "--resume: the run in '{ckpt}' trained on 800 samples of shape (20,) in 10 classes, "
+         "but --dataset synthetic --n-samples 2000 gives 1600 samples of shape (20,) in 10 "
+         "classes; give the --dataset and --n-samples the run was started with\n"),
+        (["--dataset", "digits"],
+         "--resume: the run in '{ckpt}' trained on 800 samples of shape (20,) in 10 classes, "
+         "but --dataset digits --n-samples 1000 gives 800 samples of shape (8, 8) in 10 "
+         "classes; "),
     ],
 )
 def test_resume_refuses_what_its_checkpoint_fixes_before_a_cluster_starts(
