@@ -172,7 +172,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
     run.add_argument("--lr-schedule", choices=SCHEDULES,
                      help="learning rate: constant (the default), or decaying to zero over "
-                     "--max-steps")
+                     "--max-steps (or --schedule-steps)")
+    run.add_argument("--schedule-steps", type=_count(1), metavar="N",
+                     help="the steps --lr-schedule decays over (default --max-steps); with "
+                          "--resume, a longer schedule than the run's, to train past its end")
     ckpt = train.add_argument_group("checkpoints")
     ckpt.add_argument("--checkpoint", metavar="PATH",
                       help="checkpoint file, written atomically every --checkpoint-every steps")
@@ -475,8 +478,13 @@ def _new_run(
     if args.checkpoint_every is not None and args.checkpoint is None:
         raise ValueError("--checkpoint-every needs --checkpoint PATH, the file to write")
     lr_schedule = args.lr_schedule or "constant"
-    if lr_schedule != "constant" and max_steps is None:
-        raise ValueError(f"--lr-schedule {lr_schedule} decays over --max-steps; give it")
+    if lr_schedule == "constant" and args.schedule_steps is not None:
+        raise ValueError("--schedule-steps is the length of a decaying --lr-schedule "
+                         f"({', '.join(s for s in SCHEDULES if s != 'constant')}); give one")
+    schedule_steps = args.schedule_steps or max_steps
+    if lr_schedule != "constant" and schedule_steps is None:
+        raise ValueError(f"--lr-schedule {lr_schedule} decays over --max-steps (or "
+                         "--schedule-steps); give one")
     checkpoints = {}
     if args.checkpoint is not None:
         checkpoints = {"checkpoint_path": args.checkpoint,
@@ -488,7 +496,7 @@ def _new_run(
         max_grad_norm=args.max_grad_norm,
         local_steps=1 if args.local_steps is None else args.local_steps,
         staleness=args.staleness, lr_schedule=lr_schedule,
-        schedule_steps=None if lr_schedule == "constant" else max_steps,
+        schedule_steps=None if lr_schedule == "constant" else schedule_steps,
         eval_every=args.eval_every, transport=args.transport,
         security=True if args.tls else None, **checkpoints, **options,
     )
@@ -499,7 +507,8 @@ def _new_run(
 _RESUMABLE = (
     "--dataset, --n-samples and --root (the run's data), --max-steps, --max-time, "
     "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
-    "--transport, --tls, --tls-*, --eval-every, --checkpoint and --checkpoint-every"
+    "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
+    "--schedule-steps"
 )
 
 
@@ -560,6 +569,21 @@ def _resumed_run(
             f"{default}: give more than {step} to go on"
         )
     overrides: dict[str, Any] = {}
+    schedule, end = state["trainer"]["lr_schedule"], state["trainer"]["schedule_steps"]
+    if args.schedule_steps is not None:
+        if schedule == "constant":
+            raise ValueError(f"--schedule-steps: the run in {args.resume!r} trains at a constant "
+                             "learning rate, which has no schedule to stretch")
+        end = overrides["schedule_steps"] = args.schedule_steps
+    if schedule != "constant" and end is not None and max_steps is not None and max_steps > end:
+        default = "" if args.max_steps is not None else " (the default)"
+        raise ValueError(
+            f"--max-steps {max_steps}{default} goes past the end of the run's {schedule} "
+            "learning-rate "
+            f"schedule at step {end}, after which it would train at learning rate 0: give "
+            f"--max-steps {end} or less, or --schedule-steps {max_steps} to stretch the "
+            "schedule to the new end"
+        )
     if args.checkpoint is not None:
         every = state["trainer"]["checkpoint_every"] or _DEFAULT_CHECKPOINT_EVERY
         overrides.update(checkpoint_path=args.checkpoint,

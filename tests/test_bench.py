@@ -843,6 +843,13 @@ def test_an_evaluation_grid_that_leaves_out_some_rounds_is_refused(tmp_path: Pat
 def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsys):
     assert main(["bench", "--out", str(tmp_path), "--models", "resnet"]) == 2
     assert "models should be among 'mlp', 'cnn', but got 'resnet'" in capsys.readouterr().err
+    # named by their flags
+    assert main(["bench", "--out", str(tmp_path), "--baseline-budget", "-5"]) == 2
+    assert ("--baseline-budget should be a positive finite number, but got --baseline-budget "
+            "-5.0") in capsys.readouterr().err
+    assert main(["bench", "--out", str(tmp_path), "--budget", "0"]) == 2
+    assert "--budget should be a positive finite number, but got --budget 0.0" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--out", str(tmp_path), "--workers", "one"])
 
@@ -885,8 +892,10 @@ def test_the_command_in_the_report_gives_the_learning_rates_as_typed():
     from daskpri.cli import _parser
 
     args = _parser().parse_args(["bench", "--out", "o", "--learning-rates", "0.1234567,0.3",
-                                 "--workers", "1,2"])
-    assert "--learning-rates 0.1234567,0.3 --workers 1,2" in _command_line(args)
+                                 "--first-seed", "0", "--workers", "1,2"])
+    command = _command_line(args)
+    assert "--first-seed 0 " in command  # a zero is given, not left out
+    assert "--learning-rates 0.1234567,0.3 --workers 1,2" in command
 
 
 def _write_mnist(root: Path, n_train: int, n_test: int) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import numpy as np
 import pytest
 import torch
 import xarray as xr
@@ -680,17 +681,18 @@ def test_train_checkpoints_then_resumes_where_it_stopped(
     assert main([*common, "--strategy", "loss", "--lr-schedule", "linear",
                  "--max-steps", "10"]) == 0
     assert ckpt.exists() and not list(tmp_path.glob("*.tmp"))
-    # the run's own settings (strategy, schedule) come back from the checkpoint, and going
-    # on past the schedule's end is said
-    with pytest.warns(daskpri.DaskpriWarning, match="decays to 0 at step 10"):
-        assert main([*common, "--resume", str(ckpt), "--max-steps", "16",
-                     "--output", str(out)]) == 0
+    # the run's own settings (strategy, schedule) come back from the checkpoint; going on
+    # past the schedule's end takes a longer one
+    assert main([*common, "--resume", str(ckpt), "--max-steps", "16", "--schedule-steps", "16",
+                 "--output", str(out)]) == 0
     assert "resumed " + str(ckpt) + " at step 10" in capsys.readouterr().out
     with _open(out) as ds:
         assert ds["step"].values.tolist() == list(range(16))
         assert ds.attrs["strategy"] == "loss" and ds.attrs["lr_schedule"] == "linear"
-        # linear decay over the first run's 10 steps: zero from step 10 on
-        assert float(ds["lr"][9]) > 0 and (ds["lr"].values[10:] == 0).all()
+        assert ds.attrs["schedule_steps"] == 16
+        # linear decay over 10 steps, then from step 10 on over 16: still above zero
+        lr = ds["lr"].values
+        assert (lr[10:] > 0).all() and (np.diff(lr[10:]) < 0).all()
 
 
 @pytest.fixture(scope="module")
@@ -712,7 +714,8 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "(the run's: loss); --learning-rate 0.5 (the run's: 0.1). With --resume, give only "
          "--dataset, --n-samples and --root (the run's data), --max-steps, --max-time, "
          "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
-         "--transport, --tls, --tls-*, --eval-every, --checkpoint and --checkpoint-every\n"),
+         "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
+         "--schedule-steps\n"),
         (["--seed", "0", "--model", "cnn", "--batch-size", "32"],
          "--resume continues the run in '{ckpt}' as it was started, but got --model cnn "
          "(the run's: mlp); --seed 0 (the run's: 3); --batch-size 32 (the run's: 64). "),
@@ -768,6 +771,34 @@ def test_resume_takes_the_runs_own_settings_repeated_and_keeps_its_checkpoint_fi
     with _open(out) as ds:
         assert ds["step"].values.tolist() == list(range(7))
         assert ds.attrs["seed"] == 3 and ds.attrs["learning_rate"] == 0.1
+
+
+def test_resume_goes_past_a_decaying_schedule_only_when_told_how_long_it_now_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "run.ckpt"
+    first = ["train", "--dataset", "synthetic", "--n-samples", "1000", "--no-progress",
+             "--workers", "1", "--lr-schedule", "cosine"]
+    assert main([*first[:-2], "--schedule-steps", "9", "--max-steps", "4",
+                 "--checkpoint", str(ckpt)]) == 2
+    assert ("--schedule-steps is the length of a decaying --lr-schedule (cosine, linear); "
+            "give one") in capsys.readouterr().err
+    assert main([*first, "--max-steps", "4", "--checkpoint", str(ckpt)]) == 0
+    assert checkpoint.read(ckpt)["trainer"]["schedule_steps"] == 4
+    capsys.readouterr()
+    # past its end the run would train at learning rate 0: refused, before a cluster starts
+    assert main([*first[:-2], "--resume", str(ckpt), "--max-steps", "6"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(
+        "daskpri: error: --max-steps 6 goes past the end of the run's cosine learning-rate "
+        "schedule at step 4, after which it would train at learning rate 0: give --max-steps 4 "
+        "or less, or --schedule-steps 6 to stretch the schedule to the new end")
+    # (and going on with --schedule-steps: test_train_checkpoints_then_resumes_where_it_stopped)
+    assert main([*first[:-2], "--schedule-steps", "9", "--resume", str(ckpt),
+                 "--max-steps", "12"]) == 2
+    assert "--max-steps 12 goes past the end of the run's cosine learning-rate schedule at " \
+        "step 9" in capsys.readouterr().err
 
 
 def test_resume_of_a_file_that_is_no_checkpoint_is_a_one_line_error(

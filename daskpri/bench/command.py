@@ -15,9 +15,10 @@ The full comparison on the paper's models, 3 seeds, 1 and 2 workers::
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from daskpri.bench.config import FULL_DEFAULTS, QUICK_DEFAULTS, BenchConfig
@@ -156,8 +157,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def as_flags(message: str, fields: Iterable[str]) -> str:
+    """``message`` of :class:`BenchConfig` with its ``fields`` named as the flags they come from.
+
+    Examples
+    --------
+    >>> as_flags("baseline_budget should be positive, but got baseline_budget=-5.0",
+    ...          ["baseline_budget"])
+    '--baseline-budget should be positive, but got --baseline-budget -5.0'
+    """
+    for field in fields:
+        flag = "--" + field.replace("_", "-")
+        message = re.sub(rf"\b{field}=(?=[^\s,;:)]+)", flag + " ", message)
+        message = re.sub(rf"^{field}\b", flag, message)
+    return message
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """The :class:`BenchConfig` the arguments ask for (trainer defaults from dask.config)."""
+    """The :class:`BenchConfig` the arguments ask for (trainer defaults from dask.config).
+
+    Its errors name the flags (``--baseline-budget``, not ``baseline_budget``).
+    """
+    try:
+        return _config_from_args(args)
+    except ValueError as e:
+        given = [k for k, v in vars(args).items() if v is not None and v is not False]
+        raise ValueError(as_flags(str(e), given)) from None
+
+
+def _config_from_args(args: argparse.Namespace) -> BenchConfig:
     from daskpri import _config
 
     return BenchConfig.from_options(
@@ -210,7 +238,7 @@ def _command_line(args: argparse.Namespace) -> str:
     """The command, rebuilt from the options given (for the report)."""
     parts = ["daskpri", "bench"]
     for key, value in vars(args).items():
-        if key in ("run", "command") or value in (None, False):
+        if key in ("run", "command") or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -236,7 +264,7 @@ _REPORT_OPTIONS = ("run", "command", "out", "report_only", "no_progress")
 def _others(args: argparse.Namespace, taken: tuple[str, ...]) -> list[str]:
     """The flags given in ``args`` besides ``taken``, as typed."""
     return sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
-                  if k not in taken and v not in (None, False))
+                  if k not in taken and v is not None and v is not False)
 
 
 def check_scheduler(address: str | None) -> None:
