@@ -129,13 +129,17 @@ def test_a_malicious_pickle_is_refused_and_never_runs(tmp_path):
     path = tmp_path / "evil.ckpt"
     with open(path, "wb") as f:
         torch.save({"format": checkpoint.FORMAT, "step": 0, "x": _Evil(str(marker))}, f)
-    with pytest.raises(ValueError, match="not a loadable daskpri checkpoint"):
+    with pytest.raises(ValueError, match="not a loadable daskpri checkpoint") as info:
         daskpri.Trainer.resume(path)
     assert not marker.exists()
+    # the refusal names what was refused, and never suggests loading it unsafely
+    assert "GLOBAL posix.system" in str(info.value)
+    assert "weights_only` set to `False`" not in str(info.value)
     path.write_bytes(pickle.dumps(_Evil(str(marker))))
-    with pytest.raises(ValueError, match="weights-only"):
+    with pytest.raises(ValueError, match="weights-only") as info:
         checkpoint.read(path)
     assert not marker.exists()
+    assert "weights_only` set to `False`" not in str(info.value)
 
 
 def test_resume_errors(tmp_path, small_data):
@@ -150,10 +154,15 @@ def test_resume_errors(tmp_path, small_data):
     with pytest.raises(ValueError, match=r"is not a daskpri checkpoint: it holds a list, where "
                        r"a checkpoint holds a dict of format 1$"):
         checkpoint.read(path)
-    for text in ["root:x:0:0:root:/root:/bin/bash\n", "", "{}"]:
+    for text in ["root:x:0:0:root:/root:/bin/bash\n", "", "{}", "hello world"]:
         path.write_text(text)  # files that are not a pickle at all
-        with pytest.raises(ValueError, match="is not a loadable daskpri checkpoint"):
+        with pytest.raises(ValueError, match="is not a loadable daskpri checkpoint") as info:
             checkpoint.read(path)
+        assert not re.search(r": \d+$", str(info.value))  # an unpickler's KeyError: 101
+    path.write_text("hello world")
+    with pytest.raises(ValueError, match=r"it is not a file torch.save wrote \(KeyError while "
+                       r"reading it\)$"):
+        checkpoint.read(path)
 
 
 def test_read_refuses_a_checkpoint_of_another_format(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import uuid
 from typing import Any
 
@@ -92,6 +93,36 @@ def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
     return path
 
 
+def _why(e: Exception) -> str:
+    """What ``torch.load`` found wrong with a file, in a line.
+
+    Its weights-only refusal is a paragraph that suggests loading the file
+    unsafely (which daskpri never does) and then says what it refused; a
+    file that is no pickle at all fails somewhere in the unpickler, with an
+    error that names nothing useful (``KeyError: 101``).
+
+    Examples
+    --------
+    >>> _why(KeyError(101))
+    'it is not a file torch.save wrote (KeyError while reading it)'
+    >>> _why(pickle.UnpicklingError(
+    ...     "Weights only load failed. Re-running `torch.load` with `weights_only` set to "
+    ...     "`False` will likely succeed.\\n\\nPlease file an issue: WeightsUnpickler error: "
+    ...     "\\n\\nUnsupported operand 192\\n\\nCheck the documentation of torch.load."))
+    'Unsupported operand 192'
+    """
+    text = str(e).strip()
+    if text.startswith("Weights only load failed"):
+        said = [p.strip() for p in re.split(r"\n\s*\n", text)[1:]]
+        detail = " ".join(p for p in said if p and not p.startswith("Check the documentation"))
+        detail = re.sub(r"^Please file an issue.*?WeightsUnpickler error:\s*", "", detail,
+                        flags=re.S)
+        return detail or "refused by torch's weights-only loader"
+    if isinstance(e, pickle.UnpicklingError | RuntimeError | ValueError) and text:
+        return text.splitlines()[0]
+    return f"it is not a file torch.save wrote ({type(e).__name__} while reading it)"
+
+
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint weights-only; refuse anything else.
 
@@ -136,7 +167,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
             IndexError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(
             f"{path!r} is not a loadable daskpri checkpoint (it is read weights-only, "
-            f"and refused if it holds anything but tensors and plain values): {e}"
+            f"and refused if it holds anything but tensors and plain values): {_why(e)}"
         ) from None
     if not isinstance(state, dict):
         raise ValueError(
