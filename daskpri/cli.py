@@ -136,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model and report its history")
     train.set_defaults(run=_train)
     data = train.add_argument_group("data and model")
-    data.add_argument("--dataset", choices=DATASETS, default="mnist1d")
+    data.add_argument("--dataset", choices=DATASETS, default="mnist1d",
+                      help="the data (default mnist1d; mnist and cifar10 read --root)")
     # None defaults, here and below: with --resume, an option given is told from one left out
     data.add_argument("--model", choices=MODELS, help="default mlp")
     data.add_argument("--n-samples", type=int, metavar="N",
@@ -213,7 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2, metavar="N")
     demo.add_argument("--max-time", type=float, default=45.0, metavar="S",
                       help="seconds of training for each run (default 45)")
-    demo.add_argument("--dataset", choices=DATASETS, default="mnist1d")
+    demo.add_argument("--dataset", choices=DATASETS, default="mnist1d",
+                      help="the data (default mnist1d; mnist and cifar10 read --root)")
     demo.add_argument("--model", choices=MODELS, default="mlp")
     demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
     demo.add_argument("--seed", type=int, default=0)
@@ -228,7 +230,8 @@ def _parser() -> argparse.ArgumentParser:
     dash.set_defaults(run=_dashboard_command)
     dash.add_argument("--scheduler", required=True, metavar="ADDRESS",
                       help="the scheduler whose runs to show, e.g. tcp://127.0.0.1:8786")
-    dash.add_argument("--port", type=int, default=5006, help="port to listen on (0: any free)")
+    dash.add_argument("--port", type=int, default=5006,
+                      help="port to listen on (default 5006; 0: any free)")
     dash.add_argument("--address", metavar="HOST",
                       help="interface to listen on (default 127.0.0.1; 0.0.0.0 opens it to "
                            "the network)")

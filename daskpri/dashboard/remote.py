@@ -127,5 +127,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--address", default=None, help="interface to listen on (default: 127.0.0.1)"
     )
-    parser.add_argument("--port", type=int, default=5006, help="port to listen on")
+    parser.add_argument("--port", type=int, default=5006,
+                        help="port to listen on (default 5006)")
     return parser.parse_args(argv)
