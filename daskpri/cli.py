@@ -762,6 +762,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if not args.out.strip():  # an unset shell variable, more likely than the current directory
+        raise ValueError("--out should name a directory, but got an empty path; give --out . "
+                         "for the current directory")
     _check_destination("--out", args.out, kind="directory")
     earlier = os.path.join(args.out, RESULTS_JSON)
     if args.report_only and args.resume:

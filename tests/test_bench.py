@@ -845,6 +845,8 @@ def test_an_evaluation_grid_that_leaves_out_some_rounds_is_refused(tmp_path: Pat
 def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsys):
     assert main(["bench", "--out", str(tmp_path), "--models", "resnet"]) == 2
     assert "models should be among 'mlp', 'cnn', but got 'resnet'" in capsys.readouterr().err
+    assert main(["bench", "--quick", "--out", ""]) == 2
+    assert "--out should name a directory, but got an empty path" in capsys.readouterr().err
     # named by their flags
     assert main(["bench", "--out", str(tmp_path), "--baseline-budget", "-5"]) == 2
     assert ("--baseline-budget should be a positive finite number, but got --baseline-budget "
