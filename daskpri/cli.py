@@ -447,10 +447,11 @@ def _train(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             if args.output is not None:
                 _write_interrupted(trainer, args.output, args.dataset, model_name)
-            if args.checkpoint is not None:
+            path = trainer.checkpoint_path  # --checkpoint's, or a resumed run's own
+            if path is not None:
                 step = trainer.checkpointed_step_
-                print(f"no checkpoint written to {args.checkpoint}" if step is None else
-                      f"the checkpoint in {args.checkpoint} is of step {step}", flush=True)
+                print(f"no checkpoint written to {path}" if step is None else
+                      f"the checkpoint in {path} is of step {step}", flush=True)
             raise
         print(_summary(history), flush=True)
         if args.output is not None:

@@ -24,7 +24,7 @@ from distributed import Client, LocalCluster
 from daskpri.bench.analysis import best_accuracy, final_accuracy, samples_per_second
 from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.config import BenchConfig
-from daskpri.bench.protocol import count_done, count_runs, make_arms, next_runs
+from daskpri.bench.protocol import DDP_PROCESSES, count_done, count_runs, make_arms, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import RESULTS_JSON, write_json, write_report
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
@@ -504,8 +504,6 @@ def check_sizes(config: BenchConfig, sizes: Mapping[str, int]) -> None:
     ...
     ValueError: --n-samples: mnist1d has 100 training samples, fewer than a batch of 64 on ...
     """
-    from daskpri.bench.protocol import DDP_PROCESSES
-
     n = max((*config.workers, *((DDP_PROCESSES,) if config.ddp else ())))
     for name, size in sizes.items():
         if size < config.batch_size * n:
@@ -557,7 +555,6 @@ def run_bench(
     """
     from tqdm.auto import tqdm
 
-    from daskpri.bench.protocol import DDP_PROCESSES
     from daskpri.data.datasets import TAKES_ROOT, load
 
     out = Path(out)
