@@ -463,14 +463,52 @@ def test_fit_in_background_returns_a_future_of_the_history(gpu_client, small_dat
     trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
     try:
         future = trainer.fit_in_background(train, eval_data=test, max_steps=150)
-        with pytest.raises(RuntimeError, match="already running in the background"):
+        with pytest.raises(RuntimeError, match=r"a fit is already running \(fit_in_background"):
             trainer.fit_in_background(train, max_steps=30)
+        # nor a fit of this thread: two loops would step one model
+        with pytest.raises(RuntimeError, match="a fit is already running"):
+            trainer.fit(train, max_steps=300, progress=False)
+        with pytest.raises(TypeError, match="unexpected keyword arguments: max_step"):
+            trainer.fit_in_background(train, max_step=3)
         history = future.result(timeout=120)
         assert history.sizes["step"] == 150 and trainer.step_ == 150
         again = trainer.fit_in_background(train, max_steps=152).result(timeout=120)
         assert again.sizes["step"] == 152
     finally:
         trainer.close()
+
+
+def test_close_stops_a_background_fit_and_its_future_keeps_the_history(small_data):
+    train, test = small_data
+    with daskpri.Trainer(build_model("mlp", train), strategy="uniform", n_workers=1) as trainer:
+        future = trainer.fit_in_background(train, eval_data=test, max_time=600)
+        deadline = time.monotonic() + 60
+        while trainer.step_ < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert trainer.step_ >= 3, "the background fit made no steps"
+    # leaving the block closed the trainer (and its cluster) after the fit had ended
+    history = future.result(timeout=0)
+    assert history.sizes["step"] == trainer.step_ >= 3
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "projection"])
+def test_frozen_parameters_stay_as_they_are(gpu_client, small_data, strategy):
+    train, _ = small_data
+    model = build_model("mlp", train, seed=0)
+    first = next(model.parameters())
+    first.requires_grad_(False)
+    frozen = first.detach().clone()
+    others = [p.detach().clone() for p in list(model.parameters())[1:]]
+    trainer = daskpri.Trainer(model, strategy=strategy, client=gpu_client, weight_decay=0.1,
+                              max_grad_norm=1.0)
+    try:
+        trainer.fit(train, max_steps=5, progress=False)
+    finally:
+        trainer.close()
+    # no gradient, no weight decay, no momentum for it; the rest trained
+    assert torch.equal(first, frozen)
+    assert all(not torch.equal(p, q) for p, q in
+               zip(list(model.parameters())[1:], others, strict=True))
 
 
 def test_stop_ends_a_background_fit_with_its_history_and_allows_another(

@@ -58,10 +58,23 @@ def make_optimizer(
 
 
 def set_flat_grad(params: list[torch.nn.Parameter], grad: torch.Tensor) -> None:
-    """Give ``params`` the gradient ``grad`` (flat, in their order)."""
+    """Give ``params`` the gradient ``grad`` (flat, in their order).
+
+    A frozen parameter (``requires_grad=False``) gets none, whatever
+    ``grad`` holds for it: the optimizer then leaves it as it is (no weight
+    decay, no momentum), and clipping does not count it, as in PyTorch.
+
+    Examples
+    --------
+    >>> frozen, trained = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
+    >>> _ = frozen.requires_grad_(False)
+    >>> set_flat_grad([frozen, trained], torch.tensor([1.0, 2.0, 3.0]))
+    >>> frozen.grad, trained.grad
+    (None, tensor([3.]))
+    """
     # views: ``grad`` is the step's own tensor, not used after this
     for p, view in zip(params, flat_views(grad, params), strict=True):
-        p.grad = view.to(p.dtype)
+        p.grad = view.to(p.dtype) if p.requires_grad else None
 
 
 def average_states(states: list[dict[str, Any]]) -> dict[str, Any]:

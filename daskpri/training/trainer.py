@@ -110,6 +110,13 @@ def _close_at_exit() -> None:
                 trainer.close()
 
 
+#: Why a second fit is refused while one runs.
+_FIT_RUNNING = (
+    "a fit is already running (fit_in_background's, or another thread's): stop() it and wait "
+    "for its future, or wait for it to end, before fitting again"
+)
+
+
 class Trainer(RunMixin):
     """Prioritized data-parallel SGD of a PyTorch module on a Dask cluster.
 
@@ -321,6 +328,7 @@ class Trainer(RunMixin):
         self._prefetched = None
         self._metrics_sent = 0
         self._fit_thread: int | None = None  # the thread running a fit, if one does
+        self._fitting = threading.Lock()  # held from a fit's call to its end: one at a time
         self._checkpointed = -1  # the step last written to checkpoint_path
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
@@ -342,7 +350,17 @@ class Trainer(RunMixin):
         return self._client
 
     def close(self) -> None:
-        """Release the run's state in the cluster; close a cluster we started."""
+        """Release the run's state in the cluster; close a cluster we started.
+
+        A fit running in the background (:meth:`fit_in_background`) is
+        stopped first, after its step in flight, and waited for: its future
+        keeps the history so far.
+        """
+        background = self._background
+        if (background is not None and not background.done()
+                and self._fit_thread != threading.get_ident()):
+            self.stop()
+            concurrent.futures.wait([background])
         self._release()
         if self._own_cluster is not None:
             stop_heartbeats(self._client)  # type: ignore[arg-type]
@@ -394,10 +412,20 @@ class Trainer(RunMixin):
         xarray.Dataset
             The history, also in ``history_``.
         """
+        if not self._fitting.acquire(blocking=False):
+            raise RuntimeError(_FIT_RUNNING)
+        try:
+            return self._fit_holding(data, eval_data, max_steps=max_steps, max_time=max_time,
+                                     target_accuracy=target_accuracy, progress=progress)
+        finally:
+            self._fitting.release()
+
+    def _fit_holding(self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None,
+                     **kwargs: Any) -> xr.Dataset:
+        """:meth:`fit`, its caller holding ``_fitting`` (one fit at a time)."""
         self._fit_thread = threading.get_ident()
         try:
-            return self._fit(data, eval_data, max_steps=max_steps, max_time=max_time,
-                             target_accuracy=target_accuracy, progress=progress)
+            return self._fit(data, eval_data, **kwargs)
         finally:
             self._fit_thread = None
             self._stop_requested = False  # a stop is spent by the fit it ended
@@ -539,11 +567,27 @@ class Trainer(RunMixin):
         >>> trainer.dashboard()  # doctest: +SKIP
         >>> history = future.result()  # doctest: +SKIP
         """
-        if self._background is not None and not self._background.done():
-            raise RuntimeError("a fit is already running in the background; wait for its future")
-        kwargs.setdefault("progress", False)
+        options = {"max_steps": None, "max_time": None, "target_accuracy": None,
+                   "progress": False}
+        unknown = sorted(set(kwargs) - set(options))
+        if unknown:
+            raise TypeError(f"fit() got unexpected keyword arguments: {', '.join(unknown)}")
+        options.update(kwargs)
+        if not self._fitting.acquire(blocking=False):  # released by the fit's thread
+            raise RuntimeError(_FIT_RUNNING)
+
+        def run() -> xr.Dataset:
+            try:
+                return self._fit_holding(data, eval_data, **options)
+            finally:
+                self._fitting.release()
+
         executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="daskpri-fit")
-        self._background = executor.submit(self.fit, data, eval_data, **kwargs)
+        try:
+            self._background = executor.submit(run)
+        except BaseException:
+            self._fitting.release()
+            raise
         executor.shutdown(wait=False)
         return self._background
 
