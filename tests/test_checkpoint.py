@@ -163,6 +163,11 @@ def test_resume_errors(tmp_path, small_data):
     with pytest.raises(ValueError, match=r"it is not a file torch.save wrote \(KeyError while "
                        r"reading it\)$"):
         checkpoint.read(path)
+    # a numpy scalar is refused by name, without torch's advice to allow it
+    torch.save({"format": checkpoint.FORMAT, "x": np.float64(1.0)}, path)
+    with pytest.raises(ValueError, match=r"Unsupported global: GLOBAL numpy\S*scalar was not an "
+                       r"allowed global by default\.$"):
+        checkpoint.read(path)
 
 
 def test_read_refuses_a_checkpoint_of_another_format(tmp_path):

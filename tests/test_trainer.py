@@ -713,3 +713,21 @@ def test_the_default_learning_rate_is_the_optimizers_own(gpu_client, small_data)
           pytest.raises(ValueError, match="learning_rate should be a positive finite number, "
                         "but got learning_rate='fast'")):
         daskpri.Trainer(model)
+
+
+def test_numbers_of_numpy_types_are_taken_and_other_bad_budgets_refused_early(small_data):
+    from distributed import Client as _Client
+
+    model = torch.nn.Linear(20, 10)
+    trainer = daskpri.Trainer(model, learning_rate=np.float32(0.05), max_grad_norm=np.float64(1))
+    assert trainer.learning_rate == pytest.approx(0.05) and trainer.max_grad_norm == 1.0
+    train, test = small_data
+    for bad in ("0.9", True, 2):  # before any cluster starts
+        with pytest.raises(ValueError, match=r"target_accuracy should be a number in \(0, 1\]"):
+            trainer.fit(train, eval_data=test, max_steps=3, target_accuracy=bad)
+    assert trainer._client is None
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        client = _Client(cluster)
+        client.close()
+        with pytest.raises(ValueError, match="client is closed: give a running"):
+            daskpri.Trainer(model, client=client)

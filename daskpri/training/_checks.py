@@ -7,6 +7,7 @@ value received and what is allowed, and returns the value to keep.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Sequence
@@ -40,9 +41,9 @@ def check_real(name: str, value: Any, low: float, high: float) -> float:
 def check_float(name: str, value: Any) -> float:
     """``value`` as a float if it is a positive finite number."""
     if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (math.isfinite(value) and value > 0)
+        isinstance(value, bool | np.bool_)
+        or not isinstance(value, numbers.Real)  # numpy's numbers too
+        or not (math.isfinite(float(value)) and float(value) > 0)
     ):
         raise ValueError(f"{name} should be a positive finite number, but got {name}={value!r}")
     return float(value)
@@ -64,6 +65,9 @@ def check_types(model: Any, client: Any) -> None:
         raise TypeError(
             f"client should be a distributed.Client, but got {type(client).__name__}"
         )
+    if client is not None and client.status in ("closing", "closed"):
+        raise ValueError(f"client is {client.status}: give a running distributed.Client, or "
+                         "none for a LocalCluster of the trainer's own")
 
 
 def check_local_steps(local_steps: Any, strategy: Strategy) -> int:
@@ -175,8 +179,13 @@ def check_budget(
         check_int("max_steps", max_steps, 0)
     if max_time is not None:
         check_float("max_time", max_time)
-    if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
-        raise ValueError(f"target_accuracy should be in (0, 1], but got {target_accuracy!r}")
+    if target_accuracy is not None and (
+        isinstance(target_accuracy, bool) or not isinstance(target_accuracy, numbers.Real)
+        or not 0.0 < target_accuracy <= 1.0
+    ):
+        raise ValueError(
+            f"target_accuracy should be a number in (0, 1], but got {target_accuracy!r}"
+        )
     if target_accuracy is not None and eval_data is None:
         raise ValueError("target_accuracy= needs eval_data= to measure accuracy on")
 

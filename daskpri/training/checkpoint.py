@@ -112,6 +112,9 @@ def _why(e: Exception) -> str:
     'Unsupported operand 192'
     """
     text = str(e).strip()
+    found = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+    if found:  # what it refused, where torch says it: its first sentence
+        return re.split(r"(?<=\.)\s", found.group(1).strip())[0]
     if text.startswith("Weights only load failed"):
         said = [p.strip() for p in re.split(r"\n\s*\n", text)[1:]]
         detail = " ".join(p for p in said if p and not p.startswith("Check the documentation"))

@@ -636,7 +636,10 @@ class Trainer(RunMixin):
                 "model_spec": getattr(self.model, "spec", None),
                 "optimizer": self._opt.state_dict(),
                 "mean_grad": self._mean_grad,
-                "strategy": {"name": self.strategy.name, "params": self.strategy.get_params()},
+                "strategy": {"name": self.strategy.name,
+                             # numpy scalars as Python numbers: the file is read weights-only
+                             "params": {k: v.item() if isinstance(v, np.generic) else v
+                                        for k, v in self.strategy.get_params().items()}},
                 "trainer": self._init_params(),
                 "table": checkpoint.to_storable(self._remote.state_dict()),
                 "history": self._recorder.records,
