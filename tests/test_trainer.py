@@ -101,6 +101,22 @@ def test_fit_from_zarr_and_netcdf_paths(gpu_client, small_data, tmp_path):
         trainer.close()
 
 
+def test_a_relative_path_and_a_file_of_one_chunk_reach_every_worker(
+    gpu_client, small_data, tmp_path, monkeypatch
+):
+    train, _ = small_data
+    to_store(train, str(tmp_path / "train.nc"))  # contiguous: opened as one chunk
+    monkeypatch.chdir(tmp_path)  # the driver's directory, not the workers'
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        h = trainer.fit("train.nc", max_steps=3, progress=False)
+    finally:
+        trainer.close()
+    # both workers hold partitions and train: not one chunk on one of them
+    assert h["n_workers"].values.tolist() == [2, 2, 2]
+    assert int(h["samples"][-1]) == 3 * 2 * trainer.batch_size  # so far, 3 steps
+
+
 def test_bad_input_gives_clear_errors(gpu_client, small_data):
     train, test = small_data
     model = build_model("mlp", train)

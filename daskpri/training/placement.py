@@ -124,14 +124,25 @@ def eligible_workers(
 def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int) -> np.ndarray:
     """Offsets ``[0, ..., n_samples]`` of the partitions of ``ds``.
 
-    A dataset chunked along ``sample`` is cut at its chunks (one partition =
-    one chunk). Otherwise it is cut into pieces of ``partition_size``; with
-    ``partition_size=None``, small enough that every worker gets at least
-    one partition.
+    A dataset chunked along ``sample`` into at least ``n_workers`` chunks is
+    cut at its chunks (one partition = one chunk). Otherwise it is cut into
+    pieces of ``partition_size``; with ``partition_size=None``, small enough
+    that every worker gets at least one partition. Fewer chunks than workers
+    (a netCDF file's contiguous variables open as one) would leave workers
+    without data.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> ds = xr.Dataset({"x": ("sample", np.zeros(10)), "y": ("sample", np.zeros(10))})
+    >>> partition_bounds(ds.chunk({"sample": 4}), None, 2).tolist()
+    [0, 4, 8, 10]
+    >>> partition_bounds(ds.chunk({"sample": -1}), None, 2).tolist()  # one chunk
+    [0, 5, 10]
     """
     n = ds.sizes["sample"]
     chunks = ds["x"].chunksizes.get("sample") if ds["x"].chunks is not None else None
-    if chunks is not None and partition_size is None:
+    if chunks is not None and partition_size is None and len(chunks) >= n_workers:
         return np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
     if partition_size is None:
         partition_size = min(int(_config.get("trainer.partition-size")), math.ceil(n / n_workers))

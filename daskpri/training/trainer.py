@@ -441,6 +441,8 @@ class Trainer(RunMixin):
         progress: bool,
     ) -> xr.Dataset:
         check_budget(max_steps, max_time, target_accuracy, eval_data)
+        if isinstance(data, str | os.PathLike):  # the workers open it, from their own directory
+            data = os.path.abspath(data)
         ds, info, evalset = open_data(data, eval_data)
         t_setup = time.perf_counter()
         with self._blame_scheduler():
