@@ -170,6 +170,25 @@ def test_report_of_a_hand_made_history_with_baseline(tmp_path: Path) -> None:
     assert html.escape("runs <compared>") in page and "runs <compared>" not in page
 
 
+def test_report_never_replaces_its_histories_nor_compares_other_data(tmp_path: Path) -> None:
+    run, base = hand_made([0.5, 0.8]), hand_made([0.5, 0.7], strategy="uniform")
+    run.attrs.update(dataset="mnist1d", model="mlp")
+    base.attrs.update(dataset="digits", model="mlp")
+    to_store(run, str(tmp_path / "run.nc"))
+    to_store(base, str(tmp_path / "base.nc"))
+    before = (tmp_path / "run.nc").read_bytes()
+    for output, name in ((tmp_path / "run.nc", "history"), (tmp_path / "base.nc", "baseline"),
+                         (tmp_path / "." / "run.nc", "history")):
+        with pytest.raises(ValueError, match=f"is the {name} itself: writing the page there "
+                           "would replace it"):
+            write_report(str(tmp_path / "run.nc"), output, baseline=str(tmp_path / "base.nc"))
+    assert (tmp_path / "run.nc").read_bytes() == before
+    with pytest.raises(ValueError, match=r"the baseline trained on other data or another model: "
+                       r"dataset 'digits' \(the run's: 'mnist1d'\)"):
+        write_report(run, tmp_path / "r.html", baseline=base)
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_report_of_a_run_never_evaluated(tmp_path: Path) -> None:
     page = Path(write_report(hand_made([np.nan] * 3), tmp_path / "r.html")).read_text()
     assert "not evaluated" in page

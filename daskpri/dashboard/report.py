@@ -176,8 +176,20 @@ def write_report(
 
     if not isinstance(output_html, (str, os.PathLike)):
         raise TypeError(f"output_html should be a path, but got {type(output_html).__name__}")
+    for name, source in (("history", history), ("baseline", baseline)):
+        if isinstance(source, (str, os.PathLike)) and _same_path(source, output_html):
+            raise ValueError(f"output_html {os.fspath(output_html)!r} is the {name} itself: "
+                             "writing the page there would replace it; give another path")
     run = load_history(history, name="history")
     base = None if baseline is None else load_history(baseline, name="baseline")
+    if base is not None:
+        differ = [f"{key} {base.attrs[key]!r} (the run's: {run.attrs[key]!r})"
+                  for key in ("dataset", "model")
+                  if key in run.attrs and key in base.attrs and run.attrs[key] != base.attrs[key]]
+        if differ:
+            raise ValueError(f"the baseline trained on other data or another model: "
+                             f"{'; '.join(differ)}; its times to an accuracy compare with "
+                             "nothing of the run's, give a baseline of the same dataset and model")
     run_name = _run_name(run, history, "run")
     base_name = None if base is None else _run_name(base, baseline, "baseline")
     if base_name == run_name:
@@ -186,6 +198,14 @@ def write_report(
     root = column(*_layout(run, run_name, base, base_name, page_title))
     document = file_html(root, INLINE, title=page_title)
     return _write_atomic(os.fspath(output_html), document)
+
+
+def _same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """``a`` and ``b`` name the same file (or store), existing or not."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 # -- reading -------------------------------------------------------------------------
