@@ -24,4 +24,11 @@ if __name__ == "__main__":
 else:  # under ``bokeh serve``, which sets sys.argv to the script and its --args
     from bokeh.io import curdoc
 
-    remote_doc(parse_args(sys.argv[1:]).scheduler, curdoc())
+    try:
+        args = parse_args(sys.argv[1:])
+    except SystemExit:  # argparse's exit would end the whole server, not this page
+        raise RuntimeError(
+            "daskpri_app.py needs the scheduler's address: bokeh serve dashboards/daskpri_app.py "
+            "--address 127.0.0.1 --args --scheduler tcp://127.0.0.1:8786"
+        ) from None
+    remote_doc(args.scheduler, curdoc())

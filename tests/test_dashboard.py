@@ -665,3 +665,15 @@ def test_preloaded_scheduler_serves_the_page(tmp_path):
         finally:
             proc.terminate()
             proc.wait(30)
+
+
+def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh():
+    from daskpri.dashboard.snapshot import NoPlugin, run_strategies
+
+    with (
+        LocalCluster(n_workers=0, processes=False, host="127.0.0.1",
+                     dashboard_address=None, protocol="tcp") as cluster,
+        Client(cluster) as client,
+    ):
+        with pytest.raises(NoPlugin, match="the scheduler has no daskpri table yet"):
+            client.sync(run_strategies, client.scheduler)

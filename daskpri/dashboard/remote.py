@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -24,9 +25,12 @@ from distributed import Client
 
 from daskpri import _config
 from daskpri.dashboard.page import INTERVAL, PAGE, ROUTE, DaskpriDashboard
-from daskpri.dashboard.snapshot import run_strategies, snapshot_from_rpc
+from daskpri.dashboard.snapshot import NoPlugin, run_strategies, snapshot_from_rpc
 
 logger = logging.getLogger(__name__)
+
+_CONNECT_TIMEOUT = 10.0  # seconds to reach the scheduler before a refresh gives up
+_BACKOFF = 5.0  # seconds between attempts while the scheduler or its table is not there
 
 
 def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) -> None:
@@ -36,16 +40,18 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
     and closes it with the session.
     """
     dash = DaskpriDashboard()
-    state: dict[str, Any] = {"client": None, "busy": False, "strategies": {}}
+    state: dict[str, Any] = {"client": None, "busy": False, "strategies": {}, "wait": 0.0,
+                             "said": None}
 
     async def refresh() -> None:
-        if state["busy"]:  # the previous refresh is still waiting for the scheduler
+        if state["busy"] or time.monotonic() < state["wait"]:  # waiting, or backing off
             return
         state["busy"] = True
         try:
             if state["client"] is None:
                 state["client"] = await Client(
-                    scheduler_address, asynchronous=True, set_as_default=False
+                    scheduler_address, asynchronous=True, set_as_default=False,
+                    timeout=_CONNECT_TIMEOUT,
                 )
             rpc = state["client"].scheduler
             state["strategies"] = await run_strategies(rpc, state["strategies"])
@@ -62,8 +68,18 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
                 baseline_cursor=args["baseline_cursor"],
             )
             dash.show(snap)
-        except (KeyError, OSError) as e:  # a run closed meanwhile, or no scheduler
-            logger.debug("daskpri dashboard: refresh failed: %s", e)
+            state["said"] = None
+        except Exception as e:  # a run closed meanwhile, no table yet, or no scheduler
+            client = state["client"]
+            if client is not None and client.status != "running":
+                state["client"] = None  # closed by distributed: connect afresh later
+                asyncio.ensure_future(client.close())
+            if not isinstance(e, KeyError) or isinstance(e, NoPlugin):
+                state["wait"] = time.monotonic() + _BACKOFF  # again later, not every refresh
+            said = f"{type(e).__name__}: {e}"
+            if said != state["said"]:  # once, not on every refresh
+                logger.info("daskpri dashboard: %s: %s", scheduler_address, said)
+                state["said"] = said
         finally:
             state["busy"] = False
 
@@ -112,10 +128,18 @@ def make_server(
 def main(argv: Sequence[str] | None = None) -> None:
     """Serve the page until interrupted: ``python dashboards/daskpri_app.py --scheduler ADDR``."""
     args = parse_args(argv)
-    server = make_server(args.scheduler, address=args.address, port=args.port)
+    try:
+        server = make_server(args.scheduler, address=args.address, port=args.port)
+    except OSError as e:
+        raise SystemExit(f"{PAGE}: error: --port {args.port} cannot be listened on: {e}") from None
     server.start()
     print(f"daskpri dashboard: http://{server.address}:{server.port}{ROUTE}", flush=True)
-    server.io_loop.start()
+    try:
+        server.io_loop.start()
+    except KeyboardInterrupt:
+        pass  # Ctrl-C: the server stops with the process
+    finally:
+        server.stop()
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -206,6 +206,10 @@ async def snapshot_from_rpc(
     return snap
 
 
+class NoPlugin(KeyError):
+    """The scheduler has no ``daskpri_*`` handlers (no run has loaded the table plugin)."""
+
+
 async def run_strategies(scheduler: Any, known: Mapping[str, str] | None = None) -> dict[str, str]:
     """The strategy of each run on the scheduler, through RPC, oldest first.
 
@@ -215,6 +219,9 @@ async def run_strategies(scheduler: Any, known: Mapping[str, str] | None = None)
     """
     known = dict(known or {})
     names = await scheduler.daskpri_runs()
+    if names is None:  # distributed answers an unknown handler so
+        raise NoPlugin("the scheduler has no daskpri table yet: no run has started there, and "
+                       "it was not started with --preload daskpri.table.plugin")
     out = {name: known[name] for name in known if name in names}
     for name in names:
         if name not in out:
