@@ -48,6 +48,17 @@ def test_registry_and_errors():
         get_strategy("uniform", k=3)
     with pytest.raises(TypeError, match="Strategy subclass"):
         register_strategy(object)  # type: ignore[arg-type]
+    # a built-in's name is not taken over; a name of one's own may be registered again
+    uniform = STRATEGIES["uniform"]
+    with pytest.raises(ValueError, match="'uniform' is a built-in strategy's name"):
+        register_strategy(type("Mine", (uniform,), {"name": "uniform"}))
+    assert STRATEGIES["uniform"] is uniform and register_strategy(uniform) is uniform
+    try:
+        for _ in range(2):  # a notebook cell run twice
+            mine = register_strategy(type("Mine", (uniform,), {"name": "mine-twice"}))
+        assert STRATEGIES["mine-twice"] is mine
+    finally:
+        STRATEGIES.pop("mine-twice", None)
 
 
 def test_uniform_walks_a_shuffled_epoch_per_worker():

@@ -26,17 +26,36 @@ STRATEGIES: dict[str, type[Strategy]] = {}
 
 
 def register_strategy(cls: type[Strategy]) -> type[Strategy]:
-    """Register a :class:`Strategy` subclass under its ``name`` (a decorator)."""
+    """Register a :class:`Strategy` subclass under its ``name`` (a decorator).
+
+    A name of your own may be registered again (a notebook cell run twice
+    defines the class anew); a built-in strategy's name is refused, since
+    every run in this process asking for it would get the other class.
+
+    Examples
+    --------
+    >>> class Mine(Uniform):
+    ...     name = "uniform"
+    >>> register_strategy(Mine)
+    Traceback (most recent call last):
+    ...
+    ValueError: 'uniform' is a built-in strategy's name: give Mine another name
+    """
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise TypeError(f"register_strategy takes a Strategy subclass, but got {cls!r}")
     if not cls.name:
         raise ValueError(f"{cls.__name__}.name should be a non-empty string")
+    if cls.name in _BUILT_IN and STRATEGIES.get(cls.name) is not cls:
+        raise ValueError(f"{cls.name!r} is a built-in strategy's name: give {cls.__name__} "
+                         "another name")
     STRATEGIES[cls.name] = cls
     return cls
 
 
+_BUILT_IN: frozenset[str] = frozenset()
 for _cls in (Uniform, Projection, Length, Loss, SelectiveBackprop, UpperBound, InfoBatch):
     register_strategy(_cls)
+_BUILT_IN = frozenset(STRATEGIES)
 
 
 def unknown_options(strategy: str, options: Mapping[str, Any]) -> tuple[list[str], list[str]]:
