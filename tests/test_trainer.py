@@ -747,3 +747,45 @@ def test_numbers_of_numpy_types_are_taken_and_other_bad_budgets_refused_early(sm
         client.close()
         with pytest.raises(ValueError, match="client is closed: give a running"):
             daskpri.Trainer(model, client=client)
+
+
+class _Misbehaving(daskpri.strategies.uniform.Uniform):
+    """A strategy of one's own whose ``select`` breaks the contract as told."""
+
+    name = "misbehaving"
+
+    def __init__(self, how: str = "short", batch_size: int = 8) -> None:
+        super().__init__(batch_size=batch_size)
+        self.how = how
+
+    def select(self, ctx):
+        from daskpri.strategies.base import Selection
+
+        good = super().select(ctx)
+        if self.how == "short":
+            return good[:1]
+        if self.how == "range":
+            return [Selection(train=np.array([10**9]))] + good[1:]
+        if self.how == "other":
+            return [good[1], good[0]]
+        return [list(sel.train) for sel in good]
+
+
+@pytest.mark.parametrize(("how", "message"), [
+    ("short", "should return a list of 2 Selections, one for each worker slot, but returned "
+              "list of 1"),
+    ("range", r"should give sample indices in \[0, 1600\), but slot 0's train holds 1000000000"),
+    ("other", "should give each worker slot samples of its own partitions"),
+    ("lists", "should return Selections, but slot 0's is a list"),
+])
+def test_a_strategy_of_ones_own_is_held_to_the_selection_contract(
+    gpu_client, small_data, how, message
+):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy=_Misbehaving(how),
+                              client=gpu_client)
+    try:
+        with pytest.raises(ValueError, match=f"strategy 'misbehaving': select {message}"):
+            trainer.fit(train, max_steps=2, progress=False)
+    finally:
+        trainer.close()

@@ -88,7 +88,7 @@ class TableRun:
         self.groups = [self.table.indices_of(np.flatnonzero(owner == s)) for s in range(n_slots)]
 
     def select(self, step: int, inflight: np.ndarray | None = None) -> list[Selection]:
-        return self.strategy.select(self._context(step, inflight))
+        return self._checked(self.strategy.select(self._context(step, inflight)))
 
     def select_round(
         self, step: int, count: int, inflight: np.ndarray | None = None
@@ -98,8 +98,49 @@ class TableRun:
         if count > 1:
             rounds = self.strategy.select_round(self._context(step, inflight), count)
             if rounds is not None:
-                return rounds
+                return [self._checked(r) for r in rounds]
         return [self.select(step + i, inflight) for i in range(count)]
+
+    def _checked(self, selections: Any) -> list[Selection]:
+        """A strategy's selections of a step, refused by rule where one breaks the contract.
+
+        Built-in strategies are trusted (their tests hold them to it); a
+        strategy of one's own would otherwise fail deep in a worker, or
+        silently leave a worker idle.
+        """
+        if type(self.strategy).__module__.startswith("daskpri.strategies."):
+            return selections
+        n_slots, n = len(self.groups), self.table.n_samples
+        who = f"strategy {self.strategy.name!r}: select"
+
+        def refuse(rule: str) -> None:
+            raise ValueError(f"{who} {rule}")
+
+        if not isinstance(selections, list | tuple) or len(selections) != n_slots:
+            refuse(f"should return a list of {n_slots} Selections, one for each worker slot, "
+                   f"but returned {type(selections).__name__}"
+                   + (f" of {len(selections)}" if isinstance(selections, list | tuple) else ""))
+        for slot, sel in enumerate(selections):
+            if not isinstance(sel, Selection):
+                refuse(f"should return Selections, but slot {slot}'s is a {type(sel).__name__}")
+            for part in ("train", "score"):
+                rows = getattr(sel, part)
+                if not (isinstance(rows, np.ndarray) and rows.ndim == 1
+                        and (rows.dtype.kind in "iu" or rows.size == 0)):
+                    refuse(f"should give each Selection's {part} as a 1-D numpy array of sample "
+                           f"indices, but slot {slot}'s is {type(rows).__name__}"
+                           + (f" of dtype {rows.dtype}" if isinstance(rows, np.ndarray) else ""))
+                if rows.size and (rows.min() < 0 or rows.max() >= n):
+                    refuse(f"should give sample indices in [0, {n}), but slot {slot}'s {part} "
+                           f"holds {int(rows.min() if rows.min() < 0 else rows.max())}")
+                if rows.size and (self.owner[self.table.partition_of(rows)] != slot).any():
+                    refuse(f"should give each worker slot samples of its own partitions "
+                           f"(SelectContext.candidates(slot)), but slot {slot}'s {part} holds "
+                           "another slot's")
+            if sel.weights is not None and np.shape(sel.weights) != sel.train.shape:
+                refuse(f"should give weights of train's shape, but slot {slot}'s are of shape "
+                       f"{np.shape(sel.weights)} for {sel.train.size} samples")
+        return list(selections)
 
     def select_round_arrays(
         self, step: int, count: int, inflight: np.ndarray | None = None
