@@ -61,6 +61,23 @@ def test_registry_and_errors():
         STRATEGIES.pop("mine-twice", None)
 
 
+def test_params_are_the_init_arguments_kept_not_other_attributes():
+    uniform = STRATEGIES["uniform"]
+
+    class Counting(uniform):
+        name = "counting"
+
+        def __init__(self, k: int = 3, batch_size: int = 64) -> None:
+            super().__init__(batch_size=batch_size)
+            self.k = k
+            self.seen = 0  # state, not a parameter: a resumed run could not pass it back
+
+    s = Counting(k=5)
+    assert s.get_params() == {"k": 5, "batch_size": 64}
+    assert type(s)(**s.get_params()).get_params() == s.get_params()
+    assert repr(s) == "Counting(k=5, batch_size=64)"
+
+
 def test_uniform_walks_a_shuffled_epoch_per_worker():
     s = get_strategy("uniform")
     ctx = make_ctx([6, 6], [0, 1], batch_size=4)

@@ -16,6 +16,7 @@ A strategy has two halves, both small:
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -358,8 +359,20 @@ class Strategy(abc.ABC):
         return int(own or batch_size)
 
     def get_params(self) -> dict[str, Any]:
-        """The strategy's parameters, as given to ``__init__``."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        """The strategy's parameters, as given to ``__init__``.
+
+        Those of its ``__init__``'s arguments that it keeps as attributes of
+        the same name, as scikit-learn's estimators do: a checkpoint stores
+        them, and a resumed run passes them to ``__init__`` again, so other
+        attributes (counters, caches) are left out. An ``__init__`` taking
+        ``**options`` gives every public attribute.
+        """
+        params = inspect.signature(type(self)).parameters.values()
+        public = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return public
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return {k: public[k] for k in names if k in public}
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
