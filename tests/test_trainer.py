@@ -484,7 +484,7 @@ def test_fit_in_background_returns_a_future_of_the_history(gpu_client, small_dat
         # nor a fit of this thread: two loops would step one model
         with pytest.raises(RuntimeError, match="a fit is already running"):
             trainer.fit(train, max_steps=300, progress=False)
-        with pytest.raises(TypeError, match="unexpected keyword arguments: max_step"):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'max_step'"):
             trainer.fit_in_background(train, max_step=3)
         history = future.result(timeout=120)
         assert history.sizes["step"] == 150 and trainer.step_ == 150

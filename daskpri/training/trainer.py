@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import inspect
 import math
 import os
 import threading
@@ -569,18 +570,16 @@ class Trainer(RunMixin):
         >>> trainer.dashboard()  # doctest: +SKIP
         >>> history = future.result()  # doctest: +SKIP
         """
-        options = {"max_steps": None, "max_time": None, "target_accuracy": None,
-                   "progress": False}
-        unknown = sorted(set(kwargs) - set(options))
-        if unknown:
-            raise TypeError(f"fit() got unexpected keyword arguments: {', '.join(unknown)}")
-        options.update(kwargs)
+        kwargs.setdefault("progress", False)
+        # fit's arguments, checked here as fit would check them, with its defaults
+        bound = inspect.signature(self.fit).bind(data, eval_data, **kwargs)
+        bound.apply_defaults()
         if not self._fitting.acquire(blocking=False):  # released by the fit's thread
             raise RuntimeError(_FIT_RUNNING)
 
         def run() -> xr.Dataset:
             try:
-                return self._fit_holding(data, eval_data, **options)
+                return self._fit_holding(*bound.args, **bound.kwargs)
             finally:
                 self._fitting.release()
 
