@@ -159,6 +159,9 @@ def test_bad_input_gives_clear_errors(gpu_client, small_data):
         model=build_model("mlp", train.assign_attrs(n_classes=4)),
     )
     attempt(train.isel(sample=slice(0, 0)), "at least one sample|sample")
+    attempt(train, r"the model's parameters should be float32, as the data daskpri feeds it "
+            r"is, but some are float64; call model.float\(\)",
+            model=build_model("mlp", train).double())
     attempt(train, "resources=.*TPU.*dask worker .* --resources TPU=1", resources={"TPU": 1})
     with pytest.raises(ValueError, match="max_steps= or max_time="):
         daskpri.Trainer(model, client=gpu_client).fit(train)

@@ -238,6 +238,14 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
     The check runs the model in evaluation mode, so that it leaves batch
     norm's running statistics as they were.
     """
+    other = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                    if p.is_floating_point() and p.dtype != torch.float32})
+    if other:  # the data reaches the replicas as float32
+        raise ValueError(
+            f"the model's parameters should be float32, as the data daskpri feeds it is, but "
+            f"some are {', '.join(other)}; call model.float() (lower-precision scoring passes "
+            "are a strategy's score_dtype option)"
+        )
     n_classes = info.get("n_classes")
     y_max = int(ds["y"].max().compute()) if n_classes is None else None
     x0 = torch.as_tensor(np.asarray(ds["x"].isel(sample=slice(0, 2)).values, dtype=np.float32))
