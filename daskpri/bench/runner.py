@@ -120,8 +120,8 @@ class _Clusters:
         self._client: Client | None = None
         self._n = 0
 
-    def client(self, n_workers: int, *, why: str = "") -> Client:
-        """A client of ``n_workers`` workers; ``why`` says, in the error, what needs them."""
+    def client(self, n_workers: int, *, for_ddp: bool = False) -> Client:
+        """A client of ``n_workers`` workers (``for_ddp``: DDP's runs are what need that many)."""
         if self.scheduler is not None:
             if self._client is None:
                 try:
@@ -133,9 +133,10 @@ class _Clusters:
             have = len(cluster_workers(self._client))
             if have < n_workers:
                 raise ValueError(
-                    f"the benchmark needs {n_workers} workers{why}, but the scheduler at "
-                    f"{self.scheduler} has {have}; start more or pass --workers up to {have}"
-                    + (" and --no-ddp" if why else "")
+                    f"the benchmark needs {n_workers} workers"
+                    + (" (DDP's overhead runs pair 2 processes with 2 workers)" if for_ddp else "")
+                    + f", but the scheduler at {self.scheduler} has {have}; start more or pass "
+                    f"--workers up to {have}" + (" and --no-ddp" if for_ddp else "")
                 )
             return self._client
         if self._client is None or self._n != n_workers:
@@ -489,6 +490,20 @@ def _invocation(machine: Mapping[str, Any], runs: int) -> dict[str, Any]:
             "load_average_end": machine.get("load_average_end")}
 
 
+def workers_needed(config: BenchConfig) -> tuple[int, bool]:
+    """The most workers any run of ``config`` needs, and whether DDP's runs set that number.
+
+    Examples
+    --------
+    >>> workers_needed(BenchConfig(workers=(1,))), workers_needed(BenchConfig(workers=(1, 4)))
+    ((2, True), (4, False))
+    """
+    largest = max(config.workers)
+    if config.ddp and DDP_PROCESSES > largest:
+        return DDP_PROCESSES, True
+    return largest, False
+
+
 def check_sizes(config: BenchConfig, sizes: Mapping[str, int]) -> None:
     """Refuse a dataset too small for a batch on every worker of the largest count.
 
@@ -504,7 +519,7 @@ def check_sizes(config: BenchConfig, sizes: Mapping[str, int]) -> None:
     ...
     ValueError: --n-samples: mnist1d has 100 training samples, fewer than a batch of 64 on ...
     """
-    n = max((*config.workers, *((DDP_PROCESSES,) if config.ddp else ())))
+    n, _ = workers_needed(config)
     for name, size in sizes.items():
         if size < config.batch_size * n:
             raise ValueError(
@@ -590,10 +605,8 @@ def run_bench(
     try:
         with _Clusters(config.scheduler) as clusters:
             if config.scheduler is not None:  # every worker the runs need, before the first
-                ddp = config.ddp and DDP_PROCESSES > max(config.workers)
-                clusters.client(max((*config.workers, *((DDP_PROCESSES,) if ddp else ()))),
-                                why=" (DDP's overhead runs pair 2 processes with 2 workers)"
-                                if ddp else "")
+                n, for_ddp = workers_needed(config)
+                clusters.client(n, for_ddp=for_ddp)
             while specs := next_runs(config, sizes, records):
                 for spec in specs:
                     if spec in attempted:  # a protocol bug; never loop forever on it
