@@ -45,6 +45,19 @@ def test_per_sample_grads_match_a_loop_for_mlp_and_cnn():
 
 
 
+def test_per_sample_grads_of_frozen_parameters_are_zeros_and_the_rest_match_a_loop():
+    torch.manual_seed(1)
+    module = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
+    expected = _loop_grads(module, x, y)
+    module[0].weight.requires_grad_(False)
+    grads, _, _ = Replica(module, "cpu").per_sample_grads(x, y)
+    frozen = module[0].weight.numel()
+    # the frozen weight comes first in the flat layout
+    assert torch.count_nonzero(grads[:, :frozen]) == 0
+    torch.testing.assert_close(grads[:, frozen:], expected[:, frozen:], rtol=1e-5, atol=1e-6)
+
+
 def _dropout_mlp(p: float, n_in: int = 5, n_out: int = 3) -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Linear(n_in, 16), torch.nn.ReLU(), torch.nn.Dropout(p), torch.nn.Linear(16, n_out)

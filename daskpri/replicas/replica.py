@@ -300,13 +300,19 @@ class Replica:
         Random layers (dropout) draw for each sample its own values, as a
         forward pass over the whole batch in training mode would; vmap's
         default would refuse them.
+
+        Frozen parameters (``requires_grad=False``) get no gradient: their
+        columns are zeros, so they add nothing to a score (a norm or a
+        projection) and cost no backward pass.
         """
-        params = {k: v.detach() for k, v in self.module.named_parameters()}
+        named = list(self.module.named_parameters())
+        params = {k: v.detach() for k, v in named if v.requires_grad}
+        frozen = {k: v.detach() for k, v in named if not v.requires_grad}
         buffers = {k: v.detach() for k, v in self.module.named_buffers()}
         module = self.module
 
         def loss_one(p: dict, b: dict, xi: torch.Tensor, yi: torch.Tensor) -> tuple:
-            logits = functional_call(module, (p, b), (xi.unsqueeze(0),))
+            logits = functional_call(module, (p, frozen, b), (xi.unsqueeze(0),))
             return F.cross_entropy(logits, yi.unsqueeze(0)), logits.squeeze(0)
 
         step = vmap(
@@ -315,7 +321,14 @@ class Replica:
             randomness="different",
         )
         grads, (losses, logits) = step(params, buffers, x, y)
-        flat = torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1)
+        n = x.shape[0]
+        flat = torch.cat(
+            [
+                grads[k].reshape(n, -1) if k in grads else x.new_zeros(n, v.numel())
+                for k, v in named
+            ],
+            dim=1,
+        )
         return flat, losses, logits
 
 
