@@ -97,3 +97,20 @@ def test_history_zarr_store_opens_without_warning(tmp_path):
         warnings.simplefilter("error")  # e.g. "Failed to open Zarr store with consolidated ..."
         with xr.open_zarr(path) as back:
             assert back["n_workers"].values.tolist() == [2, 2, 1, 2]
+
+
+def test_a_step_that_trained_on_no_samples_records_no_loss_rather_than_zero():
+    import torch
+
+    from daskpri.replicas.worker import StepResult
+    from daskpri.training.rounds import combine, nonfinite, step_record
+
+    empty = StepResult(torch.zeros(3), 0, np.empty(0, np.int64), np.empty(0), 0.0, 0, 0, 0.01,
+                       "tcp://w", "cpu", 1)
+    total = combine([empty, empty], local_steps=1)
+    assert nonfinite(total, 5, 1, 1) is None  # nothing went wrong: nothing to train on
+    record = step_record(total, 0.0, step=5, skipped=False, elapsed=1.0, rate=0.1, prev={},
+                         step_time=0.02, selection_time=0.0, optimizer_time=0.0,
+                         selected_ahead=False)
+    assert math.isnan(record["loss"]) and math.isnan(record["train_accuracy"])
+    assert record["samples"] == record["grad_samples"] == 0

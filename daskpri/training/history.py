@@ -10,7 +10,7 @@ import xarray as xr
 #: Per-step scalar metrics, with their units and meaning (``attrs``).
 STEP_VARIABLES: dict[str, tuple[str, str]] = {
     "time": ("s", "training wall time since the first fit began, evaluation excluded"),
-    "loss": ("", "mean training loss of the samples processed in the step"),
+    "loss": ("", "mean training loss of the samples processed in the step (NaN: none)"),
     "selection_digest": ("", "CRC-32 of the samples selected in the step, to compare runs"),
     "skipped": ("", "1 where the step's loss or gradient was non-finite and it was skipped"),
     "accuracy": ("", "accuracy on eval_data (NaN between evaluations)"),

@@ -149,9 +149,10 @@ def step_record(
         "selection_digest": selection_digest,
         "skipped": float(skipped),
         "time": elapsed,
-        "loss": total.loss_sum / max(n_loss, 1),
+        # a step that trained on no samples has no loss: NaN, not 0.0
+        "loss": total.loss_sum / n_loss if n_loss else math.nan,
         "lr": rate,
-        "train_accuracy": sum(r.correct for r in results) / max(n_loss, 1),
+        "train_accuracy": sum(r.correct for r in results) / n_loss if n_loss else math.nan,
         "samples": prev.get("samples", 0) + n_samples,
         "grad_samples": prev.get("grad_samples", 0) + total.n_grad,
         "samples_per_second": n_samples / step_time,
