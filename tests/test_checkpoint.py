@@ -230,6 +230,17 @@ def test_resume_needs_a_matching_model(tmp_path):
         daskpri.Trainer.resume(path, model=torch.nn.Linear(4, 2))
 
 
+def test_resume_of_an_unregistered_strategy_says_how_to_register_it(tmp_path):
+    net = torch.nn.Linear(3, 2)
+    state = _whole(model=net.state_dict(), strategy={"name": "mine", "params": {"k": 2}})
+    path = checkpoint.write(state, tmp_path / "m")
+    with pytest.raises(ValueError, match=re.escape(
+        "the checkpoint's strategy 'mine' is not registered in this process: define its class "
+        "and decorate it with daskpri.register_strategy (with name = 'mine') before resuming"
+    )):
+        daskpri.Trainer.resume(path, model=net)
+
+
 def test_a_1d_cnn_checkpoint_saved_with_1d_weight_shapes_resumes_exactly(
     gpu_client, small_data, tmp_path
 ):

@@ -718,7 +718,14 @@ class Trainer(RunMixin):
         except RuntimeError as e:
             raise ValueError(f"model does not match the checkpoint's architecture: {e}") from None
         params = dict(state["trainer"], **overrides)
-        strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])
+        name = state["strategy"]["name"]
+        if name not in STRATEGIES:
+            raise ValueError(
+                f"the checkpoint's strategy {name!r} is not registered in this process: "
+                f"define its class and decorate it with daskpri.register_strategy (with "
+                f"name = {name!r}) before resuming"
+            )
+        strategy = get_strategy(name, **state["strategy"]["params"])
         # the run's own clipping: None there is none, whatever the config says now
         # (a checkpoint from before the option has none)
         with dask.config.set({"daskpri.trainer.max-grad-norm": None}):
