@@ -73,6 +73,11 @@ def test_checkpoint_every_writes_the_latest_state(gpu_client, small_data, tmp_pa
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
     with pytest.raises(ValueError, match="checkpoint_every= needs checkpoint_path="):
         daskpri.Trainer(build_model("mlp", train), checkpoint_every=3)
+    with pytest.raises(ValueError, match=re.escape(
+        f"checkpoint_path should be a file's path, but got {str(tmp_path)!r}, which is a "
+        "directory"
+    )):
+        daskpri.Trainer(build_model("mlp", train), checkpoint_path=tmp_path)
 
 
 def test_a_stopped_fit_is_checkpointed_where_it_stopped(gpu_client, small_data, tmp_path):

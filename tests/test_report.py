@@ -187,6 +187,11 @@ def test_report_never_replaces_its_histories_nor_compares_other_data(tmp_path: P
                        r"dataset 'digits' \(the run's: 'mnist1d'\)"):
         write_report(run, tmp_path / "r.html", baseline=base)
     assert not (tmp_path / "r.html").exists()
+    with pytest.raises(ValueError, match=re.escape(
+        f"output_html should be a file's path, but got {str(tmp_path)!r}, which is a directory"
+    )):
+        write_report(run, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.nc", "run.nc"]
 
 
 def test_report_of_a_run_never_evaluated(tmp_path: Path) -> None:

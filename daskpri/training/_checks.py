@@ -144,6 +144,11 @@ def check_checkpoint(
         raise TypeError(
             f"checkpoint_path should be a path, but got {type(checkpoint_path).__name__}"
         )
+    if checkpoint_path is not None and os.path.isdir(checkpoint_path):
+        raise ValueError(
+            f"checkpoint_path should be a file's path, but got {os.fspath(checkpoint_path)!r}, "
+            "which is a directory"
+        )
     return None if checkpoint_path is None else os.fspath(checkpoint_path)
 
 
