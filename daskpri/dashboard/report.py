@@ -178,8 +178,8 @@ def write_report(
     if not isinstance(output_html, (str, os.PathLike)):
         raise TypeError(f"output_html should be a path, but got {type(output_html).__name__}")
     if os.path.isdir(output_html):
-        raise ValueError(f"output_html should be a file's path, but got {os.fspath(output_html)!r}, "
-                         "which is a directory")
+        raise ValueError(f"output_html should be a file's path, but got "
+                         f"{os.fspath(output_html)!r}, which is a directory")
     for name, source in (("history", history), ("baseline", baseline)):
         if isinstance(source, (str, os.PathLike)) and _same_path(source, output_html):
             raise ValueError(f"output_html {os.fspath(output_html)!r} is the {name} itself: "
