@@ -586,6 +586,60 @@ def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
         thread.join(10)
 
 
+def test_the_standalone_page_answers_while_it_waits_on_a_silent_scheduler():
+    """Connecting waits out its timeout without holding the document's lock."""
+    import socket
+
+    silent = socket.socket()  # accepts connections, never says a word
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    box: dict = {}
+    ready = threading.Event()
+
+    def serve():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        server = make_server(f"tcp://127.0.0.1:{silent.getsockname()[1]}", port=0)
+        server.start()
+        box["server"] = server
+        ready.set()
+        server.io_loop.start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    server = box["server"]
+    try:
+        status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # its first refresh
+        assert status == 200                                          # starts connecting
+        [session] = server.get_sessions("/daskpri")
+        time.sleep(1.0)
+        conn, _ = silent.accept()  # the connection is there, its handshake unanswered
+        waited: dict = {}
+
+        async def lock_the_document() -> None:
+            t0 = time.monotonic()
+            await session.with_document_locked(lambda: None)
+            waited["s"] = time.monotonic() - t0
+
+        done = threading.Event()
+        server.io_loop.add_callback(
+            lambda: asyncio.ensure_future(lock_the_document()).add_done_callback(
+                lambda _: done.set()))
+        assert done.wait(30)
+        # held through the connect, the lock would be free only after its 10 s timeout
+        assert waited["s"] < 5, waited
+        conn.close()
+    finally:
+
+        def stop() -> None:
+            server.stop()
+            server.io_loop.stop()
+
+        server.io_loop.add_callback(stop)
+        thread.join(10)
+        silent.close()
+
+
 def test_a_closed_uniform_run_stays_the_baseline_of_the_next_run(small_data):
     """Trainers used as context managers close their runs: the page keeps them."""
     train, test = small_data

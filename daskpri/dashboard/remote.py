@@ -16,11 +16,11 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from bokeh.document import Document
+from bokeh.document import Document, without_document_lock
 from distributed import Client
 
 from daskpri import _config
@@ -37,12 +37,37 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
     """Build the page in ``doc``, fed by the scheduler at ``scheduler_address``.
 
     The session connects its own asynchronous Client on its first refresh
-    and closes it with the session.
+    and closes it with the session. A refresh waits on the scheduler
+    without the document's lock (connecting can take the whole connect
+    timeout while the scheduler is away), so the page's widgets answer
+    meanwhile; it reads and changes the page in next-tick callbacks.
     """
     dash = DaskpriDashboard()
     state: dict[str, Any] = {"client": None, "busy": False, "strategies": {}, "wait": 0.0,
                              "said": None}
 
+    async def locked(fn: Callable[[], Any]) -> Any:
+        """``fn()`` run under the document's lock, in a next-tick callback."""
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def run() -> None:
+            if done.cancelled():
+                return
+            try:
+                done.set_result(fn())
+            except Exception as e:
+                done.set_exception(e)
+
+        doc.add_next_tick_callback(run)
+        return await done
+
+    def choose() -> tuple[str | None, dict[str, Any]]:
+        name = dash.set_runs(state["strategies"])
+        if name is None or name not in state["strategies"]:
+            return None, {}
+        return name, dash.request()
+
+    @without_document_lock
     async def refresh() -> None:
         if state["busy"] or time.monotonic() < state["wait"]:  # waiting, or backing off
             return
@@ -55,10 +80,9 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
                 )
             rpc = state["client"].scheduler
             state["strategies"] = await run_strategies(rpc, state["strategies"])
-            name = dash.set_runs(state["strategies"])
-            if name is None or name not in state["strategies"]:
+            name, args = await locked(choose)
+            if name is None:
                 return
-            args = dash.request()
             snap = await snapshot_from_rpc(
                 rpc,
                 name,
@@ -67,7 +91,7 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
                 baseline=args["baseline_name"],
                 baseline_cursor=args["baseline_cursor"],
             )
-            dash.show(snap)
+            await locked(partial(dash.show, snap))
             state["said"] = None
         except Exception as e:  # a run closed meanwhile, no table yet, or no scheduler
             client = state["client"]
