@@ -45,6 +45,34 @@ def test_resumed_run_selects_the_same_samples_and_reaches_the_same_weights(
         b.close()
 
 
+def test_a_run_resumed_on_fewer_workers_keeps_its_partitions(gpu_client, small_data, tmp_path):
+    train, _ = small_data
+    path = tmp_path / "two.ckpt"
+    a = daskpri.Trainer(build_model("mlp", train, seed=1), strategy="loss", client=gpu_client)
+    try:
+        a.fit(train, max_steps=6, progress=False)
+        a.save(path)
+        offsets = a._remote.state_dict()["table"]["offsets"].tolist()
+    finally:
+        a.close()
+    assert len(offsets) == 3  # cut for two workers: the data is not chunked
+    b = daskpri.Trainer.resume(path, client=gpu_client, n_workers=1)
+    try:
+        h = b.fit(train, max_steps=10, progress=False)
+        assert h["step"].values.tolist() == list(range(10))
+        assert h["n_workers"].values[6:].tolist() == [1] * 4
+        assert b._remote.state_dict()["table"]["offsets"].tolist() == offsets
+    finally:
+        b.close()
+    c = daskpri.Trainer.resume(path, client=gpu_client)
+    try:
+        with pytest.raises(ValueError, match=r"^the checkpoint's run trained on 1600 samples, "
+                           r"but the data has 1000: resume it with its own data$"):
+            c.fit(train.isel(sample=slice(0, 1000)), max_steps=10, progress=False)
+    finally:
+        c.close()
+
+
 class _SavesCounted(daskpri.Trainer):
     """A trainer that notes the step of each checkpoint it writes."""
 

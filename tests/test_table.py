@@ -119,6 +119,9 @@ def test_state_dict_round_trip_and_mismatch():
     assert u.staleness == "exp-linear" and u.n_updates == 2
     with pytest.raises(ValueError, match="partitions do not match"):
         PriorityTable([6]).load_state_dict(t.state_dict())
+    with pytest.raises(ValueError, match=r"2 partitions of 6 samples in the state, 2 of 6 here, "
+                       r"cut at 3 there and 2 here$"):
+        PriorityTable([2, 4]).load_state_dict(t.state_dict())
 
 
 def test_forget_makes_samples_unseen():

@@ -289,6 +289,8 @@ class PriorityTable:
                 "the state's partitions do not match this table's: "
                 f"{len(offsets) - 1} partitions of {int(offsets[-1])} samples in the state, "
                 f"{self.n_partitions} of {self.n_samples} here"
+                + (f", cut at {_cuts(offsets)} there and {_cuts(self.offsets)} here"
+                   if offsets[-1] == self.n_samples and len(offsets) == len(self.offsets) else "")
             )
         arrays = {k: np.asarray(state[k]) for k in ("current", "version", "older_p", "older_t")}
         for k, a in arrays.items():
@@ -334,3 +336,9 @@ def _topk_positions(
             return pool[:want]
         return pool[rng.choice(pool.size, size=want, replace=False)]
     return np.argpartition(est, est.size - want)[est.size - want :]
+
+
+def _cuts(offsets: np.ndarray, shown: int = 6) -> str:
+    """The first partition boundaries of ``offsets``, for a message."""
+    inner = [int(v) for v in offsets[1:-1]]
+    return ", ".join(map(str, inner[:shown])) + (", ..." if len(inner) > shown else "")

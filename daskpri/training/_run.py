@@ -128,7 +128,17 @@ class RunMixin:
                     f"n_workers={self.n_workers} but the cluster has {len(addrs)} suitable workers"
                 )
             addrs = addrs[: self.n_workers]
-        bounds = partition_bounds(ds, self.partition_size, len(addrs))
+        if self._resume_state is not None:
+            # the run's own cut, whatever the number of workers now: its table and
+            # selections go on only over the partitions they were made for
+            bounds = np.asarray(self._resume_state["table"]["table"]["offsets"], dtype=np.int64)
+            if int(bounds[-1]) != ds.sizes["sample"]:
+                raise ValueError(
+                    f"the checkpoint's run trained on {int(bounds[-1])} samples, but the data "
+                    f"has {ds.sizes['sample']}: resume it with its own data"
+                )
+        else:
+            bounds = partition_bounds(ds, self.partition_size, len(addrs))
         # the data and its cut as one worker would have it: a cluster that grew or
         # shrank between fits keeps the run (its partitions move, see _follow_cluster)
         key = (
