@@ -792,3 +792,30 @@ def test_a_strategy_of_ones_own_is_held_to_the_selection_contract(
             trainer.fit(train, max_steps=2, progress=False)
     finally:
         trainer.close()
+
+
+def test_two_threads_asking_for_the_client_start_one_cluster(small_data, monkeypatch):
+    """A background fit and the caller's dashboard() both reach for it at once."""
+    import daskpri.training.trainer as trainer_module
+
+    started = []
+
+    def slow_local_cluster(*args, **kwargs):
+        started.append(threading.get_ident())
+        time.sleep(0.5)  # the other thread comes in meanwhile
+        return local_cluster(*args, **kwargs)
+
+    local_cluster = trainer_module.local_cluster
+    monkeypatch.setattr(trainer_module, "local_cluster", slow_local_cluster)
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), n_workers=1)
+    clients = []
+    threads = [threading.Thread(target=lambda: clients.append(trainer.client)) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(started) == 1 and len(clients) == 2 and clients[0] is clients[1]
+    finally:
+        trainer.close()

@@ -330,6 +330,7 @@ class Trainer(RunMixin):
         self._metrics_sent = 0
         self._fit_thread: int | None = None  # the thread running a fit, if one does
         self._fitting = threading.Lock()  # held from a fit's call to its end: one at a time
+        self._starting = threading.Lock()  # held while the trainer starts its LocalCluster
         self._checkpointed = -1  # the step last written to checkpoint_path
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
@@ -344,10 +345,14 @@ class Trainer(RunMixin):
     def client(self) -> Client:
         """The client in use (a LocalCluster's, started on first use)."""
         if self._client is None:
-            self._own_cluster = local_cluster(
-                self.n_workers or 2, resources=self.resources, security=self.security
-            )
-            self._client = Client(self._own_cluster)
+            # a background fit and a call from the caller's thread (dashboard())
+            # may both start it: one cluster, not two
+            with self._starting:
+                if self._client is None:
+                    self._own_cluster = local_cluster(
+                        self.n_workers or 2, resources=self.resources, security=self.security
+                    )
+                    self._client = Client(self._own_cluster)
         return self._client
 
     def close(self) -> None:
