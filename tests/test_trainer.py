@@ -819,3 +819,23 @@ def test_two_threads_asking_for_the_client_start_one_cluster(small_data, monkeyp
         assert len(started) == 1 and len(clients) == 2 and clients[0] is clients[1]
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    ("trainer.max-retries", -1, "an integer of at least 0"),
+    ("trainer.partition-size", "abc", "an integer of at least 1"),
+    ("table.histogram-bins", 0, "an integer of at least 1"),
+    ("trainer.step-timeout", "abc", "a duration, a number of seconds or a string like '30s'"),
+    ("trainer.no-workers-timeout", None, "a duration, a number of seconds or a string like '30s'"),
+])
+def test_a_bad_config_value_stops_a_fit_before_its_cluster_starts(small_data, key, value,
+                                                                   allowed):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), n_workers=1)
+    with (dask.config.set({f"daskpri.{key}": value}),
+          pytest.raises(ValueError, match=re.escape(
+              f"daskpri.{key} should be {allowed}, but got {value!r} (set it with "
+              f"dask.config.set("))):
+        trainer.fit(train, max_steps=1, progress=False)
+    assert trainer._own_cluster is None
+    trainer.close()

@@ -179,7 +179,7 @@ class RunMixin:
             seed=self.seed,
             batch_size=self.batch_size,
             staleness=self.staleness,
-            n_bins=int(_config.get("table.histogram-bins")),
+            n_bins=_config.get_int("table.histogram-bins", 1),
             info={
                 "strategy": self.strategy.name,
                 "params": repr(self.strategy),
@@ -291,7 +291,8 @@ class RunMixin:
         count = self.local_steps if limit is None else max(1, min(self.local_steps, limit))
         t_start = time.perf_counter()
         self._follow_cluster()  # charged to the round: its partitions move
-        for attempt in range(int(_config.get("trainer.max-retries")) + 1):
+        retries = _config.get_int("trainer.max-retries", 0)
+        for attempt in range(retries + 1):
             t0 = time.perf_counter()
             ahead = self._take_prefetched(step, count)
             selected_ahead = ahead is not None
@@ -311,7 +312,7 @@ class RunMixin:
                 break
             except (*LOST, StepTimeout) as e:
                 self._drop_prefetched()  # selected for the workers lost
-                if attempt == int(_config.get("trainer.max-retries")):
+                if attempt == retries:
                     raise RuntimeError(
                         f"step {step} failed {attempt + 1} times after losing workers: {e}"
                     ) from e

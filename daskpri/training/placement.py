@@ -145,7 +145,7 @@ def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int)
     if chunks is not None and partition_size is None and len(chunks) >= n_workers:
         return np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
     if partition_size is None:
-        partition_size = min(int(_config.get("trainer.partition-size")), math.ceil(n / n_workers))
+        partition_size = min(_config.get_int("trainer.partition-size", 1), math.ceil(n / n_workers))
     if not isinstance(partition_size, (int, np.integer)) or partition_size < 1:
         raise ValueError(
             "partition_size should be a positive integer, but got "

@@ -30,26 +30,32 @@ class SchedulerLostError(RuntimeError):
     """The scheduler stopped answering: the run cannot go on in this cluster."""
 
 
-def seconds(value: str | float) -> float:
-    """A duration from the config (seconds, or a string like ``"30s"``), in seconds."""
-    from dask.utils import parse_timedelta
-
-    return float(parse_timedelta(value, default="s"))
-
-
 def step_timeout() -> float:
     """The step timeout of the ``daskpri.trainer`` config, in seconds."""
-    return seconds(_config.get("trainer.step-timeout"))
+    return _config.get_seconds("trainer.step-timeout")
 
 
 def dask_timeout() -> float:
     """The no-workers timeout of the ``daskpri.trainer`` config, in seconds."""
-    return seconds(_config.get("trainer.no-workers-timeout"))
+    return _config.get_seconds("trainer.no-workers-timeout")
 
 
 def rescan_interval() -> float:
     """How often a run looks for workers that joined, from the ``daskpri.trainer`` config, in s."""
-    return seconds(_config.get("trainer.rescan-interval"))
+    return _config.get_seconds("trainer.rescan-interval")
+
+
+def check_config() -> None:
+    """Read the durations and counts of the ``daskpri.trainer`` config, raising on a bad one.
+
+    A fit calls it before sending any work, rather than finding a bad value
+    where it is first needed: after a failure.
+    """
+    for key in ("step-timeout", "no-workers-timeout", "rescan-interval", "scheduler-timeout"):
+        _config.get_seconds(f"trainer.{key}")
+    _config.get_int("trainer.max-retries", 0)
+    _config.get_int("trainer.partition-size", 1)
+    _config.get_int("table.histogram-bins", 1)
 
 
 def is_lost(ref: StoreRef | Future | None) -> bool:
@@ -79,7 +85,7 @@ def check_scheduler(client: Client, checkpoint_path: str | None) -> None:
     Waits ``daskpri.trainer.scheduler-timeout`` for an answer; the message
     names the checkpoint to resume from (``checkpoint_path``, if written).
     """
-    timeout = seconds(_config.get("trainer.scheduler-timeout"))
+    timeout = _config.get_seconds("trainer.scheduler-timeout")
     try:
         client.sync(client.scheduler.identity, callback_timeout=timeout)
         return

@@ -67,7 +67,12 @@ from daskpri.training.deployment import Deployment
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import parse_resources
-from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_timeout
+from daskpri.training.recovery import (
+    SchedulerLostError,
+    blame_scheduler,
+    check_config,
+    dask_timeout,
+)
 from daskpri.training.rounds import crossed
 from daskpri.training.schedule import validate_schedule
 
@@ -457,6 +462,7 @@ class Trainer(RunMixin):
         # read once per fit, so a bad value stops it before any work is sent
         self._prefetch_rounds = _config.get_bool("trainer.prefetch")
         self._keep_state = _config.get_bool("trainer.keep-state")
+        check_config()
         self._prepare(ds, info, data)
         self._setup_time += time.perf_counter() - t_setup
         if evalset is not None:
