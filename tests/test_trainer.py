@@ -839,3 +839,21 @@ def test_a_bad_config_value_stops_a_fit_before_its_cluster_starts(small_data, ke
         trainer.fit(train, max_steps=1, progress=False)
     assert trainer._own_cluster is None
     trainer.close()
+
+
+def test_close_drops_the_replicas_from_the_workers_even_when_closing_the_table_fails(
+    gpu_client, small_data
+):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), client=gpu_client)
+    trainer.fit(train, max_steps=2, progress=False)
+    name = trainer._plugin.name
+
+    def plugins(dask_worker):
+        return list(dask_worker.plugins)
+
+    assert all(name in p for p in gpu_client.run(plugins).values())
+    # closing the table fails (the scheduler runs in this process, and reads this)
+    with dask.config.set({"daskpri.table.keep-closed": -1}):
+        trainer.close()
+    assert not any(name in p for p in gpu_client.run(plugins).values())

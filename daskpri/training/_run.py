@@ -251,11 +251,17 @@ class RunMixin:
     def _release(self) -> None:
         """Drop the run's table, replicas and partitions from the cluster."""
         if self._client is not None and self._table is not None:
-            try:
-                self._table.close()
-                self._client.unregister_worker_plugin(self._plugin.name)
-            except Exception:  # the cluster may be gone already
-                pass
+            # each on its own: a table already gone must not keep the replicas and
+            # partitions (GPU memory among them) on the workers
+            for what, release in (
+                ("the table", self._table.close),
+                ("the replicas",
+                 functools.partial(self._client.unregister_worker_plugin, self._plugin.name)),
+            ):
+                try:
+                    release()
+                except Exception as e:  # the cluster, or that part of the run, gone already
+                    logger.debug("releasing %s of run %s: %r", what, self.run_id, e)
         self._data_key = None
         self._table = None
         if self._deployment is not None:
