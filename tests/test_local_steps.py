@@ -830,3 +830,53 @@ def test_a_channels_last_model_trains_in_rounds_as_in_plain_steps_and_keeps_its_
     h2, two = fit(4, 2)
     assert np.isfinite(h2["loss"].values).all() and (h2["n_workers"] == 2).all()
     assert not torch.equal(two, plain)
+
+
+def test_a_local_step_of_loss_draws_makes_the_drivers_unbiased_step_on_average():
+    """``loss`` draws over all workers, so each gets a varying share of the draws.
+
+    A local step divides its weighted sum by the draws a worker expects
+    (``rows_per_step``): the workers' mean after it is then the driver's
+    step ``sum(w g) / draws``. Divided by its own count, a worker with few,
+    heavily weighted draws took an outsized step, and the mean was biased.
+    """
+    from daskpri.strategies import SelectContext
+    from daskpri.table.table import PriorityTable
+
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
+    module = torch.nn.Linear(5, 3)
+    params = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+    bounds = np.array([0, 20, 40])
+    parts = {p: ArrayPart(x[a:b].numpy(), y[a:b].numpy(), int(a))
+             for p, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))}
+    table = PriorityTable([20, 20])  # the first worker's samples have the high losses
+    table.update(np.arange(40), np.concatenate([np.full(20, 3.0), np.full(20, 0.2)]), 0)
+    strategy = get_strategy("loss", epsilon=0.2)
+    assert strategy.draws_globally
+    ctx = SelectContext(table=table, groups=[np.arange(20), np.arange(20, 40)],
+                        owner=np.array([0, 1]), step=1, batch_size=8,
+                        rng=np.random.default_rng(4), state={})
+    sels = strategy.select(ctx)
+    counts = [s.train.size for s in sels]
+    assert sum(counts) == 16 and counts[0] > counts[1]  # shares of the draws differ
+
+    class _Worker:
+        address, handlers, state = "inproc://test", {}, None
+
+    after = []
+    for slot, sel in enumerate(sels):
+        plugin = ReplicaPlugin("t", pickle.dumps(module), 3)
+        plugin.setup(_Worker())
+        opt = make_optimizer("sgd", list(torch.nn.Linear(5, 3).parameters()), {"lr": 0.1})
+        local = LocalSteps("sgd", {"lr": 0.1, "momentum": 0.0}, opt.state_dict(), [0.1],
+                           rows_per_step=8)
+        shares = Shares.pack([sel], (0, 1, slot), bounds)
+        after.append(_train(plugin, Weights(0, params.clone()), strategy, shares, parts,
+                            local).params)
+    replica = Replica(torch.nn.Linear(5, 3), "cpu")
+    replica.load(Weights(0, params.clone()))
+    total = sum(replica.weighted_grad(x[s.train], y[s.train],
+                                      torch.as_tensor(s.weights, dtype=torch.float32))[0]
+                for s in sels)
+    torch.testing.assert_close(torch.stack(after).mean(0), params - 0.1 * total / 16)

@@ -46,6 +46,10 @@ class LocalSteps(TensorsAsNumpy):
     resume: str | None = None
     #: clip each step's gradient to this L2 norm (``None``: no clipping)
     max_grad_norm: float | None = None
+    #: divide a step's weighted gradient sum by this many rows, the draws a
+    #: worker expects per step, where the strategy draws over the whole dataset
+    #: (``Strategy.draws_globally``); ``None``: by the rows trained
+    rows_per_step: int | None = None
 
 
 def make_optimizer(

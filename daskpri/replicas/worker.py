@@ -560,7 +560,7 @@ def _train(
                 grad = c.grad
             elif c.n_grad:
                 # a non-finite gradient shows in the parameters: the driver drops the round
-                _mean_grad(replica, c.grad, c.n_grad)
+                _mean_grad(replica, c.grad, local.rows_per_step or c.n_grad)  # type: ignore[union-attr]
                 if local.max_grad_norm is not None:  # type: ignore[union-attr]
                     torch.nn.utils.clip_grad_norm_(params, local.max_grad_norm)  # type: ignore[union-attr]
                 for group in opt.param_groups:

@@ -251,6 +251,12 @@ class Strategy(abc.ABC):
     name: ClassVar[str] = ""
     #: the combined gradient is an unbiased estimate of the full gradient
     unbiased: ClassVar[bool] = False
+    #: the training samples are drawn over the whole dataset, importance-weighted
+    #: (``loss``): a worker's share of a step's draws varies, so a local step
+    #: divides its weighted sum by the draws a worker expects (the batch size),
+    #: not by those it got, and the workers' mean after a step is the driver's
+    #: unbiased one
+    draws_globally: ClassVar[bool] = False
     #: the driver keeps a running mean gradient and ships it with the weights
     uses_mean_grad: ClassVar[bool] = False
     #: selection reads the priorities of the previous step (top-k): it cannot

@@ -60,8 +60,12 @@ class Loss(Strategy):
     ``p = (1 - epsilon) L / sum(L) + epsilon / N`` (``L``: the last computed
     loss, the largest one for unseen samples) and weighted ``1 / (N p)``, so
     the combined gradient is an unbiased estimate of the full gradient. Each
-    draw is processed by the worker holding it. ``renew`` refreshes a
-    round-robin fraction of each worker's losses with a forward pass.
+    draw is processed by the worker holding it, so a worker's share of a
+    step's draws varies; in a round of local steps a worker divides its
+    weighted sum by the draws it expects (``batch_size``), not by those it
+    got, so that the workers' mean after a step is that same estimate.
+    ``renew`` refreshes a round-robin fraction of each worker's losses with
+    a forward pass.
 
     Parameters
     ----------
@@ -81,6 +85,7 @@ class Loss(Strategy):
 
     name = "loss"
     unbiased = True
+    draws_globally = True
 
     def __init__(
         self, epsilon: float = 0.2, renew: float = 0.0, batch_size: int | None = None

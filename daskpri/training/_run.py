@@ -408,6 +408,10 @@ class RunMixin:
                 keep=uuid.uuid4().hex[:12] if keep else None,
                 resume=resume,
                 max_grad_norm=self.max_grad_norm,
+                rows_per_step=(
+                    getattr(self.strategy, "batch_size", None) or self.batch_size
+                    if self.strategy.draws_globally else None
+                ),
             )
         try:
             return self._deployment.run(
