@@ -56,8 +56,18 @@ def _ds(n, chunk=None):
 
 def test_partition_bounds():
     assert partition_bounds(_ds(10), 4, 2).tolist() == [0, 4, 8, 10]
-    # at least one partition per worker
-    assert partition_bounds(_ds(10), None, 4).tolist() == [0, 3, 6, 9, 10]
+    # as many partitions for every worker, a sample apart in size
+    assert partition_bounds(_ds(10), None, 4).tolist() == [0, 2, 5, 7, 10]
+    with dask.config.set({"daskpri.trainer.partition-size": 1000}):
+        bounds = partition_bounds(_ds(2500), None, 2)  # was 1000, 1000, 500: 2000 and 500
+        assert bounds.tolist() == [0, 625, 1250, 1875, 2500]
+        assert np.bincount(assign_owners(np.diff(bounds), 2), np.diff(bounds)).tolist() == [
+            1250, 1250]
+        assert partition_bounds(_ds(16000), None, 2).tolist() == list(range(0, 16001, 1000))
+        sizes = np.diff(partition_bounds(_ds(16000), None, 3))  # 6 each, not 6, 5 and 5
+        assert sizes.size == 18 and set(sizes.tolist()) == {888, 889}
+        assert np.bincount(assign_owners(sizes, 3), sizes).tolist() == [5333, 5333, 5334]
+    assert partition_bounds(_ds(3), None, 4).tolist() == [0, 1, 2, 3]  # fewer samples
     assert partition_bounds(_ds(10, chunk=6), None, 2).tolist() == [0, 6, 10]  # zarr/dask chunks
     with pytest.raises(ValueError, match="partition_size should be a positive integer"):
         partition_bounds(_ds(10), 0, 2)
@@ -66,6 +76,10 @@ def test_partition_bounds():
 def test_owners_are_balanced_and_moved_only_when_lost():
     assert assign_owners(4, 4).tolist() == [0, 1, 2, 3]
     assert np.bincount(assign_owners(10, 3)).tolist() == [4, 3, 3]
+    # partitions of unequal sizes (a store's chunks) are balanced by their samples
+    sizes = np.array([1000, 1000, 500])
+    assert assign_owners(sizes, 2).tolist() == [0, 1, 1]
+    assert assign_owners(np.array([1000, 1, 1]), 3).tolist() == [0, 1, 2]  # one each
     assert reassign_owners(["a", "b", "b", "a"], ["a", "b"]) == ["a", "b", "b", "a"]
     assert reassign_owners(["a", "b", "b", "c"], ["a", "c"]) == ["a", "a", "c", "c"]
 

@@ -857,3 +857,25 @@ def test_close_drops_the_replicas_from_the_workers_even_when_closing_the_table_f
     with dask.config.set({"daskpri.table.keep-closed": -1}):
         trainer.close()
     assert not any(name in p for p in gpu_client.run(plugins).values())
+
+
+def test_unequal_shares_of_the_data_are_warned_of_and_the_default_cut_has_none(
+    gpu_client, small_data
+):
+    train, _ = small_data  # 1600 samples
+    trainer = daskpri.Trainer(build_model("mlp", train), client=gpu_client, partition_size=500)
+    try:
+        with pytest.warns(daskpri.DaskpriWarning, match=re.escape(
+            "the workers hold unequal shares of the data (1000, 600 samples, cut by "
+            "partition_size): each trains a batch a step from its own"
+        )):
+            trainer.fit(train, max_steps=1, progress=False)
+    finally:
+        trainer.close()
+    trainer = daskpri.Trainer(build_model("mlp", train), client=gpu_client)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            trainer.fit(train, max_steps=1, progress=False)
+    finally:
+        trainer.close()

@@ -113,7 +113,9 @@ class BenchConfig:
     n_samples : int, optional
         Samples of each dataset, train and test together (default: its own).
     partition_size : int
-        Samples per partition (as the trainer cuts in-memory data).
+        The largest partition: the trainer cuts in-memory data into as many
+        partitions for every worker, of at most this many samples
+        (``daskpri.trainer.partition-size``).
     ddp : bool
         Whether to measure PyTorch DDP (2 processes, gloo, 127.0.0.1).
     local_steps : int

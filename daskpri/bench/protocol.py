@@ -69,17 +69,19 @@ T = TypeVar("T")
 def group_sizes(n_samples: int, n_workers: int, partition_size: int) -> np.ndarray:
     """Samples each worker holds, as the trainer cuts and places in-memory data.
 
+    ``partition_size`` is the largest partition (``daskpri.trainer.partition-size``).
+
     Examples
     --------
     >>> group_sizes(16000, 2, 1000).tolist()
     [8000, 8000]
     >>> group_sizes(2500, 2, 1000).tolist()
-    [2000, 500]
+    [1250, 1250]
     """
-    size = min(partition_size, math.ceil(n_samples / n_workers))
-    bounds = np.unique(np.append(np.arange(0, n_samples, size), n_samples))
-    sizes = np.diff(bounds)
-    owner = np.arange(sizes.size) * n_workers // sizes.size
+    from daskpri.training.placement import assign_owners, even_bounds
+
+    sizes = np.diff(even_bounds(n_samples, partition_size, n_workers))
+    owner = assign_owners(sizes, n_workers)
     return np.bincount(owner, weights=sizes, minlength=n_workers).astype(np.int64)
 
 

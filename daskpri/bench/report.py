@@ -260,7 +260,7 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         "per-sample gradients, table updates, selection, communication — and excludes only "
         f"the evaluations), evaluating on the test set {_evaluations(config)}. "
         f"Comparison on {config.main_workers} worker(s), batch {config.batch_size} per worker, "
-        f"partitions of {config.partition_size} samples, "
+        f"partitions of at most {config.partition_size} samples, as many for every worker, "
         f"SGD with momentum {config.momentum:g}"
         + (f", gradients clipped to L2 norm {config.max_grad_norm:g} (in every run and "
            "baseline)" if config.max_grad_norm is not None else "")

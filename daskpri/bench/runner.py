@@ -17,6 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import xarray as xr
 from distributed import Client, LocalCluster
@@ -204,14 +205,17 @@ def _execute(
         client = clusters.client(spec.n_workers)
         fresh = STRATEGIES[spec.arm.strategy].needs_fresh_priorities
         try:
-            with one_torch_thread(), Trainer(
+            # partitions cut as the trainer cuts them by default, as many for every
+            # worker (the largest from the config, as the benchmark was given it)
+            with one_torch_thread(), dask.config.set(
+                {"daskpri.trainer.partition-size": config.partition_size}
+            ), Trainer(
                 model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
                 n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
                 learning_rate=spec.learning_rate, momentum=config.momentum,
                 max_grad_norm=config.max_grad_norm, eval_every=config.eval_every,
                 local_steps=1 if fresh else config.local_steps,
-                partition_size=config.partition_size, staleness=config.staleness,
-                **dict(spec.arm.options),
+                staleness=config.staleness, **dict(spec.arm.options),
             ) as trainer:
                 history = trainer.fit(train, eval_data=test, max_time=spec.budget,
                                       progress=False)

@@ -154,7 +154,8 @@ class RunMixin:
         check_strategy_model(self.strategy, self.model)
         self._n_classes = check_model(self.model, ds, info)
         sizes = np.diff(bounds)
-        owner = assign_owners(len(sizes), len(addrs))
+        owner = assign_owners(sizes, len(addrs))
+        self._warn_unequal_shares(sizes, owner, len(addrs))
         self._plugin = ReplicaPlugin(
             self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
         )
@@ -205,6 +206,29 @@ class RunMixin:
             )
             self._resume_state = None
         self._next_rescan = time.monotonic() + rescan_interval()
+
+    def _warn_unequal_shares(self, sizes: np.ndarray, owner: np.ndarray, n_slots: int) -> None:
+        """Warn where the workers' shares of the data differ by more than a tenth.
+
+        Each worker trains a batch a step from its own share (but for a
+        strategy that draws over the whole dataset), so the samples of a
+        smaller share are trained more often than the rest.
+        """
+        if self.strategy.draws_globally or n_slots < 2:
+            return
+        shares = np.bincount(owner, weights=sizes, minlength=n_slots).astype(np.int64)
+        if shares.max() <= 1.1 * shares.min():
+            return
+        cause = ("partition_size" if self.partition_size is not None
+                 else "the data's chunks along 'sample'")
+        warnings.warn(
+            f"the workers hold unequal shares of the data ({', '.join(map(str, shares))} "
+            f"samples, cut by {cause}): each trains a batch a step from its own, so the "
+            "samples of the smaller shares are trained more often; leave partition_size "
+            "unset and the data unchunked, or chunk it evenly, as many chunks for every worker",
+            DaskpriWarning,
+            stacklevel=5,
+        )
 
     def _follow_cluster(self) -> None:
         """Follow the workers that left the cluster or joined it, if any.

@@ -126,9 +126,11 @@ def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int)
 
     A dataset chunked along ``sample`` into at least ``n_workers`` chunks is
     cut at its chunks (one partition = one chunk). Otherwise it is cut into
-    pieces of ``partition_size``; with ``partition_size=None``, small enough
-    that every worker gets at least one partition. Fewer chunks than workers
-    (a netCDF file's contiguous variables open as one) would leave workers
+    pieces of ``partition_size``; with ``partition_size=None``, into as many
+    pieces for every worker, of at most ``daskpri.trainer.partition-size``
+    samples, their sizes a sample apart, so that the workers hold equal
+    shares (each trains a batch a step). Fewer chunks than workers (a
+    netCDF file's contiguous variables open as one) would leave workers
     without data.
 
     Examples
@@ -139,13 +141,17 @@ def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int)
     [0, 4, 8, 10]
     >>> partition_bounds(ds.chunk({"sample": -1}), None, 2).tolist()  # one chunk
     [0, 5, 10]
+    >>> partition_bounds(ds, None, 3).tolist()  # three equal shares
+    [0, 3, 6, 10]
+    >>> partition_bounds(ds, 4, 2).tolist()  # as given
+    [0, 4, 8, 10]
     """
     n = ds.sizes["sample"]
     chunks = ds["x"].chunksizes.get("sample") if ds["x"].chunks is not None else None
     if chunks is not None and partition_size is None and len(chunks) >= n_workers:
         return np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
     if partition_size is None:
-        partition_size = min(_config.get_int("trainer.partition-size", 1), math.ceil(n / n_workers))
+        return even_bounds(n, _config.get_int("trainer.partition-size", 1), n_workers)
     if not isinstance(partition_size, (int, np.integer)) or partition_size < 1:
         raise ValueError(
             "partition_size should be a positive integer, but got "
@@ -154,15 +160,55 @@ def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int)
     return np.unique(np.append(np.arange(0, n, partition_size), n)).astype(np.int64)
 
 
-def assign_owners(n_partitions: int, n_slots: int) -> np.ndarray:
-    """Worker slot of each partition: contiguous, balanced blocks.
+def even_bounds(n_samples: int, largest: int, n_workers: int) -> np.ndarray:
+    """Offsets of ``n_samples`` cut into as many pieces for every worker.
+
+    The pieces hold at most ``largest`` samples, their sizes a sample apart:
+    every worker trains a batch a step, so shares of the data that differed
+    would see some samples more often than others.
+
+    Examples
+    --------
+    >>> even_bounds(2500, 1000, 2).tolist()  # not 1000, 1000 and 500
+    [0, 625, 1250, 1875, 2500]
+    """
+    size = min(largest, math.ceil(n_samples / n_workers))
+    count = min(n_samples, math.ceil(math.ceil(n_samples / size) / n_workers) * n_workers)
+    return (np.arange(count + 1, dtype=np.int64) * n_samples) // max(count, 1)
+
+
+def assign_owners(sizes: np.ndarray | int, n_slots: int) -> np.ndarray:
+    """Worker slot of each partition: contiguous blocks, balanced by samples.
+
+    ``sizes`` are the partitions' sample counts (an int: that many
+    partitions of one size). A partition goes to the slot in whose share
+    of the samples its middle falls, where that gives the largest share
+    fewer samples than blocks of equal numbers of partitions do (and leaves
+    no slot without one); otherwise the blocks have equal numbers.
 
     Examples
     --------
     >>> assign_owners(5, 2).tolist()
     [0, 0, 0, 1, 1]
+    >>> assign_owners(np.array([1000, 1000, 500]), 2).tolist()  # 1000 and 1500
+    [0, 1, 1]
     """
-    return (np.arange(n_partitions) * n_slots // n_partitions).astype(np.int64)
+    if isinstance(sizes, (int, np.integer)):
+        sizes = np.ones(int(sizes), dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    by_count = (np.arange(sizes.size) * n_slots // max(sizes.size, 1)).astype(np.int64)
+    total = int(sizes.sum())
+    if not total:
+        return by_count
+    middles = np.cumsum(sizes) - sizes / 2
+    owner = np.minimum((middles * n_slots / total).astype(np.int64), n_slots - 1)
+    if np.unique(owner).size < min(n_slots, sizes.size):
+        return by_count
+
+    def largest(o: np.ndarray) -> int:
+        return int(np.bincount(o, weights=sizes, minlength=n_slots).max())
+
+    return owner if largest(owner) < largest(by_count) else by_count
 
 
 def reassign_owners(owner_addr: list[str | None], live: list[str]) -> list[str]:
