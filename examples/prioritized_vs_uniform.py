@@ -41,7 +41,8 @@ def main() -> None:
         client = Client(args.scheduler)
     else:
         cluster = LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+            preload=["daskpri.training.worker_signals"],  # Ctrl-C stops the fit, not them
         )
         client = Client(cluster)
     print("dashboard:", client.dashboard_link)

@@ -879,3 +879,17 @@ def test_unequal_shares_of_the_data_are_warned_of_and_the_default_cut_has_none(
             trainer.fit(train, max_steps=1, progress=False)
     finally:
         trainer.close()
+
+
+def test_workers_of_a_cluster_preloading_worker_signals_outlive_an_interrupt():
+    """As the README and notebooks start theirs: Jupyter's interrupt reaches the workers."""
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
+                     dashboard_address=None, preload=["daskpri.training.worker_signals"])
+        as cluster,
+        Client(cluster) as client,
+    ):
+        [pid] = client.run(os.getpid).values()
+        os.kill(pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert list(client.run(os.getpid).values()) == [pid]

@@ -100,7 +100,9 @@ def eligible_workers(
     """
     if not workers:
         raise RuntimeError(
-            f"the cluster at {address} has no workers; start some with `dask worker {address}`"
+            f"the cluster at {address} has no workers; start some with `dask worker {address}` "
+            "(a LocalCluster's workers killed by Ctrl-C or Jupyter's interrupt do not come "
+            "back: start it with preload=['daskpri.training.worker_signals'] to keep them)"
         )
     if not resources:
         return sorted(workers)
