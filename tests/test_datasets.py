@@ -618,3 +618,19 @@ def test_check_values_refuses_negative_labels_without_n_classes():
 
 def test_check_values_accepts_good_values():
     check_values(np.ones((3, 2)), np.array([0, 1, 2]), n_classes=3, where="partition 0")
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_a_store_written_again_has_another_fingerprint(tmp_path, suffix):
+    import time
+
+    from daskpri.data.io import fingerprint
+
+    ds = xr.Dataset({"x": (("sample", "feature"), np.zeros((8, 3), np.float32)),
+                     "y": ("sample", np.arange(8) % 2)})
+    path = to_store(ds, str(tmp_path / f"data{suffix}"))
+    first = fingerprint(path)
+    assert fingerprint(path) == first  # read, not changed
+    time.sleep(0.01)
+    to_store(ds.assign(x=ds["x"] + 1), path)  # new values, same path
+    assert fingerprint(path) != first

@@ -893,3 +893,32 @@ def test_workers_of_a_cluster_preloading_worker_signals_outlive_an_interrupt():
         os.kill(pid, signal.SIGINT)
         time.sleep(1.0)
         assert list(client.run(os.getpid).values()) == [pid]
+
+
+def test_a_copy_of_the_data_goes_on_with_the_run_and_data_changed_in_place_does_not(
+    gpu_client, small_data
+):
+    train, _ = small_data
+    mine = train.copy(deep=True)  # the fixture's data is shared: change a copy
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                              seed=3)
+    try:
+        trainer.fit(mine, max_steps=5, progress=False)
+        # a notebook's load cell run again: the same data, another object
+        h = trainer.fit(mine.copy(deep=True), max_steps=10, progress=False)
+        digests = h["selection_digest"].values
+        assert len(set(digests.tolist())) == 10  # steps 5-9 did not replay steps 0-4
+        assert int(trainer.table_["version"].max()) == 9
+        assert (trainer.table_["version"] <= 4).sum() > 0  # the table of steps 0-4 kept
+        mine["x"] = mine["x"] * 0.0  # the same object, other values
+        trainer.fit(mine, max_steps=12, progress=False)
+        table = trainer.table_
+        seen = table.where(table["version"] >= 0, drop=True)
+        assert int(seen["version"].min()) >= 10  # a new run's table
+        # trained on the zeroed inputs: at each step a loss for each class, nothing else
+        n_classes = int(train["y"].max()) + 1
+        for version in np.unique(seen["version"]):
+            losses = seen.values[seen["version"].values == version]
+            assert np.unique(np.round(losses, 4)).size <= n_classes
+    finally:
+        trainer.close()

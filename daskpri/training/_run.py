@@ -33,6 +33,7 @@ from torch import nn
 
 from daskpri import _config
 from daskpri._warnings import DaskpriWarning
+from daskpri.data.io import fingerprint
 from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Weights, flat_params, load_flat
 from daskpri.replicas.worker import ReplicaPlugin, ReplicaStateLost, StepResult
@@ -139,10 +140,12 @@ class RunMixin:
                 )
         else:
             bounds = partition_bounds(ds, self.partition_size, len(addrs))
-        # the data and its cut as one worker would have it: a cluster that grew or
-        # shrank between fits keeps the run (its partitions move, see _follow_cluster)
+        # the data (by content: a copy of the same data goes on with the run, data
+        # changed in place does not) and its cut as one worker would have it: a
+        # cluster that grew or shrank between fits keeps the run (its partitions
+        # move, see _follow_cluster)
         key = (
-            str(source) if not isinstance(source, xr.Dataset) else id(source),
+            fingerprint(source),
             tuple(partition_bounds(ds, self.partition_size, 1).tolist()),
         )
         if key == self._data_key:
