@@ -922,3 +922,31 @@ def test_a_copy_of_the_data_goes_on_with_the_run_and_data_changed_in_place_does_
             assert np.unique(np.round(losses, 4)).size <= n_classes
     finally:
         trainer.close()
+
+
+def test_a_trainer_dropped_without_close_leaves_nothing_in_the_cluster(gpu_client, small_data):
+    """A notebook's fit cell run again drops the last trainer: its run is closed."""
+    import gc
+
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), client=gpu_client)
+    trainer.fit(train, max_steps=2, progress=False)
+    run, name = trainer.run_id, trainer._plugin.name
+
+    def runs(dask_scheduler):
+        return {r: t.closed for r, t in dask_scheduler.plugins["daskpri"].runs.items()}
+
+    def plugins(dask_worker):
+        return list(dask_worker.plugins)
+
+    assert gpu_client.run_on_scheduler(runs)[run] is False
+    del trainer
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        closed = gpu_client.run_on_scheduler(runs).get(run, True)
+        left = [p for p in gpu_client.run(plugins).values() if name in p]
+        if closed and not left:
+            break
+        time.sleep(0.1)
+    assert closed and not left

@@ -21,6 +21,7 @@ import os
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,7 @@ class RunMixin:
     skipped_steps_: int
     _client: Client | None
     _own_cluster: LocalCluster | None
+    _abandoned: weakref.finalize[Any, Any] | None
     _excluded: set[str]
     _recorder: HistoryRecorder
     _opt: torch.optim.Optimizer | None
@@ -200,6 +202,13 @@ class RunMixin:
             check_scheduler=self._check_scheduler,
         )
         self._data_key = key
+        if self._own_cluster is None:  # a cluster of the trainer's own goes with it
+            # a trainer dropped without close() (a notebook's fit cell run again)
+            # leaves its table and replicas in the user's cluster otherwise
+            self._abandoned = weakref.finalize(
+                self, _drop_run, client, self._remote.run, self._plugin.name
+            )
+            self._abandoned.atexit = False  # at exit, _close_at_exit closes it
         self._init_optimizer()
         if self._resume_state is not None:
             slot_of = {a: i for i, a in enumerate(self._deployment.slots)}
@@ -277,6 +286,9 @@ class RunMixin:
 
     def _release(self) -> None:
         """Drop the run's table, replicas and partitions from the cluster."""
+        if self._abandoned is not None:
+            self._abandoned.detach()
+            self._abandoned = None
         if self._client is not None and self._table is not None:
             # each on its own: a table already gone must not keep the replicas and
             # partitions (GPU memory among them) on the workers
@@ -630,3 +642,24 @@ def _state_shaped_like_params(opt: torch.optim.Optimizer, state: dict[str, Any])
         **state,
         "state": {i: {k: shaped(i, v) for k, v in s.items()} for i, s in state["state"].items()},
     }
+
+
+def _drop_run(client: Client, run: str, plugin: str) -> None:
+    """Close a garbage-collected trainer's run in the cluster, without waiting.
+
+    Called by the collector, on whatever thread it runs: the calls are
+    handed to the client's event loop, and their failures (the cluster
+    gone) are only logged at debug level.
+    """
+    if client.status != "running" or client.loop is None:
+        return
+
+    async def drop() -> None:
+        for call in (client.scheduler.daskpri_close(run=run),
+                     client.scheduler.unregister_worker_plugin(name=plugin)):
+            try:
+                await call
+            except Exception as e:
+                logger.debug("dropping run %s of a trainer never closed: %r", run, e)
+
+    client.loop.add_callback(drop)

@@ -336,6 +336,8 @@ class Trainer(RunMixin):
         self._fit_thread: int | None = None  # the thread running a fit, if one does
         self._fitting = threading.Lock()  # held from a fit's call to its end: one at a time
         self._starting = threading.Lock()  # held while the trainer starts its LocalCluster
+        # closes the run in the cluster if the trainer is collected without close()
+        self._abandoned = None
         self._checkpointed = -1  # the step last written to checkpoint_path
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
