@@ -950,3 +950,19 @@ def test_a_trainer_dropped_without_close_leaves_nothing_in_the_cluster(gpu_clien
             break
         time.sleep(0.1)
     assert closed and not left
+
+
+def test_a_closed_client_stops_fit_and_table_with_a_message_saying_so(small_data):
+    train, _ = small_data
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster:
+        client = Client(cluster)
+        trainer = daskpri.Trainer(build_model("mlp", train), client=client)
+        trainer.fit(train, max_steps=1, progress=False)
+        client.close()
+        for call in (lambda: trainer.fit(train, max_steps=2, progress=False),
+                     lambda: trainer.table_):
+            with pytest.raises(RuntimeError, match=r"^the trainer's client is closed: the "
+                               r"run's cluster is out of reach"):
+                call()
+        trainer.close()  # nothing left to release, no error

@@ -360,6 +360,12 @@ class Trainer(RunMixin):
                         self.n_workers or 2, resources=self.resources, security=self.security
                     )
                     self._client = Client(self._own_cluster)
+        if self._client.status in ("closing", "closed"):
+            raise RuntimeError(
+                f"the trainer's client is {self._client.status}: the run's cluster is out of "
+                "reach; give a new Trainer a running client (Trainer.resume(path, client=...) "
+                "goes on from a checkpoint)"
+            )
         return self._client
 
     def close(self) -> None:
@@ -803,6 +809,7 @@ class Trainer(RunMixin):
         """
         if self._data_key is None:
             raise RuntimeError("table_ is available after fit")
+        _ = self.client  # raises if it was closed
         if not self._fit_elsewhere():
             self._flush()
         p = self._remote.priorities()
