@@ -966,3 +966,25 @@ def test_a_closed_client_stops_fit_and_table_with_a_message_saying_so(small_data
                                r"run's cluster is out of reach"):
                 call()
         trainer.close()  # nothing left to release, no error
+
+
+def test_the_table_keeps_the_datas_sample_labels(gpu_client, small_data):
+    train, _ = small_data
+    labelled = train.assign_coords(sample=[f"img-{i}" for i in range(train.sizes["sample"])])
+    with daskpri.Trainer(build_model("mlp", train), client=gpu_client) as trainer:
+        trainer.fit(labelled, max_steps=2, progress=False)
+        table = trainer.table_
+        assert table["sample"].values[:2].tolist() == ["img-0", "img-1"]
+        hardest = table.idxmax("sample").item()
+        assert labelled.sel(sample=hardest)["y"].size == 1  # selects by the data's own labels
+
+
+def test_the_repr_says_strategy_step_and_cluster(gpu_client, small_data):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", batch_size=32)
+    assert repr(trainer) == "<Trainer Uniform(batch_size=None), step 0, no cluster yet>"
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    with trainer:
+        trainer.fit(train, max_steps=3, progress=False)
+        assert repr(trainer) == (f"<Trainer Uniform(batch_size=None), step 3, 2 worker(s) of "
+                                 f"{gpu_client.scheduler.address}>")

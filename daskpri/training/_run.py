@@ -89,6 +89,7 @@ class RunMixin:
     _client: Client | None
     _own_cluster: LocalCluster | None
     _abandoned: weakref.finalize[Any, Any] | None
+    _sample_coord: np.ndarray | None
     _excluded: set[str]
     _recorder: HistoryRecorder
     _opt: torch.optim.Optimizer | None
@@ -202,6 +203,8 @@ class RunMixin:
             check_scheduler=self._check_scheduler,
         )
         self._data_key = key
+        # the data's own labels of its samples, for table_
+        self._sample_coord = ds["sample"].values if "sample" in ds.coords else None
         if self._own_cluster is None:  # a cluster of the trainer's own goes with it
             # a trainer dropped without close() (a notebook's fit cell run again)
             # leaves its table and replicas in the user's cluster otherwise

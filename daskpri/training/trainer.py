@@ -221,9 +221,13 @@ class Trainer(RunMixin):
     Attributes
     ----------
     history_ : xarray.Dataset
-        Metrics along ``step``.
+        Metrics along ``step``: a record per step, or with ``local_steps``
+        one per round, at the round's last step (``step`` 15, 31, ... for
+        rounds of 16). ``accuracy`` and ``eval_loss`` are NaN between
+        evaluations: ``history_.accuracy.dropna("step")`` to plot them.
     table_ : xarray.DataArray
-        The current priorities along ``sample``.
+        The current priorities along ``sample`` (with the data's ``sample``
+        coordinate, where it has one).
     step_ : int
         Steps taken over all calls of :meth:`fit`.
 
@@ -338,6 +342,7 @@ class Trainer(RunMixin):
         self._starting = threading.Lock()  # held while the trainer starts its LocalCluster
         # closes the run in the cluster if the trainer is collected without close()
         self._abandoned = None
+        self._sample_coord = None
         self._checkpointed = -1  # the step last written to checkpoint_path
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
@@ -386,6 +391,18 @@ class Trainer(RunMixin):
             self._client.close()  # type: ignore[union-attr]
             self._own_cluster.close()
             self._own_cluster = self._client = None
+
+    def __repr__(self) -> str:
+        client = self._client
+        if client is None:
+            where = "no cluster yet"
+        elif client.status != "running" or client.scheduler is None:
+            where = f"a {client.status} client"
+        else:
+            slots = len(self._deployment.slots) if self._deployment is not None else 0
+            where = f"{slots} worker(s) of {client.scheduler.address}"
+        fitting = ", fitting" if self._fitting.locked() else ""
+        return f"<Trainer {self.strategy!r}, step {self.step_}, {where}{fitting}>"
 
     def __enter__(self) -> Trainer:
         return self
@@ -819,7 +836,8 @@ class Trainer(RunMixin):
         return xr.DataArray(
             p["priority"],
             dims="sample",
-            coords={"version": ("sample", p["version"]), "partition": ("sample", pid)},
+            coords={"version": ("sample", p["version"]), "partition": ("sample", pid)}
+            | ({} if self._sample_coord is None else {"sample": self._sample_coord}),
             name="priority",
             attrs={"strategy": self.strategy.name, "staleness": self.staleness},
         )
