@@ -880,3 +880,44 @@ def test_a_local_step_of_loss_draws_makes_the_drivers_unbiased_step_on_average()
                                       torch.as_tensor(s.weights, dtype=torch.float32))[0]
                 for s in sels)
     torch.testing.assert_close(torch.stack(after).mean(0), params - 0.1 * total / 16)
+
+
+def test_two_steps_sent_to_one_replica_run_one_after_the_other():
+    """A step the driver gave up on may still compute when its retry arrives."""
+    import threading
+    import time
+
+    from daskpri.replicas.worker import _train_or_lost
+    from daskpri.strategies.uniform import Uniform
+
+    spans = []
+
+    class Slow(Uniform):
+        def compute(self, replica, batch):
+            start = time.monotonic()
+            time.sleep(0.3)
+            out = super().compute(replica, batch)
+            spans.append((start, time.monotonic()))
+            return out
+
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 5), torch.randint(0, 3, (20,))
+    module = torch.nn.Linear(5, 3)
+    params = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+    bounds = np.array([0, 20])
+    parts = {0: ArrayPart(x.numpy(), y.numpy(), 0)}
+
+    class _Worker:
+        address, handlers, state = "inproc://test", {}, None
+
+    plugin = ReplicaPlugin("t", pickle.dumps(module), 3)
+    plugin.setup(_Worker())
+    shares = Shares.pack([Selection(train=np.arange(8))], (0, 0, 0), bounds)
+    threads = [threading.Thread(target=_train_or_lost, args=(
+        plugin, Weights(step, params.clone()), Slow(), shares, parts, None)) for step in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0, "the second step computed while the first did"

@@ -128,6 +128,11 @@ class ReplicaPlugin(WorkerPlugin):
         self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None
         self.offset = np.full(0, -1, dtype=np.int64)
         self._lock = threading.Lock()
+        #: held while a step, a warm-up or a load runs on the replica: a step the
+        #: driver gave up on (a worker lost) may still be computing when its retry
+        #: or the recovery's partitions arrive, and they share the module, its
+        #: gradients and the stacked partitions
+        self.busy = threading.RLock()
         #: (name, optimizer) of the state a round of local steps left in the
         #: replica, for the next round to resume from (see :class:`LocalSteps`)
         self.kept: tuple[str, torch.optim.Optimizer] | None = None
@@ -232,7 +237,8 @@ def _plugin(name: str) -> ReplicaPlugin:
 def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
     """Load and check a partition on this worker (run once per partition)."""
     plugin = _plugin(name)
-    x, y = plugin.partition(pid, ref)
+    with plugin.busy:
+        x, y = plugin.partition(pid, ref)
     return {
         "pid": pid,
         "n": int(x.shape[0]),
@@ -261,6 +267,18 @@ def warmup_task(
     worker (``None``: no local steps, no optimizer here).
     """
     plugin = _plugin(name)
+    with plugin.busy:
+        _warm_up(plugin, weights, strategy, pid, ref, optimizer)
+
+
+def _warm_up(
+    plugin: ReplicaPlugin,
+    weights: Weights,
+    strategy: Strategy,
+    pid: int,
+    ref: PartitionRef,
+    optimizer: str | None,
+) -> None:
     replica = plugin.replica
     x, y = plugin.partition(pid, ref)
     # enough rows that a strategy training a share of them (selective-backprop
@@ -470,7 +488,8 @@ def _train_or_lost(plugin: ReplicaPlugin, *args: Any) -> StepResult | dict[str, 
     worker then logs no failed task or call with a traceback.
     """
     try:
-        return _train(plugin, *args)
+        with plugin.busy:
+            return _train(plugin, *args)
     except ReplicaStateLost as e:
         return {STATE_LOST: str(e)}
 
