@@ -10,7 +10,7 @@ import time
 import dask.config
 import pytest
 from _procs import _free_port, _stop
-from distributed import Client
+from distributed import Client, LocalCluster
 
 import daskpri
 from daskpri.models import build_model
@@ -58,3 +58,29 @@ def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, 
         client.close(timeout=5)
     finally:
         _stop([worker, scheduler])
+
+
+def test_a_client_closed_during_a_fit_is_a_lost_scheduler_naming_the_checkpoint(
+    small_data, tmp_path
+):
+    train, _ = small_data
+    ckpt = tmp_path / "run.ckpt"
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster:
+        client = Client(cluster)
+        address = client.scheduler.address
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  checkpoint_path=ckpt, checkpoint_every=5)
+
+        def close_client() -> None:
+            while trainer.step_ < 12:
+                time.sleep(0.001)
+            client.close()
+
+        threading.Thread(target=close_client, daemon=True).start()
+        with pytest.raises(daskpri.SchedulerLostError) as info:
+            trainer.fit(train, max_steps=100_000, progress=False)
+        message = str(info.value)
+        assert message.startswith(f"lost the scheduler at {address}: the client has closed")
+        assert f"`daskpri train --resume {ckpt}`" in message
+        trainer.close()

@@ -90,6 +90,7 @@ class RunMixin:
     _own_cluster: LocalCluster | None
     _abandoned: weakref.finalize[Any, Any] | None
     _sample_coord: np.ndarray | None
+    _scheduler_address: str | None
     _excluded: set[str]
     _recorder: HistoryRecorder
     _opt: torch.optim.Optimizer | None
@@ -203,6 +204,7 @@ class RunMixin:
             check_scheduler=self._check_scheduler,
         )
         self._data_key = key
+        self._scheduler_address = client.scheduler.address  # for a message once it is gone
         # the data's own labels of its samples, for table_
         self._sample_coord = ds["sample"].values if "sample" in ds.coords else None
         if self._own_cluster is None:  # a cluster of the trainer's own goes with it
@@ -329,7 +331,9 @@ class RunMixin:
         Waits ``daskpri.trainer.scheduler-timeout`` for an answer; the message
         names the checkpoint to resume from.
         """
-        check_scheduler(self.client, self.checkpoint_path)
+        if self._client is None:
+            return
+        check_scheduler(self._client, self.checkpoint_path, self._scheduler_address)
 
     # -- one step -----------------------------------------------------------------------
 

@@ -79,34 +79,44 @@ def responsive(client: Client, addresses: list[str], timeout: float = 2.0) -> li
     return [a for a, ok in zip(addresses, client.sync(probe), strict=True) if ok]
 
 
-def check_scheduler(client: Client, checkpoint_path: str | None) -> None:
+def check_scheduler(
+    client: Client, checkpoint_path: str | None, address: str | None = None
+) -> None:
     """Raise :class:`SchedulerLostError` if the scheduler does not answer.
 
     Waits ``daskpri.trainer.scheduler-timeout`` for an answer; the message
     names the checkpoint to resume from (``checkpoint_path``, if written).
+    A client that has closed (distributed gives up reconnecting to a lost
+    scheduler after ``distributed.comm.timeouts.connect``, and closes it)
+    lost its scheduler too; ``address`` is the scheduler's, for the message,
+    where the client no longer knows it.
     """
     timeout = _config.get_seconds("trainer.scheduler-timeout")
-    try:
-        client.sync(client.scheduler.identity, callback_timeout=timeout)
-        return
-    except Exception as e:
-        cause: BaseException = e
+    address = getattr(client.scheduler, "address", None) or address or "?"
+    if client.status in ("closing", "closed") or client.scheduler is None:
+        cause: BaseException | None = None
+        why = f"the client has {client.status} (it lost its connection, or was closed)"
+    else:
+        try:
+            client.sync(client.scheduler.identity, callback_timeout=timeout)
+            return
+        except Exception as e:
+            cause = e
+        why = f"no answer within {timeout:g} s (daskpri.trainer.scheduler-timeout)"
     where = checkpoint_path
     if where is not None and os.path.exists(where):
         step = checkpoint.read(where)["step"]
         hint = (
-            f"the last checkpoint is {where!r} (step {step}): resume with "
-            f"daskpri.Trainer.resume({where!r}, client=...) on a new cluster"
+            f"the last checkpoint is {where!r} (step {step}): resume from it on a new "
+            f"cluster (daskpri.Trainer.resume({where!r}, client=...), or "
+            f"`daskpri train --resume {where}`)"
         )
     else:
         hint = (
             "no checkpoint was written: pass checkpoint_path= and checkpoint_every= "
-            "to be able to resume"
+            "(--checkpoint and --checkpoint-every) to be able to resume"
         )
-    raise SchedulerLostError(
-        f"lost the scheduler at {client.scheduler.address}: no answer within "
-        f"{timeout:g} s (daskpri.trainer.scheduler-timeout); {hint}"
-    ) from cause
+    raise SchedulerLostError(f"lost the scheduler at {address}: {why}; {hint}") from cause
 
 
 @contextlib.contextmanager

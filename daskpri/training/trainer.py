@@ -343,6 +343,7 @@ class Trainer(RunMixin):
         # closes the run in the cluster if the trainer is collected without close()
         self._abandoned = None
         self._sample_coord = None
+        self._scheduler_address: str | None = None
         self._checkpointed = -1  # the step last written to checkpoint_path
         # (worker, name) of the state that a lone worker kept after the last
         # round, equal to the master's; None when the master's must be sent
