@@ -988,3 +988,50 @@ def test_the_repr_says_strategy_step_and_cluster(gpu_client, small_data):
         trainer.fit(train, max_steps=3, progress=False)
         assert repr(trainer) == (f"<Trainer Uniform(batch_size=None), step 3, 2 worker(s) of "
                                  f"{gpu_client.scheduler.address}>")
+
+
+def test_a_damaged_chunk_fails_the_fit_at_once_naming_worker_partition_and_store(
+    gpu_client, small_data, tmp_path
+):
+    from daskpri.replicas.worker import UnreadableDataError
+
+    train, _ = small_data
+    path = to_store(train.chunk({"sample": 400}), str(tmp_path / "train.zarr"))
+    chunks = sorted(p for p in (tmp_path / "train.zarr" / "x").rglob("*") if p.is_file()
+                    and not p.name.startswith((".", "zarr")))
+    chunks[1].write_bytes(chunks[1].read_bytes()[:20])  # the second chunk, truncated
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no worker taken for lost
+            with pytest.raises(UnreadableDataError, match=re.escape(
+                "cannot read partition 1 (samples 400-799 of " + path + "): ")):
+                trainer.fit(path, max_steps=3, progress=False)
+    finally:
+        trainer.close()
+
+
+class _StoreGoesAway(daskpri.Trainer):
+    """Deletes the store after the driver opened it, before the workers read it."""
+
+    def _warn_unequal_shares(self, *args):  # in _prepare, before the workers load
+        import shutil
+
+        shutil.rmtree(self._store)
+        return super()._warn_unequal_shares(*args)
+
+
+def test_a_store_the_workers_cannot_find_fails_the_fit_at_once(gpu_client, small_data, tmp_path):
+    train, _ = small_data
+    path = to_store(train.chunk({"sample": 400}), str(tmp_path / "train.zarr"))
+    trainer = _StoreGoesAway(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    trainer._store = path
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(FileNotFoundError, match=r"^worker \S+ cannot read partition \d+ "
+                           r"\(samples .* of " + re.escape(path) + r"\): data names "):
+            trainer.fit(path, max_steps=3, progress=False)
+    finally:
+        trainer.close()
+    # retried as a lost worker's, it failed after the 30 s no-workers timeout
+    assert time.monotonic() - t0 < 20

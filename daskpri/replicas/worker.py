@@ -44,6 +44,10 @@ class ReplicaStateLost(LookupError):
 STATE_LOST = "daskpri-replica-state-lost"
 
 
+class UnreadableDataError(ValueError):
+    """A worker could not read a partition of the data's store (damaged or truncated)."""
+
+
 def raise_state_lost(result: Any) -> None:
     """Raise :class:`ReplicaStateLost` if ``result`` is a worker's answer that it lost its state."""
     if isinstance(result, dict) and STATE_LOST in result:
@@ -159,12 +163,8 @@ class ReplicaPlugin(WorkerPlugin):
                     f"partition {pid} is neither loaded nor held on worker {self.address}"
                 ) from None
         if isinstance(ref, StoreRef):
-            # Read in this thread: a dask compute here would submit tasks to
-            # the cluster from inside a task and wait on this worker's slot.
-            with dask.config.set(scheduler="synchronous"):
-                ds = open_dataset(ref.path).isel(sample=slice(ref.start, ref.stop))
-                x, y = np.asarray(ds["x"].values), np.asarray(ds["y"].values)
             where = f"partition {pid} (samples {ref.start}-{ref.stop - 1} of {ref.path})"
+            x, y = self._read(ref, where)
             start = ref.start
         elif isinstance(ref, ArrayPart):
             x, y, start = ref.x, ref.y, ref.start
@@ -180,6 +180,31 @@ class ReplicaPlugin(WorkerPlugin):
                 self.partitions[pid] = (xt, yt)
                 self.stacked = None  # stacked again, once, by the next batch
         return self.partitions[pid]
+
+    def _read(self, ref: StoreRef, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """``x`` and ``y`` of a partition of a store, read on this worker.
+
+        A failure says which worker could not read which partition of which
+        store: a missing or forbidden file keeps its error's type (the driver
+        raises it at once rather than take the worker for lost), a codec's
+        error on a damaged chunk or a truncated file becomes
+        :class:`UnreadableDataError`.
+        """
+        cannot = f"worker {self.address} cannot read {where}"
+        try:
+            # Read in this thread: a dask compute here would submit tasks to
+            # the cluster from inside a task and wait on this worker's slot.
+            with dask.config.set(scheduler="synchronous"):
+                ds = open_dataset(ref.path).isel(sample=slice(ref.start, ref.stop))
+                return np.asarray(ds["x"].values), np.asarray(ds["y"].values)
+        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
+            raise type(e)(f"{cannot}: {e}") from None
+        except OSError as e:
+            if e.errno is not None:  # the file system's, perhaps passing: as it is
+                raise
+            raise UnreadableDataError(f"{cannot}: {e}") from None  # h5py's, on a damaged file
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise UnreadableDataError(f"{cannot}: {type(e).__name__}: {e}") from None
 
     def _restack(self) -> None:
         """Stack every loaded partition; ``partitions`` become views into the stack.

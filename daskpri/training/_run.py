@@ -50,7 +50,13 @@ from daskpri.training.placement import (
     eligible_workers,
     partition_bounds,
 )
-from daskpri.training.recovery import LOST, check_scheduler, dask_timeout, rescan_interval
+from daskpri.training.recovery import (
+    FILE_ERRORS,
+    LOST,
+    check_scheduler,
+    dask_timeout,
+    rescan_interval,
+)
 from daskpri.training.rounds import combine, crossed, fresh_priorities, nonfinite, step_record
 from daskpri.training.schedule import scheduled_rate
 from daskpri.training.transport import StepTimeout
@@ -225,7 +231,7 @@ class RunMixin:
         self._next_rescan = time.monotonic() + rescan_interval()
 
     def _warn_unequal_shares(self, sizes: np.ndarray, owner: np.ndarray, n_slots: int) -> None:
-        """Warn where the workers' shares of the data differ by more than a tenth.
+        """Warn where one worker's share of the data is over 1.25 times another's.
 
         Each worker trains a batch a step from its own share (but for a
         strategy that draws over the whole dataset), so the samples of a
@@ -234,7 +240,7 @@ class RunMixin:
         if self.strategy.draws_globally or n_slots < 2:
             return
         shares = np.bincount(owner, weights=sizes, minlength=n_slots).astype(np.int64)
-        if shares.max() <= 1.1 * shares.min():
+        if shares.max() <= 1.25 * shares.min():
             return
         cause = ("partition_size" if self.partition_size is not None
                  else "the data's chunks along 'sample'")
@@ -279,6 +285,8 @@ class RunMixin:
         self._drop_prefetched()
         try:
             joined = self._deployment.grow(new, self.resources)
+        except FILE_ERRORS:
+            raise
         except (KeyError, *LOST):  # a worker lost meanwhile: as after a failed step
             self._recover()
             return
@@ -362,6 +370,8 @@ class RunMixin:
                     step, rounds, then=functools.partial(self._prefetch, step + count, following)
                 )
                 break
+            except FILE_ERRORS:
+                raise  # a worker that cannot read the data is not lost
             except (*LOST, StepTimeout) as e:
                 self._drop_prefetched()  # selected for the workers lost
                 if attempt == retries:

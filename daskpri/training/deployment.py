@@ -37,7 +37,14 @@ from daskpri.training.placement import (
     reassign_owners,
     rebalance_owners,
 )
-from daskpri.training.recovery import LOST, dask_timeout, is_lost, responsive, step_timeout
+from daskpri.training.recovery import (
+    FILE_ERRORS,
+    LOST,
+    dask_timeout,
+    is_lost,
+    responsive,
+    step_timeout,
+)
 from daskpri.training.transport import run_direct, wait_tasks
 
 
@@ -134,6 +141,8 @@ class Deployment:
                     self.place(missing, resources)
                 self.warm_up(weights, strategy, optimizer, resources)
                 return
+            except FILE_ERRORS:
+                raise
             except (KeyError, *LOST):
                 if time.monotonic() > deadline:
                     raise
@@ -351,6 +360,8 @@ class Deployment:
             try:
                 self._replan(deadline, resources, excluded, check_scheduler)
                 return
+            except FILE_ERRORS:
+                raise
             except (KeyError, *LOST):
                 if time.monotonic() > deadline:
                     raise

@@ -25,6 +25,12 @@ from daskpri.training import checkpoint
 # is re-planned on the workers left; anything else is the user's error.
 LOST = (CancelledError, KilledWorker, CommClosedError, OSError)
 
+# OSErrors that a live worker raises about a file (the data's store it cannot
+# open or read): the user's to mend, not a worker lost. Every handler of LOST
+# lets them through first; retried, they failed only after the no-workers
+# timeout or eleven attempts, as workers "lost".
+FILE_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
 
 class SchedulerLostError(RuntimeError):
     """The scheduler stopped answering: the run cannot go on in this cluster."""
