@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import pickle
 import re
 from typing import Any
@@ -106,6 +107,15 @@ def test_checkpoint_every_writes_the_latest_state(gpu_client, small_data, tmp_pa
         "directory"
     )):
         daskpri.Trainer(build_model("mlp", train), checkpoint_path=tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=re.escape(
+        f"checkpoint_path should be a path under directories, but got "
+        f"{str(tmp_path / 'afile' / 'sub' / 'x.ckpt')!r}, and {str(tmp_path / 'afile')!r} is a "
+        "file"
+    )):
+        daskpri.Trainer(build_model("mlp", train),
+                        checkpoint_path=tmp_path / "afile" / "sub" / "x.ckpt")
+    daskpri.Trainer(build_model("mlp", train), checkpoint_path=tmp_path / "new" / "x.ckpt")
 
 
 def test_a_stopped_fit_is_checkpointed_where_it_stopped(gpu_client, small_data, tmp_path):
@@ -310,3 +320,18 @@ def test_a_1d_cnn_checkpoint_saved_with_1d_weight_shapes_resumes_exactly(
             assert pa.shape == pb.shape and torch.equal(pa, pb)
     finally:
         b.close()
+
+
+def test_a_write_removes_what_writers_killed_mid_write_left(tmp_path):
+    path = tmp_path / "c.ckpt"
+    stale = tmp_path / ".c.ckpt.0123abcd.tmp"  # a writer killed by kill -9
+    young = tmp_path / ".c.ckpt.4567ef01.tmp"  # perhaps another writer's, still writing
+    other = tmp_path / ".d.ckpt.89ab.tmp"  # another checkpoint's
+    for f in (stale, young, other):
+        f.write_bytes(b"part of a checkpoint")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    checkpoint.write(_whole(step=1), path)
+    assert sorted(os.listdir(tmp_path)) == sorted([".c.ckpt.4567ef01.tmp", ".d.ckpt.89ab.tmp",
+                                                   "c.ckpt"])

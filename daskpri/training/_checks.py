@@ -144,12 +144,23 @@ def check_checkpoint(
         raise TypeError(
             f"checkpoint_path should be a path, but got {type(checkpoint_path).__name__}"
         )
-    if checkpoint_path is not None and os.path.isdir(checkpoint_path):
+    if checkpoint_path is None:
+        return None
+    path = os.fspath(checkpoint_path)
+    if os.path.isdir(path):
         raise ValueError(
-            f"checkpoint_path should be a file's path, but got {os.fspath(checkpoint_path)!r}, "
-            "which is a directory"
+            f"checkpoint_path should be a file's path, but got {path!r}, which is a directory"
         )
-    return None if checkpoint_path is None else os.fspath(checkpoint_path)
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):  # made when the first checkpoint is written
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"checkpoint_path should be a path under directories, but got {path!r}, "
+                         f"and {parent!r} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"checkpoint_path should be a path this process may write, but got "
+                         f"{path!r}, and {parent!r} is not writable")
+    return path
 
 
 def check_security(
