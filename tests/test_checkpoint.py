@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import time
 import pickle
 import re
+import time
 from typing import Any
 
 import numpy as np
