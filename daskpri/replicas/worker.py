@@ -254,8 +254,8 @@ def _plugin(name: str) -> ReplicaPlugin:
         return worker.plugins[name]  # type: ignore[return-value]
     except KeyError:
         raise RuntimeError(
-            f"worker {worker.address} has no daskpri replica {name!r}; the trainer "
-            "registers it on every worker, so this worker joined without it"
+            f"worker {worker.address} has no daskpri replica {name!r}: its run was closed "
+            "meanwhile, or the worker joined the cluster without it"
         ) from None
 
 
