@@ -444,11 +444,13 @@ def _train(args: argparse.Namespace) -> int:
                     train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
                     target_accuracy=args.target_accuracy, progress=not args.no_progress,
                 )
-        except KeyboardInterrupt:
-            if args.output is not None:
-                _write_interrupted(trainer, args.output, args.dataset, model_name)
+        except (KeyboardInterrupt, SchedulerLostError) as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            if args.output is not None:  # the history so far is the driver's: kept
+                _write_interrupted(trainer, args.output, args.dataset, model_name,
+                                   "interrupted" if interrupted else "the scheduler lost")
             path = trainer.checkpoint_path  # --checkpoint's, or a resumed run's own
-            if path is not None:
+            if path is not None and interrupted:  # a lost scheduler's error names it
                 step = trainer.checkpointed_step_
                 print(f"no checkpoint written to {path}" if step is None else
                       f"the checkpoint in {path} is of step {step}", flush=True)
@@ -634,11 +636,13 @@ def _check_resumed_data(args: argparse.Namespace, state: dict[str, Any],
         )
 
 
-def _write_interrupted(trainer: daskpri.Trainer, path: str, dataset: str, model: str) -> None:
-    """Write the history of an interrupted fit to ``path``, and say so."""
+def _write_interrupted(
+    trainer: daskpri.Trainer, path: str, dataset: str, model: str, why: str = "interrupted"
+) -> None:
+    """Write the history of a fit that ended early (``why``) to ``path``, and say so."""
     history = trainer.history_
     if history.sizes["step"] == 0:
-        print("interrupted before the first step: no history to write", flush=True)
+        print(f"{why} before the first step: no history to write", flush=True)
         return
     history.attrs.update(dataset=dataset, model=model)
     try:
@@ -646,8 +650,7 @@ def _write_interrupted(trainer: daskpri.Trainer, path: str, dataset: str, model:
     except Exception as e:  # the interrupt goes on; its history is what is lost
         print(f"{_PROG}: could not write the history to {path}: {e}", file=sys.stderr)
         return
-    print(f"interrupted at step {trainer.step_}: the history so far written to {path}",
-          flush=True)
+    print(f"{why} at step {trainer.step_}: the history so far written to {path}", flush=True)
 
 
 def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:

@@ -84,3 +84,45 @@ def test_a_client_closed_during_a_fit_is_a_lost_scheduler_naming_the_checkpoint(
         assert message.startswith(f"lost the scheduler at {address}: the client has closed")
         assert f"`daskpri train --resume {ckpt}`" in message
         trainer.close()
+
+
+def test_train_that_loses_its_scheduler_writes_the_history_so_far(tmp_path):
+    import os
+
+    import xarray as xr
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+         "--host", "127.0.0.1", "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    ckpt, out = tmp_path / "run.ckpt", tmp_path / "run.nc"
+    env = dict(os.environ, DASK_DASKPRI__TRAINER__SCHEDULER_TIMEOUT="3s")
+    train = subprocess.Popen(
+        [sys.executable, "-m", "daskpri", "train", "--dataset", "synthetic", "--n-samples", "2000",
+         "--scheduler", address, "--workers", "1", "--max-steps", "1000000", "--no-progress",
+         "--checkpoint", str(ckpt), "--checkpoint-every", "20", "--output", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists() and time.monotonic() < deadline and train.poll() is None:
+            time.sleep(0.05)
+        assert ckpt.exists(), train.communicate(timeout=30)
+        scheduler.kill()
+        stdout, stderr = train.communicate(timeout=120)
+    finally:
+        train.kill()
+        _stop([worker, scheduler])
+    assert train.returncode == 1, stderr
+    assert f"lost the scheduler at {address}" in stderr and "--resume" in stderr
+    assert "the scheduler lost at step " in stdout and f"written to {out}" in stdout, stderr
+    history = xr.open_dataset(out)
+    assert history.sizes["step"] >= 20 and history.attrs["dataset"] == "synthetic"

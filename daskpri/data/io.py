@@ -16,6 +16,7 @@ import warnings
 from operator import index
 from typing import Any
 
+import dask.config
 import h5py
 import numpy as np
 import xarray as xr
@@ -395,10 +396,15 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     for var in out.variables.values():
         var.encoding = {}
     try:
-        if fmt == "zarr":
-            _to_zarr(out, tmp)
-        else:
-            out.to_netcdf(tmp, engine="h5netcdf")
+        # written by this process: with a Client as Dask's default scheduler,
+        # xarray would take a lock of the cluster's for each variable (a round trip
+        # to the scheduler), and fail where the scheduler is gone, as the
+        # history of a run that lost it is written
+        with dask.config.set(scheduler="synchronous"):
+            if fmt == "zarr":
+                _to_zarr(out, tmp)
+            else:
+                out.to_netcdf(tmp, engine="h5netcdf")
         # again: something may have taken the path while the data was written
         _check_target(target, fmt, name="path")
         if fmt == "zarr":
