@@ -49,6 +49,8 @@ from daskpri.table.staleness import STALENESS_MODELS
 from daskpri.training import checkpoint
 from daskpri.training._checks import check_eval_every, check_float, check_int
 from daskpri.training.cluster import (
+    SchedulerUnreachable,
+    connect,
     drop_abandoned_gathers,
     local_cluster,
     one_torch_thread,
@@ -64,8 +66,6 @@ __all__ = ["main"]
 
 _PROG = "daskpri"
 _OUTPUT_SUFFIXES = (".nc", ".zarr")
-_CONNECT_TIMEOUT = 10.0  # seconds; a scheduler that does not answer by then is taken as down
-_CONNECT_GRACE = 2.0  # seconds past it for distributed to say why itself, before it is cut off
 _DEFAULT_CHECKPOINT_EVERY = 100
 _DEFAULT_MAX_STEPS = 2000  # when neither --max-steps nor --max-time is given
 _DEMO_STRATEGY = "selective-backprop"
@@ -77,10 +77,6 @@ _DEMO_TARGET_FRACTION = 0.97  # of the best accuracy the uniform baseline reache
 _PATH_ERRORS = (
     FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError
 )
-
-
-class _ConnectError(Exception):
-    """The scheduler named by ``--scheduler`` could not be reached."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = "" if e.filename is None else f"{e.filename}: "
         print(f"{_PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except (_ConnectError, FloatingPointError, SchedulerLostError) as e:
+    except (SchedulerUnreachable, FloatingPointError, SchedulerLostError) as e:
         # the last two: a run that stopped, saying why and what was checkpointed
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 1
@@ -426,7 +422,7 @@ def _train(args: argparse.Namespace) -> int:
     )
     if args.resume is not None:
         _check_resumed_data(args, state, train)
-    client = None if args.scheduler is None else _connect(args.scheduler, security)
+    client = None if args.scheduler is None else connect(args.scheduler, security)
     trainer = None
     try:
         if args.resume is None:
@@ -803,63 +799,6 @@ def _strategies(args: argparse.Namespace) -> int:
 
 
 # -- helpers ---------------------------------------------------------------------
-
-
-class _ClosableClient(Client):
-    """A :class:`distributed.Client` that is known before it has connected.
-
-    It puts itself in ``made`` first, so that a connection that hangs can be
-    closed from another thread (see :func:`_connect`).
-    """
-
-    def __init__(self, *args: Any, made: list[Client], **kwargs: Any) -> None:
-        made.append(self)
-        super().__init__(*args, **kwargs)
-
-
-def _connect(address: str, security: Any = None, timeout: float = _CONNECT_TIMEOUT) -> Client:
-    """A client of the scheduler at ``address``, connected within about ``timeout`` seconds.
-
-    ``Client(address, timeout=...)`` waits for the scheduler's handshake
-    without that timeout: a server that accepts the connection and never
-    answers (an HTTP server, such as a dashboard's port) would hold it for
-    good. The client is made in a thread, given ``timeout`` and a little
-    more; one that has not connected by then is closed, which ends its wait.
-    """
-    made: list[Client] = []
-    outcome: dict[str, Any] = {}
-
-    def connect() -> None:
-        try:
-            outcome["client"] = _ClosableClient(
-                address, timeout=timeout, security=security, made=made
-            )
-        except BaseException as e:  # told in the calling thread
-            outcome["error"] = e
-
-    thread = threading.Thread(target=connect, name="daskpri-connect", daemon=True)
-    thread.start()
-    try:
-        thread.join(timeout + _CONNECT_GRACE)
-    finally:
-        hung = thread.is_alive()  # or interrupted while it connects
-        if hung:
-            for half_made in made:
-                with contextlib.suppress(Exception):
-                    half_made.close(timeout=_CONNECT_GRACE)
-            thread.join(_CONNECT_GRACE)
-    if hung:
-        raise _ConnectError(
-            f"could not connect to the scheduler at {address}: no answer within "
-            f"{timeout:g} s (a Dask scheduler's address is wanted, not its dashboard's)"
-        )
-    error = outcome.get("error")
-    if isinstance(error, (OSError, TimeoutError, ValueError)):
-        raise _ConnectError(f"could not connect to the scheduler at {address}: {error}") from error
-    if error is not None:
-        raise error
-    client: Client = outcome["client"]
-    return client
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:

@@ -880,17 +880,29 @@ def _http_server() -> Iterator[str]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("server", [_silent_server, _http_server])
 def test_a_server_that_is_no_scheduler_fails_within_the_connect_timeout(server: Any) -> None:
-    from daskpri.cli import _connect, _ConnectError
+    from daskpri.training.cluster import SchedulerUnreachable, connect
 
     with server() as address:
         before = set(threading.enumerate())
         start = time.monotonic()
-        with pytest.raises(_ConnectError, match=f"could not connect to the scheduler at "
+        with pytest.raises(SchedulerUnreachable, match=f"could not connect to the scheduler at "
                            f"{address}: "):
-            _connect(address, timeout=1.0)
+            connect(address, timeout=1.0)
         assert time.monotonic() - start < 1.0 + 4
         # the half-made client is closed: its event loop's thread and the connecting one end
         deadline = time.monotonic() + 10
         while set(threading.enumerate()) - before and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not set(threading.enumerate()) - before
+
+
+@pytest.mark.timeout(90)
+def test_bench_on_a_server_that_is_no_scheduler_fails_rather_than_waits(tmp_path, capsys):
+    with _silent_server() as address:
+        start = time.monotonic()
+        code = main(["bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
+                     "--strategies", "uniform", "--no-ddp", "--no-progress", "--workers", "1",
+                     "--scheduler", address, "--out", str(tmp_path / "out")])
+        assert code == 1 and time.monotonic() - start < 40
+    assert f"could not connect to the scheduler at {address}: no answer within" in (
+        capsys.readouterr().err)

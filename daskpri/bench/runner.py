@@ -28,13 +28,12 @@ from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import DDP_PROCESSES, count_done, count_runs, make_arms, next_runs
 from daskpri.bench.records import RunRecord, RunSpec, record_from_history
 from daskpri.bench.report import RESULTS_JSON, write_json, write_report
-from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
+from daskpri.training.cluster import connect, local_cluster, one_torch_thread, stop_heartbeats
 from daskpri.training.placement import all_have_gpus, cluster_workers
 
 __all__ = ["check_sizes", "describe", "machine_info", "merge_results", "previous_runs",
            "run_bench"]
 
-_CONNECT_TIMEOUT = 10.0  # seconds
 
 
 def machine_info() -> dict[str, Any]:
@@ -125,12 +124,8 @@ class _Clusters:
         """A client of ``n_workers`` workers (``for_ddp``: DDP's runs are what need that many)."""
         if self.scheduler is not None:
             if self._client is None:
-                try:
-                    self._client = Client(self.scheduler, timeout=_CONNECT_TIMEOUT)
-                except (OSError, TimeoutError) as e:
-                    raise ConnectionError(
-                        f"could not connect to the scheduler at {self.scheduler}: {e}"
-                    ) from e
+                # a server that accepts and never answers would hold Client(...) for good
+                self._client = connect(self.scheduler)
             have = len(cluster_workers(self._client))
             if have < n_workers:
                 raise ValueError(

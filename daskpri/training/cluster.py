@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -188,3 +189,71 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[st
             yield from _flatten(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
+
+
+#: seconds for a scheduler to answer before it is taken as down
+CONNECT_TIMEOUT = 10.0
+_CONNECT_GRACE = 2.0  # seconds past it for distributed to say why itself, before it is cut off
+
+
+class SchedulerUnreachable(ConnectionError):
+    """The scheduler at an address could not be reached (see :func:`connect`)."""
+
+
+class _ClosableClient(Client):
+    """A :class:`distributed.Client` that is known before it has connected.
+
+    It puts itself in ``made`` first, so that a connection that hangs can be
+    closed from another thread (see :func:`connect`).
+    """
+
+    def __init__(self, *args: Any, made: list[Client], **kwargs: Any) -> None:
+        made.append(self)
+        super().__init__(*args, **kwargs)
+
+
+def connect(address: str, security: Any = None, timeout: float = CONNECT_TIMEOUT) -> Client:
+    """A client of the scheduler at ``address``, connected within about ``timeout`` seconds.
+
+    ``Client(address, timeout=...)`` waits for the scheduler's handshake
+    without that timeout: a server that accepts the connection and never
+    answers (an HTTP server, such as a dashboard's port) would hold it for
+    good. The client is made in a thread, given ``timeout`` and a little
+    more; one that has not connected by then is closed, which ends its wait.
+    """
+    made: list[Client] = []
+    outcome: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            outcome["client"] = _ClosableClient(
+                address, timeout=timeout, security=security, made=made
+            )
+        except BaseException as e:  # told in the calling thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=make, name="daskpri-connect", daemon=True)
+    thread.start()
+    try:
+        thread.join(timeout + _CONNECT_GRACE)
+    finally:
+        hung = thread.is_alive()  # or interrupted while it connects
+        if hung:
+            for half_made in made:
+                with contextlib.suppress(Exception):
+                    half_made.close(timeout=_CONNECT_GRACE)
+            thread.join(_CONNECT_GRACE)
+    if hung:
+        raise SchedulerUnreachable(
+            f"could not connect to the scheduler at {address}: no answer within "
+            f"{timeout:g} s (a Dask scheduler's address is wanted, not its dashboard's)"
+        )
+    error = outcome.get("error")
+    if isinstance(error, (OSError, TimeoutError, ValueError)):
+        raise SchedulerUnreachable(
+            f"could not connect to the scheduler at {address}: {error}"
+        ) from error
+    if error is not None:
+        raise error
+    client: Client = outcome["client"]
+    return client
