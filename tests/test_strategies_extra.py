@@ -179,6 +179,23 @@ def test_upper_bound_folds_each_steps_scores_in_once_they_are_back():
     assert ctx.state["tau"] == pytest.approx(0.5 * 3.5 + 0.5 * 1.0)
 
 
+def test_upper_bound_folds_in_every_step_of_a_round_whose_scores_come_back_at_its_end():
+    table = PriorityTable([100])
+    strategy = get_strategy("upper-bound", smoothing=0.5, batch_size=16)
+    ctx = make_ctx(table, [0])
+    batches = []
+    for step in range(4):  # a round of 4 local steps, selected at once
+        ctx.step = step
+        [sel] = strategy.select(ctx)
+        batches.append(sel.train)
+    for idx in batches:  # the round's scores, as of its last step
+        table.update(idx, np.eye(1, idx.size)[0], step=3)
+    ctx.step = 4
+    strategy.select(ctx)
+    # four updates of tau = sqrt(16), one a step (only the last step's were folded in)
+    assert ctx.state["tau"] == pytest.approx(4 * (1 - 0.5**4))
+
+
 def test_upper_bound_ignores_scores_that_never_come_back():
     table = PriorityTable([50])
     table.update(np.arange(50), np.eye(1, 50)[0], step=0)

@@ -180,8 +180,9 @@ class UpperBound(Strategy):
         """Fold the scores of earlier steps' batches, once back, into the average ``tau``.
 
         The batches selected at each step wait in ``ctx.state["scored"]`` until
-        the table holds their scores of that step: one update of the average
-        per step, in step order, with the mean ``tau`` of the workers' batches.
+        the table holds their scores of that step (or of the round of local
+        steps it was in): one update of the average per step, in step order,
+        with the mean ``tau`` of the workers' batches.
         """
         state = ctx.state
         tau = float(state.get("tau", 0.0))
@@ -196,11 +197,16 @@ class UpperBound(Strategy):
                 if step < ctx.step - _PATIENCE:
                     del scored[step]
                 continue  # not back yet (several steps selected at once)
-            taus = [
-                variance_reduction(ctx.table.current[idx[v == step]])
-                for idx, v in zip(batches, versions, strict=True)
-                if (v == step).sum() > 1
-            ]
+            taus = []
+            for idx, v in zip(batches, versions, strict=True):
+                back = v[v >= step]
+                if back.size < 2:
+                    continue
+                # the scores of that step, or of the round of local steps it was in
+                # (a round's come back as of its last step)
+                mine = v == back.min()
+                if mine.sum() > 1:
+                    taus.append(variance_reduction(ctx.table.current[idx[mine]]))
             if taus:
                 tau = self.smoothing * tau + (1.0 - self.smoothing) * float(np.mean(taus))
             del scored[step]
