@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -330,8 +329,3 @@ class Replica:
             dim=1,
         )
         return flat, losses, logits
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU numpy copy of ``t``."""
-    return t.detach().to("cpu").numpy()

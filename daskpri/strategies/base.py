@@ -259,6 +259,10 @@ class Strategy(abc.ABC):
     draws_globally: ClassVar[bool] = False
     #: the driver keeps a running mean gradient and ships it with the weights
     uses_mean_grad: ClassVar[bool] = False
+    #: how much of the running mean gradient stays at each step (its
+    #: exponential decay; a strategy with ``uses_mean_grad`` may take it as
+    #: an option, as ``projection`` does)
+    mean_grad_decay: float = 0.9
     #: selection reads the priorities of the previous step (top-k): it cannot
     #: select several steps at once for a round of local steps
     needs_fresh_priorities: ClassVar[bool] = False

@@ -591,7 +591,7 @@ class RunMixin:
             group["lr"] = rate
         self._opt.step()
         if self.strategy.uses_mean_grad:
-            decay = float(getattr(self.strategy, "mean_grad_decay", 0.9))
+            decay = float(self.strategy.mean_grad_decay)
             if self._mean_grad is None:
                 self._mean_grad = grad.clone()
             else:
