@@ -1035,3 +1035,16 @@ def test_a_store_the_workers_cannot_find_fails_the_fit_at_once(gpu_client, small
         trainer.close()
     # retried as a lost worker's, it failed after the 30 s no-workers timeout
     assert time.monotonic() - t0 < 20
+
+
+def test_a_model_that_cannot_run_on_the_data_says_what_it_was_given_and_what_failed(
+    small_data
+):
+    train, _ = small_data
+    trainer = daskpri.Trainer(torch.nn.Linear(7, 10), n_workers=1)  # the data has 20 features
+    with pytest.raises(ValueError, match=re.escape(
+        "the model could not run on two samples of data.x (per-sample shape (20,), float32, on "
+        "the CPU): RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    )):
+        trainer.fit(train, max_steps=1, progress=False)
+    trainer.close()

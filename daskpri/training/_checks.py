@@ -270,9 +270,10 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
         model.eval()
         with torch.no_grad():
             out = model(x0)
-    except Exception as e:
+    except Exception as e:  # its shape, its device, or the module itself: say what failed
         raise ValueError(
-            f"the model could not run on data.x of per-sample shape {info['x_shape']}: {e}"
+            f"the model could not run on two samples of data.x (per-sample shape "
+            f"{info['x_shape']}, float32, on the CPU): {type(e).__name__}: {e}"
         ) from e
     finally:
         model.train(was_training)
