@@ -157,6 +157,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+#: fields of :class:`BenchConfig` whose flag is not their name with dashes
+_FLAGS = {"strategy_options": "--strategy-option"}
+
+
 def as_flags(message: str, fields: Iterable[str]) -> str:
     """``message`` of :class:`BenchConfig` with its ``fields`` named as the flags they come from.
 
@@ -167,7 +171,7 @@ def as_flags(message: str, fields: Iterable[str]) -> str:
     '--baseline-budget should be positive, but got --baseline-budget -5.0'
     """
     for field in fields:
-        flag = "--" + field.replace("_", "-")
+        flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
         message = re.sub(rf"\b{field}=(?=[^\s,;:)]+)", flag + " ", message)
         message = re.sub(rf"^{field}\b", flag, message)
     return message
@@ -182,6 +186,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         return _config_from_args(args)
     except ValueError as e:
         given = [k for k, v in vars(args).items() if v is not None and v is not False]
+        if args.strategy_option:
+            given.append("strategy_options")
         raise ValueError(as_flags(str(e), given)) from None
 
 
