@@ -699,8 +699,9 @@ def test_a_fit_past_the_end_of_its_schedule_warns(gpu_client, small_data):
             trainer.fit(train, max_steps=6, progress=False)  # to the schedule's end: silent
         with pytest.warns(daskpri.DaskpriWarning, match=r"lr_schedule='linear' decays to 0 at "
                           r"step 6 \(schedule_steps\), but this fit runs to step 8: every "
-                          r"step past 6 trains at learning rate 0"):
+                          r"step past 6 trains at learning rate 0") as record:
             h = trainer.fit(train, max_steps=8, progress=False)
+        assert record[0].filename == __file__  # the caller's line, not daskpri's
         assert h["lr"].values[6:].tolist() == [0.0, 0.0]
         with pytest.warns(daskpri.DaskpriWarning, match="but this fit has no max_steps"):
             trainer.fit(train, max_time=0.01, progress=False)
@@ -868,8 +869,9 @@ def test_unequal_shares_of_the_data_are_warned_of_and_the_default_cut_has_none(
         with pytest.warns(daskpri.DaskpriWarning, match=re.escape(
             "the workers hold unequal shares of the data (1000, 600 samples, cut by "
             "partition_size): each trains a batch a step from its own"
-        )):
+        )) as record:
             trainer.fit(train, max_steps=1, progress=False)
+        assert record[0].filename == __file__  # the caller's line, not daskpri's
     finally:
         trainer.close()
     trainer = daskpri.Trainer(build_model("mlp", train), client=gpu_client)

@@ -239,18 +239,23 @@ class RunMixin:
         """
         if self.strategy.draws_globally or n_slots < 2:
             return
-        shares = np.bincount(owner, weights=sizes, minlength=n_slots).astype(np.int64)
-        if shares.max() <= 1.25 * shares.min():
+        shares = np.bincount(owner, weights=sizes).astype(np.int64)
+        shares = shares[shares > 0]  # (fewer partitions than workers: the rest hold none)
+        if shares.size < 2 or shares.max() <= 1.25 * shares.min():
             return
-        cause = ("partition_size" if self.partition_size is not None
-                 else "the data's chunks along 'sample'")
+        if self._resume_state is not None:
+            cause = "the checkpoint's partitions, cut for another number of workers"
+        elif self.partition_size is not None:
+            cause = "partition_size"
+        else:
+            cause = "the data's chunks along 'sample'"
         warnings.warn(
             f"the workers hold unequal shares of the data ({', '.join(map(str, shares))} "
             f"samples, cut by {cause}): each trains a batch a step from its own, so the "
             "samples of the smaller shares are trained more often; leave partition_size "
             "unset and the data unchunked, or chunk it evenly, as many chunks for every worker",
             DaskpriWarning,
-            stacklevel=5,
+            stacklevel=6,
         )
 
     def _follow_cluster(self) -> None:
@@ -383,7 +388,7 @@ class RunMixin:
                     warnings.warn(
                         f"step {step}: {e}; training goes on without them",
                         DaskpriWarning,
-                        stacklevel=4,
+                        stacklevel=5,
                     )
                     self._excluded.update(e.addresses)
                 self._recover()

@@ -557,7 +557,7 @@ class Trainer(RunMixin):
             f"training a checkpointed run, resume it with a longer schedule: "
             f"Trainer.resume(path, schedule_steps=...)",
             DaskpriWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
 
     def _evaluate(self, evalset: EvalSet, record: dict[str, Any]) -> None:
