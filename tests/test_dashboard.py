@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import json
 import logging
@@ -13,6 +14,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from typing import Any
 
 import dask
 import numpy as np
@@ -540,14 +543,15 @@ def test_rpc_snapshot_matches_the_in_process_one(trained):
     assert later["metrics"]["step"].size == 0
 
 
-def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
-    cluster, _, _, runs = trained
+@contextlib.contextmanager
+def _standalone(scheduler_address: str) -> Iterator[Any]:
+    """The standalone app's Bokeh server for ``scheduler_address``, serving in a thread."""
     box: dict = {}
     ready = threading.Event()
 
     def serve():
         asyncio.set_event_loop(asyncio.new_event_loop())
-        server = make_server(cluster.scheduler_address, port=0)
+        server = make_server(scheduler_address, port=0)
         server.start()
         box["server"] = server
         ready.set()
@@ -558,6 +562,20 @@ def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
     assert ready.wait(30)
     server = box["server"]
     try:
+        yield server
+    finally:
+
+        def stop() -> None:
+            server.stop()
+            server.io_loop.stop()
+
+        server.io_loop.add_callback(stop)
+        thread.join(10)
+
+
+def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
+    cluster, _, _, runs = trained
+    with _standalone(cluster.scheduler_address) as server:
         assert server.address == "127.0.0.1"
         assert {s.getsockname()[0] for s in server._http._sockets.values()} == {"127.0.0.1"}
         status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # opens a session
@@ -576,14 +594,6 @@ def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
         assert shown == first and len(loss) == n_steps
         assert sorted(doc.get_model_by_name("daskpri-run").options) == sorted(runs.values())
         assert len(doc.get_model_by_name("daskpri-histogram").data["current"]) == 40
-    finally:
-
-        def stop() -> None:
-            server.stop()
-            server.io_loop.stop()
-
-        server.io_loop.add_callback(stop)
-        thread.join(10)
 
 
 def test_the_standalone_page_answers_while_it_waits_on_a_silent_scheduler():
@@ -593,50 +603,29 @@ def test_the_standalone_page_answers_while_it_waits_on_a_silent_scheduler():
     silent = socket.socket()  # accepts connections, never says a word
     silent.bind(("127.0.0.1", 0))
     silent.listen()
-    box: dict = {}
-    ready = threading.Event()
-
-    def serve():
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        server = make_server(f"tcp://127.0.0.1:{silent.getsockname()[1]}", port=0)
-        server.start()
-        box["server"] = server
-        ready.set()
-        server.io_loop.start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    server = box["server"]
     try:
-        status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # its first refresh
-        assert status == 200                                          # starts connecting
-        [session] = server.get_sessions("/daskpri")
-        time.sleep(1.0)
-        conn, _ = silent.accept()  # the connection is there, its handshake unanswered
-        waited: dict = {}
+        with _standalone(f"tcp://127.0.0.1:{silent.getsockname()[1]}") as server:
+            status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # its first refresh
+            assert status == 200                                          # starts connecting
+            [session] = server.get_sessions("/daskpri")
+            time.sleep(1.0)
+            conn, _ = silent.accept()  # the connection is there, its handshake unanswered
+            waited: dict = {}
 
-        async def lock_the_document() -> None:
-            t0 = time.monotonic()
-            await session.with_document_locked(lambda: None)
-            waited["s"] = time.monotonic() - t0
+            async def lock_the_document() -> None:
+                t0 = time.monotonic()
+                await session.with_document_locked(lambda: None)
+                waited["s"] = time.monotonic() - t0
 
-        done = threading.Event()
-        server.io_loop.add_callback(
-            lambda: asyncio.ensure_future(lock_the_document()).add_done_callback(
-                lambda _: done.set()))
-        assert done.wait(30)
-        # held through the connect, the lock would be free only after its 10 s timeout
-        assert waited["s"] < 5, waited
-        conn.close()
+            done = threading.Event()
+            server.io_loop.add_callback(
+                lambda: asyncio.ensure_future(lock_the_document()).add_done_callback(
+                    lambda _: done.set()))
+            assert done.wait(30)
+            # held through the connect, the lock would be free only after its 10 s timeout
+            assert waited["s"] < 5, waited
+            conn.close()
     finally:
-
-        def stop() -> None:
-            server.stop()
-            server.io_loop.stop()
-
-        server.io_loop.add_callback(stop)
-        thread.join(10)
         silent.close()
 
 

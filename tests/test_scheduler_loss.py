@@ -16,7 +16,8 @@ import daskpri
 from daskpri.models import build_model
 
 
-def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, tmp_path):
+def _scheduler_and_worker() -> tuple[str, subprocess.Popen, subprocess.Popen]:
+    """A `dask scheduler` and one `dask worker` process on loopback: its address and both."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     scheduler = subprocess.Popen(
@@ -29,6 +30,11 @@ def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, 
          "--host", "127.0.0.1", "--no-dashboard"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    return address, scheduler, worker
+
+
+def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, tmp_path):
+    address, scheduler, worker = _scheduler_and_worker()
     ckpt = tmp_path / "run.ckpt"
     killed_at: list[float] = []
     try:
@@ -91,18 +97,7 @@ def test_train_that_loses_its_scheduler_writes_the_history_so_far(tmp_path):
 
     import xarray as xr
 
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    scheduler = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-         "--host", "127.0.0.1", "--no-dashboard"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    address, scheduler, worker = _scheduler_and_worker()
     ckpt, out = tmp_path / "run.ckpt", tmp_path / "run.nc"
     env = dict(os.environ, DASK_DASKPRI__TRAINER__SCHEDULER_TIMEOUT="3s")
     train = subprocess.Popen(
