@@ -28,6 +28,7 @@ def test_resumed_run_selects_the_same_samples_and_reaches_the_same_weights(
     try:
         a.fit(train, eval_data=test, max_steps=15, progress=False)
         a.save(path)
+        setup = a.history_.attrs["setup_time"]
         ha = a.fit(train, eval_data=test, max_steps=40, progress=False)
         params_a = [p.detach().clone() for p in a.model.parameters()]
     finally:
@@ -35,6 +36,7 @@ def test_resumed_run_selects_the_same_samples_and_reaches_the_same_weights(
     b = daskpri.Trainer.resume(path, client=gpu_client)
     try:
         assert b.step_ == 15 and b.history_.sizes["step"] == 15
+        assert b.history_.attrs["setup_time"] == setup > 0  # the run's own, kept
         hb = b.fit(train, eval_data=test, max_steps=40, progress=False)
         assert hb["step"].values.tolist() == list(range(40))
         np.testing.assert_array_equal(ha["selection_digest"], hb["selection_digest"])

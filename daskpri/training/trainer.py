@@ -670,6 +670,8 @@ class Trainer(RunMixin):
             {
                 "step": self.step_,
                 "elapsed": self._elapsed,
+                # placing data, building replicas, warm-ups so far (not in elapsed)
+                "setup_time": self._setup_time,
                 "model": self.model.state_dict(),
                 "model_spec": getattr(self.model, "spec", None),
                 "optimizer": self._opt.state_dict(),
@@ -769,6 +771,7 @@ class Trainer(RunMixin):
             trainer = cls(model, strategy=strategy, client=client, **params)
         trainer.step_ = int(state["step"])
         trainer._elapsed = float(state["elapsed"])
+        trainer._setup_time = float(state.get("setup_time", 0.0))  # (not in older ones)
         trainer._recorder.records = list(state["history"])
         trainer._metrics_sent = len(trainer._recorder.records)  # not sent again
         trainer._resume_state = {
