@@ -96,7 +96,12 @@ def test_checkpoint_every_writes_the_latest_state(gpu_client, small_data, tmp_pa
         assert t.saved == [4, 8, 10]  # every 4 steps, and where the fit ended
         state = checkpoint.read(path)
         assert state["step"] == 10 and len(state["history"]) == 10
-        t.fit(train, max_steps=10, progress=False)  # nothing to do: nothing written
+        with pytest.warns(daskpri.DaskpriWarning, match=r"^max_steps=10 is reached already "
+                          r"\(step_=10\): max_steps counts the steps of every fit of this "
+                          r"trainer, so this one trains none; pass max_steps=20 to train 10 "
+                          r"more$") as record:
+            t.fit(train, max_steps=10, progress=False)  # nothing to do: nothing written
+        assert record[0].filename == __file__
         t.fit(train, max_steps=12, progress=False)  # ends on a period's step: written once
         assert t.saved == [4, 8, 10, 12]
     finally:

@@ -176,7 +176,13 @@ class SelectiveBackprop(Strategy):
     over its data, computes their losses (forward only; they all become
     priorities) and backpropagates either the top ``fraction`` by loss
     (``beta=None``), or each candidate with probability ``CDF(L)^beta``, the
-    CDF taken over the table's recent losses (Jiang et al. 2019).
+    CDF taken over the table's losses (Jiang et al. 2019). Their CDF is over
+    a rolling history of the most recent losses computed; here it is over a
+    sample of 1,024 of the table's last losses, one a sample, some an epoch
+    old: where the losses fall fast it keeps fewer candidates than theirs
+    would (0.879 of a batch against 0.955 at ``beta=1`` in a synthetic check,
+    losses falling with a 100-step time constant), and the same where they
+    are steady.
 
     With ``refresh=k``, only one epoch in ``k`` of each worker's candidate
     walk scores its candidates with a fresh forward pass; in the others the

@@ -497,6 +497,16 @@ class Trainer(RunMixin):
         from tqdm.auto import tqdm
 
         self._warn_past_schedule(max_steps)
+        if max_steps and self.step_ >= max_steps:
+            # a notebook's fit cell run again: it returns at once, with the same history
+            # (max_steps=0 asks for no step: it sets the run up)
+            warnings.warn(
+                f"max_steps={max_steps} is reached already (step_={self.step_}): max_steps "
+                f"counts the steps of every fit of this trainer, so this one trains none; "
+                f"pass max_steps={self.step_ + max_steps} to train {max_steps} more",
+                DaskpriWarning,
+                stacklevel=4,
+            )
         total = None if max_steps is None else max(0, max_steps - self.step_)
         bar = tqdm(total=total, disable=not progress, desc=self.strategy.name, unit="step")
         start = self._elapsed
