@@ -133,6 +133,12 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
     return xr.open_dataset(path, engine="scipy", chunks={})
 
 
+#: OSErrors about a file itself (missing, forbidden, of the wrong kind): a
+#: worker that raises one reading the data's store is not lost, the data is
+#: out of its reach, which no retry mends
+FILE_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
 def fingerprint(source: xr.Dataset | str | os.PathLike[str]) -> tuple[Any, ...]:
     """What tells one run's data from another's: its content, not the object.
 

@@ -25,7 +25,7 @@ from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
 from daskpri._wire import TensorsAsNumpy
-from daskpri.data.io import check_values, open_dataset
+from daskpri.data.io import FILE_ERRORS, check_values, open_dataset
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights, flat_params, sample_losses
 from daskpri.strategies.base import Batch, Computed, Strategy, concat_selections
@@ -197,7 +197,7 @@ class ReplicaPlugin(WorkerPlugin):
             with dask.config.set(scheduler="synchronous"):
                 ds = open_dataset(ref.path).isel(sample=slice(ref.start, ref.stop))
                 return np.asarray(ds["x"].values), np.asarray(ds["y"].values)
-        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
+        except FILE_ERRORS as e:
             raise type(e)(f"{cannot}: {e}") from None
         except OSError as e:
             if e.errno is not None:  # the file system's, perhaps passing: as it is

@@ -469,8 +469,11 @@ class RunMixin:
                 keep=uuid.uuid4().hex[:12] if keep else None,
                 resume=resume,
                 max_grad_norm=self.max_grad_norm,
+                # what a worker backpropagates a step in expectation: its share of the draws
                 rows_per_step=(
-                    getattr(self.strategy, "batch_size", None) or self.batch_size
+                    self.strategy.gradients_per_step(
+                        self.batch_size, int(self._deployment.bounds[-1]) // len(slots)
+                    )
                     if self.strategy.draws_globally else None
                 ),
             )

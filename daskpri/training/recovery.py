@@ -18,6 +18,7 @@ from distributed.comm import CommClosedError
 from distributed.scheduler import KilledWorker
 
 from daskpri import _config
+from daskpri.data.io import FILE_ERRORS as FILE_ERRORS
 from daskpri.replicas.worker import StoreRef
 from daskpri.training import checkpoint
 
@@ -25,11 +26,9 @@ from daskpri.training import checkpoint
 # is re-planned on the workers left; anything else is the user's error.
 LOST = (CancelledError, KilledWorker, CommClosedError, OSError)
 
-# OSErrors that a live worker raises about a file (the data's store it cannot
-# open or read): the user's to mend, not a worker lost. Every handler of LOST
-# lets them through first; retried, they failed only after the no-workers
-# timeout or eleven attempts, as workers "lost".
-FILE_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# A live worker's OSErrors about the data's files (FILE_ERRORS) are the user's
+# to mend, not a worker lost: every handler of LOST lets them through first;
+# retried, they failed only after the no-workers timeout or eleven attempts.
 
 
 class SchedulerLostError(RuntimeError):
