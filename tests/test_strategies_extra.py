@@ -326,6 +326,20 @@ def test_infobatch_epoch_visits_exactly_the_kept_samples_once():
     assert drawn[len(epoch0)][0] == 1  # the next epoch starts right after
 
 
+def test_infobatch_prunes_below_the_whole_tables_mean_not_a_workers():
+    # worker 0 holds the easy samples (loss 0.1), worker 1 the hard ones
+    # (1.0): against the table's mean, 0.55, only worker 0's are low, as the
+    # paper's one sampler over the whole dataset judges them
+    table = PriorityTable([100, 100])
+    table.update(np.arange(200), np.where(np.arange(200) < 100, 0.1, 1.0), step=0)
+    strategy = get_strategy("infobatch", prune=0.5, batch_size=100)
+    ctx = make_ctx(table, [0, 1], batch_size=100)
+    easy, hard = strategy.select(ctx)
+    assert (easy.weights == 2.0).all()
+    assert (hard.weights == 1.0).all()
+    np.testing.assert_array_equal(hard.train, np.arange(100, 200))
+
+
 def test_infobatch_batches_come_sorted_with_their_weights():
     table = PriorityTable([60, 60])
     table.update(np.arange(120), np.tile(np.linspace(0, 1, 60), 2), step=0)

@@ -18,14 +18,17 @@ from daskpri.strategies.base import (
 
 
 def prune_epoch(
-    losses: np.ndarray, prune: float, rng: np.random.Generator
+    losses: np.ndarray,
+    prune: float,
+    rng: np.random.Generator,
+    threshold: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Positions kept for one epoch, shuffled, and their weights.
 
-    Each position whose loss is below the mean of the finite losses is
-    dropped with probability ``prune`` and weighted ``1 / (1 - prune)`` when
-    kept; the others (unseen samples, ``+inf``, among them) are kept with
-    weight 1.
+    Each position whose loss is below ``threshold`` (by default the mean of
+    the finite ``losses``) is dropped with probability ``prune`` and weighted
+    ``1 / (1 - prune)`` when kept; the others (unseen samples, ``+inf``,
+    among them) are kept with weight 1.
 
     Examples
     --------
@@ -37,7 +40,8 @@ def prune_epoch(
     seen = np.isfinite(loss)
     low = np.zeros(loss.size, dtype=bool)
     if prune > 0 and seen.any():
-        low[seen] = loss[seen] < loss[seen].mean()
+        cut = loss[seen].mean() if threshold is None else threshold
+        low[seen] = loss[seen] < cut
     # Independent drops keep the weighted sum exactly unbiased; the authors'
     # code keeps int((1 - r) n) of the n low-loss samples instead.
     kept = ~low | (rng.random(loss.size) >= prune)
@@ -46,11 +50,20 @@ def prune_epoch(
     return keep, weights
 
 
+def _seen_mean(ctx: SelectContext) -> float | None:
+    """The mean of every seen loss in the table; ``None`` when none is seen."""
+    current = np.asarray(ctx.table.current, dtype=np.float64)
+    seen = current[np.isfinite(current)]
+    return float(seen.mean()) if seen.size else None
+
+
 class InfoBatch(Strategy):
     """Prune low-loss samples at each epoch, upweight those kept (InfoBatch).
 
     At the start of each epoch of a worker's data, the samples whose last
-    loss is below the mean of the worker's seen losses are each dropped with
+    loss is below the mean of all the seen losses in the table (the whole
+    dataset's, as the paper's sampler, which gathers every rank's scores,
+    computes it) are each dropped with
     probability ``prune``; the low-loss samples kept are weighted
     ``1 / (1 - prune)``, the others 1, so the epoch's gradient stays an
     unbiased estimate of the full one. The worker then walks the kept samples
@@ -106,7 +119,9 @@ class InfoBatch(Strategy):
         group = ctx.groups[slot]
         epoch = int(ctx.state.setdefault("epochs", {}).setdefault(slot, 0))
         if self.pruning(epoch):
-            walk, weights = prune_epoch(ctx.table.current[group], self.prune, ctx.rng)
+            walk, weights = prune_epoch(
+                ctx.table.current[group], self.prune, ctx.rng, threshold=_seen_mean(ctx)
+            )
         else:
             walk, weights = ctx.rng.permutation(group.size), np.ones(group.size)
         # Positions in the group, as epoch_batches keeps them.
