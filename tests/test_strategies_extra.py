@@ -156,6 +156,22 @@ def test_upper_bound_switches_on_for_skewed_scores():
     assert ctx.state["importance"] == 1
 
 
+def test_upper_bound_pools_the_workers_batches_so_one_sample_each_still_switches_it_on():
+    table = PriorityTable([100] * 6)
+    ctx = make_ctx(table, list(range(6)), batch_size=1)
+    # each worker trains one sample a step; one of the six holds all the mass,
+    # so the step's batch of six has tau = sqrt(6) > the threshold, (3 + 3) / 3
+    history = _run_upper_bound(
+        get_strategy("upper-bound", smoothing=0.0),
+        table,
+        ctx,
+        lambda idx: np.full(idx.size, float(idx[0] < 100)),
+        3,
+    )
+    assert [tau for _, tau in history] == [0.0, pytest.approx(6**0.5), pytest.approx(6**0.5)]
+    assert [bool(sels[0].extra) for sels, _ in history] == [False, True, True]
+
+
 def test_upper_bound_folds_each_steps_scores_in_once_they_are_back():
     table = PriorityTable([100])
     strategy = get_strategy("upper-bound", smoothing=0.5, batch_size=16)

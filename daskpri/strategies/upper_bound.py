@@ -108,7 +108,8 @@ class UpperBound(Strategy):
     reduction pays for the extra forward passes: the selection keeps (in its
     checkpointed state) an exponential moving average of ``tau`` (see
     :func:`variance_reduction`) over the scores of each step's batches,
-    starting from 0 as the authors' code does, and samples by
+    starting from 0 as the authors' code does (the workers' batches of a
+    step pooled, as the reference's one batch), and samples by
     importance while it exceeds ``tau_threshold``, by default
     ``(B + 3 b) / (3 b)`` (``B`` forwards plus ``b`` backwards, a backward
     costing two forwards, against ``b`` plain steps). While off, each worker
@@ -182,7 +183,9 @@ class UpperBound(Strategy):
         The batches selected at each step wait in ``ctx.state["scored"]`` until
         the table holds their scores of that step (or of the round of local
         steps it was in): one update of the average per step, in step order,
-        with the mean ``tau`` of the workers' batches.
+        with the ``tau`` of the workers' batches' scores pooled. A step with
+        fewer than two scores back (``batch_size=1`` on one worker) leaves the
+        average as it was.
         """
         state = ctx.state
         tau = float(state.get("tau", 0.0))
@@ -197,18 +200,19 @@ class UpperBound(Strategy):
                 if step < ctx.step - _PATIENCE:
                     del scored[step]
                 continue  # not back yet (several steps selected at once)
-            taus = []
+            pooled = []
             for idx, v in zip(batches, versions, strict=True):
                 back = v[v >= step]
-                if back.size < 2:
-                    continue
-                # the scores of that step, or of the round of local steps it was in
-                # (a round's come back as of its last step)
-                mine = v == back.min()
-                if mine.sum() > 1:
-                    taus.append(variance_reduction(ctx.table.current[idx[mine]]))
-            if taus:
-                tau = self.smoothing * tau + (1.0 - self.smoothing) * float(np.mean(taus))
+                if back.size:
+                    # the scores of that step, or of the round of local steps it
+                    # was in (a round's come back as of its last step)
+                    pooled.append(ctx.table.current[idx[v == back.min()]])
+            # The workers' batches together are the step's batch, the one the
+            # reference code's single process scores: pooled, a batch of one
+            # per worker still estimates tau.
+            scores = np.concatenate(pooled) if pooled else np.empty(0)
+            if scores.size > 1:
+                tau = self.smoothing * tau + (1.0 - self.smoothing) * variance_reduction(scores)
             del scored[step]
         state["tau"] = tau
         return tau
