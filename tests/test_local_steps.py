@@ -16,7 +16,8 @@ from daskpri._wire import pack
 from daskpri.models import build_model
 from daskpri.replicas.optim import LocalSteps, make_optimizer
 from daskpri.replicas.replica import Replica, Weights, sample_entropies
-from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, Shares, _train
+from daskpri.replicas.step import _train
+from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, Shares
 from daskpri.strategies import get_strategy
 from daskpri.strategies.base import Batch, Selection
 from daskpri.table.plugin import RemoteTable, _in_process, _unpack_round

@@ -5,15 +5,17 @@ the trainer, it builds the user's module on every worker of the cluster,
 including workers that join (or restart) later, on the device of that worker.
 It also caches the partitions that the worker has loaded, as tensors on that
 device, so training steps ship partition ids and indices, not data.
+
+The samples a step ships (:mod:`daskpri.replicas.shares`), the computation of
+a worker's share of it (:mod:`daskpri.replicas.step`) and the errors a worker
+reports (:mod:`daskpri.replicas.errors`) have modules of their own; their
+names are importable from here too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
-import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,34 +26,18 @@ from distributed import WorkerPlugin, get_worker
 from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
-from daskpri._wire import TensorsAsNumpy
 from daskpri.data.io import FILE_ERRORS, check_values, open_dataset
-from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
-from daskpri.replicas.replica import Replica, Weights, flat_params, sample_losses
-from daskpri.strategies.base import Batch, Computed, Strategy, concat_selections
-
-
-class ReplicaStateLost(LookupError):
-    """The worker no longer holds the state a round was to resume from.
-
-    The driver then sends the round again with the parameters and optimizer
-    state in full. The worker answers ``{STATE_LOST: message}`` rather than
-    raising; :func:`raise_state_lost` turns that back into this error.
-    """
-
-
-#: the key of a worker's answer to a round it could not resume
-STATE_LOST = "daskpri-replica-state-lost"
-
-
-class UnreadableDataError(ValueError):
-    """A worker could not read a partition of the data's store (damaged or truncated)."""
-
-
-def raise_state_lost(result: Any) -> None:
-    """Raise :class:`ReplicaStateLost` if ``result`` is a worker's answer that it lost its state."""
-    if isinstance(result, dict) and STATE_LOST in result:
-        raise ReplicaStateLost(result[STATE_LOST])
+from daskpri.replicas.errors import (
+    STATE_LOST,
+    ReplicaStateLost,
+    UnreadableDataError,
+    raise_state_lost,  # noqa: F401  (re-exported)
+)
+from daskpri.replicas.optim import make_optimizer
+from daskpri.replicas.replica import Replica, Weights
+from daskpri.replicas.shares import Share, Shares  # noqa: F401  (re-exported)
+from daskpri.replicas.step import StepResult, _train
+from daskpri.strategies.base import Batch, Strategy
 
 
 @dataclass(frozen=True)
@@ -333,170 +319,6 @@ def _warm_up(
         opt.step()
 
 
-@dataclass
-class Share:
-    """One worker's samples for one step, located in its partitions.
-
-    ``pids``/``local`` locate each selected sample (partition, row), in the
-    order of ``indices``: the first ``n_train`` are trained on (with
-    ``weights``), the rest only scored.
-    """
-
-    pids: np.ndarray
-    local: np.ndarray
-    n_train: int
-    weights: np.ndarray | None
-    indices: np.ndarray
-    extra: dict[str, np.ndarray]
-    #: seeds the worker half's random choices: (run seed, step, slot)
-    seed: tuple[int, int, int]
-
-
-@dataclass
-class Shares:
-    """One worker's samples for the steps of a round, packed in a few arrays.
-
-    A round of many steps travels as a handful of arrays rather than many
-    small ones (each array is a frame of its own on the wire).
-    """
-
-    #: every step's samples (train rows first, then scored rows), concatenated
-    indices: np.ndarray
-    #: step ``i``'s samples are ``indices[splits[i]:splits[i + 1]]``
-    splits: np.ndarray
-    n_train: np.ndarray
-    #: the train rows' weights of the weighted steps, concatenated
-    weights: np.ndarray
-    #: which steps carry weights
-    weighted: np.ndarray
-    #: each step's extras, or ``[]`` where no step has any
-    extra: list[dict[str, np.ndarray]]
-    #: (run seed, first step, slot): step ``i`` is seeded (seed, first + i, slot)
-    seed: tuple[int, int, int]
-    #: partition bounds along ``sample``
-    bounds: np.ndarray
-
-    @classmethod
-    def pack(
-        cls,
-        selections: Sequence[Any],
-        seed: tuple[int, int, int],
-        bounds: np.ndarray,
-    ) -> Shares:
-        """Pack one slot's :class:`~daskpri.strategies.Selection` of each step."""
-        return cls.concat(**concat_selections(selections), seed=seed, bounds=bounds)
-
-    @classmethod
-    def concat(
-        cls,
-        *,
-        train: np.ndarray,
-        n_train: np.ndarray,
-        score: np.ndarray,
-        n_score: np.ndarray,
-        weights: np.ndarray,
-        weighted: np.ndarray,
-        extra: list[dict[str, np.ndarray]],
-        seed: tuple[int, int, int],
-        bounds: np.ndarray,
-    ) -> Shares:
-        """Pack one slot's steps from the arrays the table sends, without a loop over them.
-
-        ``train``: every step's train rows, concatenated (``n_train`` of
-        each); ``score`` likewise; ``weights``: the weighted steps' weights,
-        concatenated; ``extra``: each step's extras, ``[]`` where none has any.
-
-        Examples
-        --------
-        >>> s = Shares.concat(train=np.array([1, 2, 3]), n_train=np.array([2, 1]),
-        ...     score=np.array([7]), n_score=np.array([0, 1]), weights=np.empty(0),
-        ...     weighted=np.zeros(2, bool), extra=[], seed=(0, 0, 0), bounds=np.array([0, 10]))
-        >>> s.indices.tolist(), s.splits.tolist()
-        ([1, 2, 3, 7], [0, 2, 4])
-        """
-        n_train = np.asarray(n_train, dtype=np.int64)
-        n_score = np.asarray(n_score, dtype=np.int64)
-        sizes = n_train + n_score
-        splits = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        if not n_score.any():
-            indices = np.asarray(train, dtype=np.int64)
-        else:  # each step's train rows, then its scored rows
-            indices = np.empty(int(splits[-1]), dtype=np.int64)
-            t0 = np.concatenate([[0], np.cumsum(n_train)[:-1]])
-            s0 = np.concatenate([[0], np.cumsum(n_score)[:-1]])
-            indices[np.arange(train.size) + np.repeat(splits[:-1] - t0, n_train)] = train
-            indices[np.arange(score.size) + np.repeat(splits[:-1] + n_train - s0, n_score)] = score
-        return cls(
-            indices=indices,
-            splits=splits,
-            n_train=n_train,
-            weights=np.asarray(weights, dtype=float),
-            weighted=np.asarray(weighted, dtype=bool),
-            extra=list(extra),
-            seed=seed,
-            bounds=np.asarray(bounds, dtype=np.int64),
-        )
-
-    def __len__(self) -> int:
-        return int(self.n_train.size)
-
-    def partitions(self) -> np.ndarray:
-        """The partitions that the round touches, in order."""
-        touched = np.zeros(max(self.bounds.size - 1, 0), dtype=bool)
-        touched[np.searchsorted(self.bounds, self.indices, side="right") - 1] = True
-        return np.flatnonzero(touched)
-
-    def locate(self) -> tuple[np.ndarray, np.ndarray]:
-        """(partition, row within it) of every sample of the round."""
-        if not hasattr(self, "_located"):  # once per round, on the worker
-            pids = np.searchsorted(self.bounds, self.indices, side="right") - 1
-            self._located = (pids, self.indices - self.bounds[pids])
-        return self._located
-
-    def share(self, i: int) -> Share:
-        """Step ``i`` of the round."""
-        pids, local = self.locate()
-        if not hasattr(self, "_w0"):  # where each step's weights start
-            self._w0 = np.concatenate([[0], np.cumsum(self.n_train * self.weighted)])
-        a, b = self.splits[i], self.splits[i + 1]
-        w0, n = int(self._w0[i]), int(self.n_train[i])
-        return Share(
-            pids=pids[a:b],
-            local=local[a:b],
-            n_train=n,
-            weights=self.weights[w0 : w0 + n] if self.weighted[i] else None,
-            indices=self.indices[a:b],
-            extra=self.extra[i] if self.extra else {},
-            seed=(self.seed[0], self.seed[1] + i, self.seed[2]),
-        )
-
-
-@dataclass
-class StepResult(TensorsAsNumpy):
-    """What one worker returns for one step or round (CPU tensors and numpy only)."""
-
-    #: ``sum_i w_i grad L_i`` of a step (empty after a round of local steps)
-    grad: torch.Tensor
-    n_grad: int
-    indices: np.ndarray
-    priorities: np.ndarray
-    loss_sum: float
-    n_loss: int
-    correct: int
-    compute_seconds: float
-    worker: str
-    device: str
-    pid: int
-    #: after a round of local steps: the replica's parameters and optimizer state
-    params: torch.Tensor | None = None
-    optimizer_state: dict[str, Any] | None = None
-    #: the module's buffers after its forward passes (batch norm's running
-    #: statistics), when it has any and ran a forward pass
-    buffers: dict[str, torch.Tensor] | None = None
-    #: the name under which the worker keeps its state after the round
-    kept: str | None = None
-
-
 def train_task(name: str, *args: Any) -> StepResult | dict[str, str]:
     """One worker's share of a step, as a Dask task (the ``tasks`` transport).
 
@@ -531,240 +353,3 @@ def _train_handler(worker: Any) -> Any:
         return to_serialize(result) if isinstance(result, StepResult) else result
 
     return daskpri_train
-
-
-def _train(
-    plugin: ReplicaPlugin,
-    weights: Weights,
-    strategy: Strategy,
-    shares: Shares,
-    parts: Mapping[int, PartitionRef | str],
-    local: LocalSteps | None = None,
-) -> StepResult:
-    """Compute one worker's share of a step (or of a round) with ``plugin``'s replica.
-
-    Without ``local``, ``shares`` holds one step's samples and the result
-    its gradient sum. With ``local``, the worker takes one optimizer step per
-    share and returns its parameters and optimizer state. ``parts`` holds a
-    reference for each partition touched (or the key of its scattered data,
-    from the direct transport).
-    """
-    t0 = time.perf_counter()
-    replica = plugin.replica
-    device = replica.device
-    params = replica.params
-    opt = None
-    kept, plugin.kept = plugin.kept, None  # a round that fails leaves nothing to resume
-    if local is not None and local.resume is not None:
-        if kept is None or kept[0] != local.resume:
-            raise ReplicaStateLost(
-                f"worker {plugin.address} does not hold the state of the round it was "
-                f"to resume from ({local.resume}); it holds "
-                + ("none" if kept is None else kept[0])
-            )
-        opt = kept[1]
-    else:
-        replica.load(weights)
-        if local is not None:
-            opt = make_optimizer(local.optimizer, params, local.options)
-            # copies: ``load_state_dict`` keeps tensors already on the device,
-            # which in a cluster of threads are the driver's (and shared by all)
-            opt.load_state_dict(_copied(local.state))
-    if opt is not None:
-        replica.version = -1  # the replica's weights leave the driver's version
-    grad: torch.Tensor | None = None  # a step's gradient sum (no local steps)
-    out_idx: list[np.ndarray] = []
-    out_prio: list[Any] = []
-    deferred: list[tuple[int, Computed]] = []  # (place in out_prio, step)
-    loss_sums: list[Any] = []  # each step's, numbers or 0-d tensors
-    corrects: list[Any] = []
-    n_loss, n_grad = 0, 0
-    rows = _rows(plugin, shares, parts)
-    # with local steps, gradients stay in the module for the optimizer
-    replica.keep_grads = opt is not None
-    try:
-        for i in range(len(shares)):
-            a, b = int(shares.splits[i]), int(shares.splits[i + 1])
-            if a == b:
-                continue
-            share = shares.share(i)
-            batch = _batch(plugin, weights, share, rows[a:b])
-            c = strategy.compute(replica, batch)
-            out_idx.append(share.indices if c.rows is None else share.indices[c.rows])
-            if c.logits is not None:
-                deferred.append((len(out_prio), c))
-                out_prio.append(None)
-            else:
-                out_prio.append(c.priorities)
-                loss_sums.append(c.loss_sum)
-                corrects.append(c.correct)
-            n_loss += int(c.n_loss)
-            n_grad += int(c.n_grad)
-            if opt is None:
-                grad = c.grad
-            elif c.n_grad:
-                # a non-finite gradient shows in the parameters: the driver drops the round
-                _mean_grad(replica, c.grad, local.rows_per_step or c.n_grad)  # type: ignore[union-attr]
-                if local.max_grad_norm is not None:  # type: ignore[union-attr]
-                    torch.nn.utils.clip_grad_norm_(params, local.max_grad_norm)  # type: ignore[union-attr]
-                for group in opt.param_groups:
-                    group["lr"] = local.rates[i]  # type: ignore[union-attr]
-                opt.step()
-    finally:
-        replica.keep_grads = False
-    if deferred:
-        loss_sum, correct = _finish_deferred(deferred, out_prio, strategy)
-        loss_sums.append(loss_sum)
-        corrects.append(correct)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    if opt is not None:
-        grad = torch.empty(0)
-    elif grad is None:  # nothing selected on this worker
-        grad = torch.zeros(replica.n_params)
-    result = StepResult(
-        grad=grad.detach().to("cpu"),
-        n_grad=n_grad,
-        indices=np.concatenate(out_idx) if out_idx else np.empty(0, dtype=np.int64),
-        priorities=_concat(out_prio),
-        loss_sum=_total(loss_sums),
-        n_loss=n_loss,
-        correct=int(_total(corrects)),
-        compute_seconds=0.0,
-        worker=plugin.address,
-        device=str(device),
-        pid=os.getpid(),
-    )
-    if opt is not None:
-        result.params = flat_params(params).to("cpu")
-        result.optimizer_state = _copied(opt.state_dict(), "cpu")
-        if local is not None and local.keep is not None:
-            plugin.kept = (local.keep, opt)
-            result.kept = local.keep
-    if out_idx and replica.has_buffers:
-        # copies: the replica goes on updating its own
-        result.buffers = {
-            k: v.detach().to("cpu", copy=True) for k, v in replica.module.named_buffers()
-        }
-    result.compute_seconds = time.perf_counter() - t0
-    return result
-
-
-def _finish_deferred(
-    deferred: list[tuple[int, Computed]], out_prio: list[Any], strategy: Strategy
-) -> tuple[float, int]:
-    """The losses of a round's deferred steps, from their logits, all at once.
-
-    Each step's priorities (:meth:`Strategy.priority`: by default its
-    per-sample losses) take its place in ``out_prio``; returns
-    the loss summed over the train rows (in float64) and the train rows
-    predicted right. One cross-entropy over the round's rows costs what one
-    step's did: a step's kernels are small, their launches are the cost.
-    """
-    steps = [c for _, c in deferred]
-    logits = torch.cat([c.logits for c in steps])  # type: ignore[misc]
-    labels = torch.cat([c.labels for c in steps])  # type: ignore[misc]
-    losses = sample_losses(logits, labels)
-    hits = logits.argmax(1) == labels
-    sizes = [int(c.labels.shape[0]) for c in steps]  # type: ignore[union-attr]
-    if all(c.n_loss == size for c, size in zip(steps, sizes, strict=True)):
-        train_losses, train_hits = losses, hits
-    else:  # scored-only rows follow each step's train rows
-        rows = [np.arange(size) < c.n_loss for c, size in zip(steps, sizes, strict=True)]
-        mask = torch.as_tensor(np.concatenate(rows), device=losses.device)
-        train_losses, train_hits = losses[mask], hits[mask]
-    priorities = strategy.priority(losses, logits)
-    for (place, _), part in zip(deferred, priorities.split(sizes), strict=True):
-        out_prio[place] = part
-    return float(train_losses.double().sum()), int(train_hits.sum())
-
-
-def _concat(parts: list[np.ndarray | torch.Tensor]) -> np.ndarray:
-    """Numbers and tensors, concatenated as float64, tensors converted in one go."""
-    if not parts:
-        return np.empty(0)
-    tensors = [p for p in parts if isinstance(p, torch.Tensor)]
-    if len(tensors) == len(parts):
-        return torch.cat([t.detach().reshape(-1) for t in tensors]).cpu().numpy().astype(np.float64)
-    return np.concatenate(
-        [
-            p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p)
-            for p in parts
-        ]
-    ).astype(np.float64)
-
-
-def _total(values: list[Any]) -> float:
-    """The sum of numbers and 0-d tensors (the tensors summed at once, converted once)."""
-    tensors = [v.detach().reshape(()) for v in values if isinstance(v, torch.Tensor)]
-    total = sum(float(v) for v in values if not isinstance(v, torch.Tensor))
-    return total + (float(torch.stack(tensors).double().sum()) if tensors else 0.0)
-
-
-def _mean_grad(replica: Replica, grad: torch.Tensor | None, n: int) -> None:
-    """Give the replica's parameters the mean gradient of a step that sums ``n`` samples.
-
-    ``grad`` is the step's flat gradient sum; ``None``: the gradient is in
-    the parameters' ``.grad`` already, as the mean over ``replica.kept_rows``
-    (the replica's ``keep_grads`` mode), and is rescaled there if ``n`` differs.
-    """
-    if grad is not None:
-        set_flat_grad(replica.params, grad / n)
-    elif n != replica.kept_rows:
-        for p in replica.params:
-            if p.grad is not None:
-                p.grad.mul_(replica.kept_rows / n)
-
-
-def _rows(
-    plugin: ReplicaPlugin, shares: Shares, parts: Mapping[int, PartitionRef | str]
-) -> torch.Tensor:
-    """The rows of the worker's stacked partitions that the round's samples are in.
-
-    Partitions not loaded here yet are loaded first (once).
-    """
-    pids, local = shares.locate()
-    if not pids.size:
-        return torch.empty(0, dtype=torch.int64)
-    rows = plugin.rows(pids, local)
-    if rows is None:
-        for pid in np.unique(pids):
-            plugin.partition(int(pid), parts[int(pid)])
-        rows = plugin.rows(pids, local)
-        if rows is None:
-            raise LookupError(
-                f"partitions {np.unique(pids).tolist()} did not load on worker {plugin.address}"
-            )
-    return rows
-
-
-def _batch(plugin: ReplicaPlugin, weights: Weights, share: Share, rows: torch.Tensor) -> Batch:
-    """The samples of ``share`` (at ``rows``) as tensors on the replica's device."""
-    x, y = plugin.take(rows)
-    w = share.weights
-    return Batch(
-        x=x,
-        y=y,
-        indices=share.indices,
-        n_train=share.n_train,
-        weights=None if w is None else torch.as_tensor(w, dtype=torch.float32, device=x.device),
-        mean_grad=weights.mean_grad,
-        extra=share.extra,
-        seed=share.seed,
-        defer=True,
-    )
-
-
-def _copied(tree: Any, device: str | None = None) -> Any:
-    """``tree`` with every tensor copied (to ``device``, if given).
-
-    The optimizer that a result's state comes from may be kept and go on;
-    in a cluster of threads a driver's tensors arrive as they are.
-    """
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to(device or tree.device, copy=True)
-    if isinstance(tree, dict):
-        return {k: _copied(v, device) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_copied(v, device) for v in tree)
-    return tree
