@@ -20,7 +20,8 @@ from daskpri.replicas.step import _train
 from daskpri.replicas.worker import ArrayPart, ReplicaPlugin, Shares
 from daskpri.strategies import get_strategy
 from daskpri.strategies.base import Batch, Selection
-from daskpri.table.plugin import RemoteTable, _in_process, _unpack_round
+from daskpri.table._packing import _unpack_round
+from daskpri.table.plugin import RemoteTable, _in_process
 
 
 def _trainer(client, train, **kw):
@@ -237,7 +238,8 @@ def test_a_round_read_packed_gives_the_shares_and_digest_of_its_selections(seed)
     against building a Selection per step and packing those."""
     import msgpack
 
-    from daskpri.table.plugin import Round, _pack_round
+    from daskpri.table._packing import _pack_round
+    from daskpri.table.plugin import Round
     from daskpri.training.rounds import digest
 
     rng = np.random.default_rng(seed)

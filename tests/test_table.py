@@ -135,7 +135,7 @@ def test_a_round_of_selections_travels_packed_and_arrives_equal():
     import msgpack
 
     from daskpri.strategies.base import Selection
-    from daskpri.table.plugin import _pack_round, _unpack_round
+    from daskpri.table._packing import _pack_round, _unpack_round
 
     steps = [
         Selection(train=np.array([3, 1, 2])),
