@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from daskpri.strategies.base import (
-    SelectContext,
-    Selection,
-    Strategy,
-    check_fraction,
-    check_positive_int,
-)
+from daskpri.strategies._checks import check_fraction, check_positive_int
+from daskpri.strategies.base import Strategy
+from daskpri.strategies.selection import SelectContext, Selection
 
 
 def prune_epoch(

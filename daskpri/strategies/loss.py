@@ -6,14 +6,10 @@ import math
 
 import numpy as np
 
-from daskpri.strategies.base import (
-    SelectContext,
-    Selection,
-    Strategy,
-    check_fraction,
-    check_positive_int,
-    round_robin,
-)
+from daskpri.strategies._checks import check_fraction, check_positive_int
+from daskpri.strategies._walk import round_robin
+from daskpri.strategies.base import Strategy
+from daskpri.strategies.selection import SelectContext, Selection
 
 
 def sampling_probabilities(priorities: np.ndarray, epsilon: float) -> np.ndarray:

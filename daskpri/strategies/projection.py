@@ -8,16 +8,10 @@ import numpy as np
 import torch
 
 from daskpri.replicas.replica import Replica
-from daskpri.strategies.base import (
-    Batch,
-    Computed,
-    SelectContext,
-    Selection,
-    Strategy,
-    check_fraction,
-    check_positive_int,
-    round_robin,
-)
+from daskpri.strategies._checks import check_fraction, check_positive_int
+from daskpri.strategies._walk import round_robin
+from daskpri.strategies.base import Batch, Computed, Strategy
+from daskpri.strategies.selection import SelectContext, Selection
 
 
 class Projection(Strategy):

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from daskpri.strategies.base import (
-    SelectContext,
-    Selection,
-    Strategy,
-    TrainRound,
-    check_positive_int,
-    epoch_batches,
-    epoch_rounds,
-)
+from daskpri.strategies._checks import check_positive_int
+from daskpri.strategies._walk import epoch_batches, epoch_rounds
+from daskpri.strategies.base import Strategy
+from daskpri.strategies.selection import SelectContext, Selection, TrainRound
 
 
 class Uniform(Strategy):

@@ -15,20 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from daskpri.replicas.replica import Replica
-from daskpri.strategies.base import (
-    SCORE_DTYPES,
-    Batch,
-    Computed,
-    SelectContext,
-    Selection,
-    Strategy,
-    check_fraction,
-    check_number,
-    check_positive_int,
-    check_score_dtype,
-    epoch_batches,
-)
+from daskpri.strategies._checks import check_fraction, check_number, check_positive_int
+from daskpri.strategies._walk import epoch_batches
+from daskpri.strategies.base import SCORE_DTYPES, Batch, Computed, Strategy, check_score_dtype
 from daskpri.strategies.loss import importance_sample
+from daskpri.strategies.selection import SelectContext, Selection
 
 #: Steps a batch's scores are awaited before it is left out of ``tau``.
 _PATIENCE = 64
