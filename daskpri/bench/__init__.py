@@ -15,6 +15,9 @@ The package is split by role:
 - :mod:`~daskpri.bench.analysis` — times to target, speedups, efficiencies and
   the tables: pure functions of the records;
 - :mod:`~daskpri.bench.runner` — drives the clusters and runs;
+- :mod:`~daskpri.bench.machine` — what the report records of the machine;
+- :mod:`~daskpri.bench.stored`, :mod:`~daskpri.bench.merge` — a results.json
+  read back: ``--resume``, ``--report-only``, ``--merge``;
 - :mod:`~daskpri.bench.baselines` — the plain PyTorch loop and PyTorch DDP;
 - :mod:`~daskpri.bench.report`, :mod:`~daskpri.bench.png`,
   :mod:`~daskpri.bench.bokeh_page` — results.json / .md, PNGs, HTML.

@@ -1,0 +1,73 @@
+"""The benchmark's clusters: one at a time, a LocalCluster per worker count or a given scheduler."""
+
+from __future__ import annotations
+
+from distributed import Client, LocalCluster
+
+from daskpri.training.cluster import connect, local_cluster, stop_heartbeats
+from daskpri.training.placement import all_have_gpus, cluster_workers
+
+
+class _Clusters:
+    """One cluster at a time: a LocalCluster per worker count, or the given scheduler."""
+
+    def __init__(self, scheduler: str | None) -> None:
+        self.scheduler = scheduler
+        self._cluster: LocalCluster | None = None
+        self._client: Client | None = None
+        self._n = 0
+
+    def client(self, n_workers: int, *, for_ddp: bool = False) -> Client:
+        """A client of ``n_workers`` workers (``for_ddp``: DDP's runs are what need that many)."""
+        if self.scheduler is not None:
+            if self._client is None:
+                # a server that accepts and never answers would hold Client(...) for good
+                self._client = connect(self.scheduler)
+            have = len(cluster_workers(self._client))
+            if have < n_workers:
+                raise ValueError(
+                    f"the benchmark needs {n_workers} workers"
+                    + (" (DDP's overhead runs pair 2 processes with 2 workers)" if for_ddp else "")
+                    + f", but the scheduler at {self.scheduler} has {have}; start more or pass "
+                    f"--workers up to {have}" + (" and --no-ddp" if for_ddp else "")
+                )
+            return self._client
+        if self._client is None or self._n != n_workers:
+            self.close()
+            self._cluster = local_cluster(n_workers)
+            self._client = Client(self._cluster)
+            self._n = n_workers
+        return self._client
+
+    def device(self) -> str:
+        """Where the plain PyTorch loop trains to compare with this cluster's workers.
+
+        ``"cuda"`` where the given scheduler's workers all have a ``GPU``
+        resource and this process has CUDA: the trainer then asks for
+        ``GPU=1`` and its replicas train on the workers' GPUs. The
+        LocalClusters the benchmark starts have no GPU resource, so their
+        workers, and the loop, use the CPU.
+        """
+        import torch
+
+        if self.scheduler is None or not torch.cuda.is_available():
+            return "cpu"
+        return "cuda" if all_have_gpus(cluster_workers(self.client(1))) else "cpu"
+
+    def close(self) -> None:
+        """Close a LocalCluster we started (a given scheduler's client stays)."""
+        if self._cluster is not None:
+            if self._client is not None:
+                stop_heartbeats(self._client)
+                self._client.close()
+            self._cluster.close()
+            self._cluster = self._client = None
+
+    def __enter__(self) -> _Clusters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
