@@ -893,7 +893,7 @@ def test_bench_keeps_a_report_it_could_not_make_again(tmp_path: Path, capsys):
 
 def test_the_command_in_the_report_gives_the_learning_rates_as_typed():
     from daskpri.bench.command import _command_line
-    from daskpri.cli import _parser
+    from daskpri.cli._arguments import _parser
 
     args = _parser().parse_args(["bench", "--out", "o", "--learning-rates", "0.1234567,0.3",
                                  "--first-seed", "0", "--workers", "1,2"])

@@ -27,7 +27,9 @@ from _procs import _free_port, _stop
 
 import daskpri
 from daskpri import STRATEGIES
-from daskpri.cli import _interruptible, _parse_value, main
+from daskpri.cli import main
+from daskpri.cli._argtypes import _parse_value
+from daskpri.cli._interrupt import _interruptible
 from daskpri.models import build_model
 from daskpri.training import checkpoint
 

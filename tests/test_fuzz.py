@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import daskpri
-from daskpri.cli import _parser
+from daskpri.cli._arguments import _parser
 from daskpri.data.io import check_values, validate_dataset
 from daskpri.table.table import PriorityTable
 from daskpri.training.placement import parse_resources

@@ -225,7 +225,8 @@ def _arm_option(text: str) -> tuple[str, str, Any, str | None]:
 
     The value is parsed as ``train`` parses it.
     """
-    from daskpri.cli import _parse_value
+    # here, not at the top: daskpri.cli's parser imports this module for the bench command
+    from daskpri.cli._argtypes import _parse_value
 
     strategy, sep, rest = text.partition(":")
     strategy, at, model = strategy.partition("@")

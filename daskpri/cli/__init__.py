@@ -1,0 +1,75 @@
+"""The ``daskpri`` command line: ``train``, ``demo`` and ``strategies``.
+
+Examples
+--------
+Train on a LocalCluster of two workers and keep the history::
+
+    daskpri train --dataset mnist1d --model mlp --strategy selective-backprop \\
+        --workers 2 --max-steps 2000 --output run.nc
+
+Train on a running cluster, on workers started with ``--resources GPU=1``::
+
+    daskpri train --scheduler tcp://HOST:8786 --resources GPU=1 --max-time 600
+
+Compare selective backprop with uniform sampling for the same time budget::
+
+    daskpri demo --max-time 45
+
+or with rounds of 16 local steps, keeping a third of the candidates::
+
+    daskpri demo --local-steps 16 --strategy-option fraction=0.33
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from daskpri.cli._arguments import _parser
+from daskpri.cli._paths import _PATH_ERRORS
+from daskpri.cli._prog import _PROG
+from daskpri.training.cluster import SchedulerUnreachable
+from daskpri.training.recovery import SchedulerLostError
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``daskpri`` command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments after the program name; ``None`` reads ``sys.argv``.
+
+    Returns
+    -------
+    int
+        The exit status: 0 on success, 2 for bad input (argparse exits with
+        ``SystemExit(2)`` itself for bad arguments), 1 when the scheduler
+        cannot be reached or the run fails (a NaN loss, a lost scheduler),
+        130 when interrupted.
+
+    Examples
+    --------
+    >>> main(["strategies"])  # doctest: +ELLIPSIS
+    uniform             Uniform(batch_size=None)
+    ...
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (ValueError, TypeError) as e:
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except _PATH_ERRORS as e:  # a path the user gave, found bad on the way
+        where = "" if e.filename is None else f"{e.filename}: "
+        print(f"{_PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except (SchedulerUnreachable, FloatingPointError, SchedulerLostError) as e:
+        # the last two: a run that stopped, saying why and what was checkpointed
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{_PROG}: interrupted", file=sys.stderr)
+        return 130

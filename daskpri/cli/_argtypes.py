@@ -1,0 +1,144 @@
+"""The argparse types of the options, and the ``--strategy-option`` pairs as a dict."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from daskpri.training.placement import parse_resources
+
+_OUTPUT_SUFFIXES = (".nc", ".zarr")
+
+
+def _strategy_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"a strategy option should look like KEY=VALUE, e.g. k=32, but got {text!r}"
+        )
+    return key, _parse_value(value.strip())
+
+
+def _parse_value(text: str) -> Any:
+    """``text`` as an int, else a float, else a bool, else None, else itself.
+
+    Examples
+    --------
+    >>> [_parse_value(s) for s in ["32", "0.02", "true", "None", "top"]]
+    [32, 0.02, True, None, 'top']
+    """
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    lower = text.lower()
+    if lower in ("true", "false"):
+        return lower == "true"
+    if lower == "none":
+        return None
+    return text
+
+
+def _resources(text: str) -> dict[str, float] | None:
+    try:
+        return parse_resources(text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _output_path(text: str) -> str:
+    if not text.lower().rstrip("/").endswith(_OUTPUT_SUFFIXES):
+        raise argparse.ArgumentTypeError(
+            "the output should be a path ending in .nc (netCDF) or .zarr (zarr), "
+            f"but got {text!r}"
+        )
+    return text
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``.
+
+    Examples
+    --------
+    >>> _count(1)("5")
+    5
+    >>> _count(1)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be a positive integer, but got '0'
+    """
+    what = {0: "a non-negative integer", 1: "a positive integer"}.get(
+        minimum, f"an integer of at least {minimum}"
+    )
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"should be {what}, but got {text!r}")
+        return value
+
+    return parse
+
+
+def _number(ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    """An argparse type: a number for which ``ok`` holds (NaN and text never do).
+
+    Examples
+    --------
+    >>> _seconds("1.5"), _accuracy("0.9")
+    (1.5, 0.9)
+    >>> _seconds("inf")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be a positive finite number of seconds, but got 'inf'
+    >>> _accuracy("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be a number in (0, 1], but got 'nan'
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isnan(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"should be {what}, but got {text!r}")
+        return value
+
+    return parse
+
+
+_seconds = _number(lambda v: math.isfinite(v) and v > 0, "a positive finite number of seconds")
+_norm = _number(lambda v: math.isfinite(v) and v > 0, "a positive finite number")
+_accuracy = _number(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+
+
+def _strategy_options(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The ``--strategy-option`` pairs as a dict; a key given twice is refused.
+
+    Examples
+    --------
+    >>> _strategy_options([("k", 32), ("renew", 0.02)])
+    {'k': 32, 'renew': 0.02}
+    >>> _strategy_options([("k", 32), ("k", 16)])
+    Traceback (most recent call last):
+    ...
+    ValueError: --strategy-option k should be given once, but got k=32 and k=16
+    """
+    options: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in options:
+            raise ValueError(
+                f"--strategy-option {key} should be given once, but got "
+                f"{key}={options[key]!r} and {key}={value!r}"
+            )
+        options[key] = value
+    return options

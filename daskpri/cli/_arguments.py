@@ -1,0 +1,156 @@
+"""The command line's argparse parser: its subcommands and their arguments."""
+
+from __future__ import annotations
+
+import argparse
+
+from daskpri.bench import command as bench_command
+from daskpri.cli._argtypes import (
+    _accuracy,
+    _count,
+    _norm,
+    _output_path,
+    _resources,
+    _seconds,
+    _strategy_option,
+)
+from daskpri.cli._prog import _PROG
+from daskpri.cli.bench import _bench
+from daskpri.cli.dashboard import _dashboard_command
+from daskpri.cli.demo import _DEMO_STRATEGY, _demo
+from daskpri.cli.report import _report
+from daskpri.cli.strategies import _strategies
+from daskpri.cli.train import _DEFAULT_CHECKPOINT_EVERY, _DEFAULT_MAX_STEPS, _train
+from daskpri.data.datasets import DATASETS
+from daskpri.models import MODELS
+from daskpri.strategies import STRATEGIES
+from daskpri.table.staleness import STALENESS_MODELS
+from daskpri.training.schedule import SCHEDULES
+from daskpri.training.trainer import LEARNING_RATES
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PROG, description="Prioritized data-parallel SGD for PyTorch on Dask clusters."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train a model and report its history")
+    train.set_defaults(run=_train)
+    data = train.add_argument_group("data and model")
+    data.add_argument("--dataset", choices=DATASETS, default="mnist1d",
+                      help="the data (default mnist1d; mnist and cifar10 read --root)")
+    # None defaults, here and below: with --resume, an option given is told from one left out
+    data.add_argument("--model", choices=MODELS, help="default mlp")
+    data.add_argument("--n-samples", type=int, metavar="N",
+                      help="samples of the dataset, train and test together")
+    data.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
+    data.add_argument("--seed", type=int,
+                      help="seeds data, weights and selections (default 0)")
+    run = train.add_argument_group("training")
+    run.add_argument("--strategy", choices=list(STRATEGIES), help="default selective-backprop")
+    run.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
+                     metavar="KEY=VALUE", help="a strategy parameter, e.g. k=32 (repeatable)")
+    run.add_argument("--max-steps", type=_count(0), metavar="N",
+                     help=f"total steps (default {_DEFAULT_MAX_STEPS} unless --max-time is given)")
+    run.add_argument("--max-time", type=_seconds, metavar="S", help="seconds of training")
+    run.add_argument("--target-accuracy", type=_accuracy, metavar="A",
+                     help="stop once the test accuracy reaches A, in (0, 1]")
+    run.add_argument("--batch-size", type=int, metavar="N", help="samples per worker per step")
+    run.add_argument("--local-steps", type=int, metavar="K",
+                     help="optimizer steps each worker takes per round trip (local SGD; "
+                     "default 1: synchronous)")
+    run.add_argument("--staleness", choices=STALENESS_MODELS,
+                     help="how the priority table estimates priorities not recomputed "
+                          "lately (default: daskpri.table.staleness, keep)")
+    own_rates = ", ".join(f"{rate:g} for {name}" for name, rate in LEARNING_RATES.items())
+    run.add_argument("--learning-rate", type=float, metavar="LR",
+                     help="the optimizer's learning rate (default: daskpri.trainer.learning-rate, "
+                          f"null: {own_rates})")
+    run.add_argument("--optimizer", choices=tuple(LEARNING_RATES),
+                     help="the driver's optimizer (default: daskpri.trainer.optimizer, sgd)")
+    run.add_argument("--max-grad-norm", type=_norm, metavar="NORM",
+                     help="clip each optimizer step's gradient to this L2 norm (default: "
+                          "daskpri.trainer.max-grad-norm, null: no clipping)")
+    run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
+    run.add_argument("--lr-schedule", choices=SCHEDULES,
+                     help="learning rate: constant (the default), or decaying to zero over "
+                     "--max-steps (or --schedule-steps)")
+    run.add_argument("--schedule-steps", type=_count(1), metavar="N",
+                     help="the steps --lr-schedule decays over (default --max-steps); with "
+                          "--resume, a longer schedule than the run's, to train past its end")
+    ckpt = train.add_argument_group("checkpoints")
+    ckpt.add_argument("--checkpoint", metavar="PATH",
+                      help="checkpoint file, written atomically every --checkpoint-every steps")
+    ckpt.add_argument("--checkpoint-every", type=_count(1), metavar="N",
+                      help=f"steps between checkpoints (default {_DEFAULT_CHECKPOINT_EVERY} "
+                      "with --checkpoint; with --resume, the run's own)")
+    ckpt.add_argument("--resume", metavar="PATH",
+                      help="continue the run checkpointed at PATH (same --dataset and "
+                      "--n-samples; its model, strategy, seed and optimization come from the "
+                      "checkpoint); --max-steps counts from the run's start")
+    cluster = train.add_argument_group("cluster")
+    cluster.add_argument("--scheduler", metavar="ADDRESS",
+                         help="a running scheduler, e.g. tcp://HOST:8786 (default: a LocalCluster)")
+    cluster.add_argument("--workers", type=int, metavar="N",
+                         help="LocalCluster workers (2), or the scheduler's workers to use (all)")
+    cluster.add_argument("--resources", type=_resources, metavar="NAME=AMOUNT[,...]",
+                         help="resources each training task needs, e.g. GPU=1")
+    cluster.add_argument("--transport", choices=("direct", "tasks"),
+                         help="steps as RPCs to the workers (direct, default) or as Dask tasks")
+    tls = train.add_argument_group("TLS (with --scheduler; the LocalCluster's is --tls)")
+    tls.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate of the cluster")
+    tls.add_argument("--tls-cert", metavar="PEM", help="this client's certificate")
+    tls.add_argument("--tls-key", metavar="PEM", help="this client's private key")
+    tls.add_argument("--tls", action="store_true",
+                     help="start the LocalCluster with TLS (temporary credentials)")
+    out = train.add_argument_group("output")
+    out.add_argument("--output", type=_output_path, metavar="PATH",
+                     help="write the history to PATH (.nc for netCDF, .zarr for zarr)")
+    out.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    demo = sub.add_parser(
+        "demo", help=f"{_DEMO_STRATEGY} against uniform sampling for the same time budget"
+    )
+    demo.set_defaults(run=_demo)
+    demo.add_argument("--workers", type=int, default=2, metavar="N")
+    demo.add_argument("--max-time", type=float, default=45.0, metavar="S",
+                      help="seconds of training for each run (default 45)")
+    demo.add_argument("--dataset", choices=DATASETS, default="mnist1d",
+                      help="the data (default mnist1d; mnist and cifar10 read --root)")
+    demo.add_argument("--model", choices=MODELS, default="mlp")
+    demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--local-steps", type=int, default=1, metavar="K",
+                      help="optimizer steps each worker takes per round trip, for both runs "
+                      "(default 1: synchronous)")
+    demo.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
+                      metavar="KEY=VALUE",
+                      help=f"a {_DEMO_STRATEGY} parameter, e.g. fraction=0.25 (repeatable)")
+
+    dash = sub.add_parser("dashboard", help="serve the live /daskpri page of a scheduler")
+    dash.set_defaults(run=_dashboard_command)
+    dash.add_argument("--scheduler", required=True, metavar="ADDRESS",
+                      help="the scheduler whose runs to show, e.g. tcp://127.0.0.1:8786")
+    dash.add_argument("--port", type=int, default=5006,
+                      help="port to listen on (default 5006; 0: any free)")
+    dash.add_argument("--address", metavar="HOST",
+                      help="interface to listen on (default 127.0.0.1; 0.0.0.0 opens it to "
+                           "the network)")
+
+    report = sub.add_parser("report", help="a static HTML report of a run's history")
+    report.set_defaults(run=_report)
+    report.add_argument("history", help="history from `daskpri train --output` (.nc or .zarr)")
+    report.add_argument("-o", "--output", required=True, metavar="HTML")
+    report.add_argument("--baseline", metavar="PATH", help="another run's history to compare with")
+    report.add_argument("--title")
+
+    strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
+    strategies.set_defaults(run=_strategies)
+
+    bench = sub.add_parser(
+        "bench", help="the strategies against uniform, scaling and overhead, side by side"
+    )
+    bench_command.add_arguments(bench)
+    bench.set_defaults(run=_bench)
+    return parser

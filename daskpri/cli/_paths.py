@@ -1,0 +1,45 @@
+"""The paths a user gives: checked before the work they are for, and their refusals."""
+
+from __future__ import annotations
+
+import os
+
+from daskpri.data.io import check_destination
+
+#: The file system's refusals of a path the user gave (for example a file
+#: where a directory should be), told in one line rather than a traceback.
+_PATH_ERRORS = (
+    FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError
+)
+
+
+def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:
+    """Refuse ``path`` (a ``"file"``, ``"store"`` or ``"directory"``) before the work it is for.
+
+    Its directories may be missing (they are made), but those that exist
+    should be directories.
+    """
+    target = os.path.abspath(path)
+    if kind == "store":
+        check_destination(target, name=flag)
+    elif kind == "file" and os.path.isdir(target):
+        raise ValueError(
+            f"{flag} should be a file's path, but got {flag} {path!r}, which is a directory"
+        )
+    elif kind == "directory" and os.path.lexists(target) and not os.path.isdir(target):
+        raise ValueError(
+            f"{flag} should be a directory, but got {flag} {path!r}, which is a file"
+        )
+    parent = os.path.dirname(target)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"{flag} should be a path under directories, but got {flag} {path!r}, "
+            f"and {parent!r} is a file"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{flag} should be a path this process may write, but got {flag} {path!r}, "
+            f"and {parent!r} is not writable"
+        )

@@ -1,0 +1,32 @@
+"""``daskpri dashboard``: serve the live /daskpri page of a scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+
+from daskpri import _config
+
+
+def _dashboard_command(args: argparse.Namespace) -> int:
+    from daskpri.dashboard.remote import ROUTE, make_server
+
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"port should be in [0, 65536), but got port={args.port}")
+    try:
+        server = make_server(args.scheduler, address=args.address, port=args.port)
+    except OSError as e:
+        if e.errno not in (errno.EADDRINUSE, errno.EACCES):  # taken, or privileged
+            raise
+        where = _config.get("dashboard.address", args.address)
+        raise ValueError(
+            f"--port {args.port} cannot be listened on at {where}: {e.strerror}; give "
+            "another --port, or --port 0 for any free one"
+        ) from None
+    server.start()
+    print(f"daskpri dashboard: http://{server.address}:{server.port}{ROUTE}", flush=True)
+    try:
+        server.io_loop.start()
+    finally:
+        server.stop()
+    return 0

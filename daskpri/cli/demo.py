@@ -1,0 +1,88 @@
+"""``daskpri demo``: selective backprop against uniform sampling, for the same time."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import xarray as xr
+from distributed import Client
+
+import daskpri
+from daskpri import _config
+from daskpri.cli._argtypes import _strategy_options
+from daskpri.cli._interrupt import _interruptible
+from daskpri.cli._summary import _dashboard, _summary
+from daskpri.strategies import check_strategy_options, get_strategy
+from daskpri.training._checks import check_eval_every, check_float, check_int
+from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
+from daskpri.training.history import time_to_accuracy
+
+_DEMO_STRATEGY = "selective-backprop"
+_DEMO_TARGET_FRACTION = 0.97  # of the best accuracy the uniform baseline reached
+
+
+def _demo(args: argparse.Namespace) -> int:
+    # Checked here, as argparse leaves them, so that bad values fail before a cluster starts.
+    check_int("workers", args.workers, 1)
+    check_float("max_time", args.max_time)
+    check_int("local_steps", args.local_steps, 1)
+    # the trainer rounds its configured period to whole rounds, so that both runs are evaluated
+    # evenly; a bad one is refused here, before a cluster starts
+    check_eval_every(None, _config.get("trainer.eval-every"), args.local_steps)
+    options = _strategy_options(args.strategy_option)
+    check_strategy_options(_DEMO_STRATEGY, options)
+    get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
+    train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
+    histories: dict[str, xr.Dataset] = {}
+    cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly workers
+    try:
+        with Client(cluster) as client, one_torch_thread():  # the workers have the cores
+            print(f"dashboard: {_dashboard(client)}", flush=True)
+            given = ", ".join(f"{k}={v}" for k, v in options.items())
+            print(f"{_DEMO_STRATEGY}" + (f" ({given})" if given else "")
+                  + f" against uniform, {args.local_steps} local step"
+                  + ("s" if args.local_steps > 1 else "") + f" per round, {args.max_time:g} s each",
+                  flush=True)
+            try:
+                for strategy in (_DEMO_STRATEGY, "uniform"):
+                    # The same initial weights for both runs: only the sampling differs.
+                    model = daskpri.models.build_model(args.model, train, seed=args.seed)
+                    with daskpri.Trainer(model, strategy=strategy, client=client,
+                                         seed=args.seed, local_steps=args.local_steps,
+                                         **(options if strategy == _DEMO_STRATEGY else {}),
+                                         ) as trainer, _interruptible(trainer):
+                        histories[strategy] = trainer.fit(train, eval_data=test,
+                                                          max_time=args.max_time)
+                    print(_summary(histories[strategy]), flush=True)
+            finally:
+                stop_heartbeats(client)
+    finally:
+        cluster.close()
+    print(_comparison(histories[_DEMO_STRATEGY], histories["uniform"]), flush=True)
+    return 0
+
+
+def _comparison(prioritized: xr.Dataset, uniform: xr.Dataset) -> str:
+    """Time to 97% of the uniform baseline's best accuracy, for both runs."""
+    best = float(np.nanmax(uniform["accuracy"].values, initial=-np.inf))
+    if not math.isfinite(best):
+        return "no accuracy was measured, so there is no target to compare against"
+    target = _DEMO_TARGET_FRACTION * best
+    parts = []
+    times = {}
+    for name, history in ((_DEMO_STRATEGY, prioritized), ("uniform", uniform)):
+        acc = history["accuracy"].values
+        final = acc[~np.isnan(acc)][-1] if (~np.isnan(acc)).any() else math.nan
+        times[name] = time_to_accuracy(history, target)
+        reached = "not reached" if math.isnan(times[name]) else f"{times[name]:.1f} s"
+        parts.append(f"{name} accuracy {final:.4f}, time to target {reached}")
+    if math.isnan(times[_DEMO_STRATEGY]):
+        speedup = f"not reached by {_DEMO_STRATEGY}"
+    else:
+        speedup = f"{times['uniform'] / times[_DEMO_STRATEGY]:.2f}x"
+    return (
+        f"target {target:.4f} ({_DEMO_TARGET_FRACTION:.0%} of uniform's best {best:.4f}): "
+        + "; ".join(parts) + f"; speedup {speedup}"
+    )

@@ -1,0 +1,291 @@
+"""``daskpri train``: a new run, or one resumed from its checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+import daskpri
+from daskpri.cli._argtypes import _strategy_options
+from daskpri.cli._interrupt import _interruptible
+from daskpri.cli._paths import _check_destination
+from daskpri.cli._prog import _PROG
+from daskpri.cli._summary import _dashboard, _summary
+from daskpri.data.io import to_store
+from daskpri.strategies import check_strategy_options
+from daskpri.training import checkpoint
+from daskpri.training.cluster import connect, one_torch_thread
+from daskpri.training.recovery import SchedulerLostError
+from daskpri.training.schedule import SCHEDULES
+
+_DEFAULT_CHECKPOINT_EVERY = 100
+_DEFAULT_MAX_STEPS = 2000  # when neither --max-steps nor --max-time is given
+
+
+def _train(args: argparse.Namespace) -> int:
+    options = _strategy_options(args.strategy_option)
+    max_steps = args.max_steps
+    if max_steps is None and args.max_time is None:
+        max_steps = _DEFAULT_MAX_STEPS
+    tls_files = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if any(tls_files) and (args.scheduler is None or not all(tls_files)):
+        raise ValueError(
+            "--tls-ca-file, --tls-cert and --tls-key go together, with --scheduler; "
+            "for a LocalCluster with TLS, use --tls"
+        )
+    if args.tls and args.scheduler is not None:
+        raise ValueError("--tls starts a LocalCluster with TLS; with --scheduler, use --tls-*")
+    # where the run's results go: checked before it runs, not found bad after it
+    if args.output is not None:
+        _check_destination("--output", args.output, kind="store")
+    if args.checkpoint is not None:
+        _check_destination("--checkpoint", args.checkpoint)
+    if args.resume is None:
+        settings = _new_run(args, options, max_steps)
+        seed, model_name = settings["seed"], args.model or "mlp"
+    else:
+        state = _read_checkpoint(args.resume)
+        settings = _resumed_run(args, options, max_steps, state)
+        # the data of a resumed run is split by the run's own seed
+        seed, model_name = state["trainer"]["seed"], state["model_spec"]["name"]
+    security = None
+    if all(tls_files):
+        from distributed.security import Security
+
+        security = Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
+                            tls_client_key=args.tls_key, require_encryption=True)
+    train, test = daskpri.datasets.load(
+        args.dataset, root=args.root, seed=seed, n_samples=args.n_samples
+    )
+    if args.resume is not None:
+        _check_resumed_data(args, state, train)
+    client = None if args.scheduler is None else connect(args.scheduler, security)
+    trainer = None
+    try:
+        if args.resume is None:
+            model = daskpri.models.build_model(model_name, train, seed=seed)
+            trainer = daskpri.Trainer(model, client=client, **settings)
+        else:
+            trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
+            print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
+        print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
+        # a LocalCluster's workers have this machine's cores
+        local = one_torch_thread() if client is None else contextlib.nullcontext()
+        try:
+            with _interruptible(trainer), local:
+                history = trainer.fit(
+                    train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
+                    target_accuracy=args.target_accuracy, progress=not args.no_progress,
+                )
+        except (KeyboardInterrupt, SchedulerLostError) as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            if args.output is not None:  # the history so far is the driver's: kept
+                _write_interrupted(trainer, args.output, args.dataset, model_name,
+                                   "interrupted" if interrupted else "the scheduler lost")
+            path = trainer.checkpoint_path  # --checkpoint's, or a resumed run's own
+            if path is not None and interrupted:  # a lost scheduler's error names it
+                step = trainer.checkpointed_step_
+                print(f"no checkpoint written to {path}" if step is None else
+                      f"the checkpoint in {path} is of step {step}", flush=True)
+            raise
+        print(_summary(history), flush=True)
+        if args.output is not None:
+            history.attrs.update(dataset=args.dataset, model=model_name)
+            to_store(history, args.output)
+            print(f"history written to {args.output}", flush=True)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if client is not None:
+            client.close()
+    return 0
+
+
+def _new_run(
+    args: argparse.Namespace, options: dict[str, Any], max_steps: int | None
+) -> dict[str, Any]:
+    """The trainer's arguments for a new run (the trainer checks their values)."""
+    strategy = args.strategy or "selective-backprop"
+    if "batch_size" in options:
+        size = options["batch_size"]
+        raise ValueError(
+            f"--strategy-option batch_size={size} is the trainer's batch: a strategy's "
+            "batch_size is the samples per worker per step, which --batch-size sets (and "
+            f"the history records); give --batch-size {size}"
+        )
+    check_strategy_options(strategy, options)
+    if args.checkpoint_every is not None and args.checkpoint is None:
+        raise ValueError("--checkpoint-every needs --checkpoint PATH, the file to write")
+    lr_schedule = args.lr_schedule or "constant"
+    if lr_schedule == "constant" and args.schedule_steps is not None:
+        raise ValueError("--schedule-steps is the length of a decaying --lr-schedule "
+                         f"({', '.join(s for s in SCHEDULES if s != 'constant')}); give one")
+    schedule_steps = args.schedule_steps or max_steps
+    if lr_schedule != "constant" and schedule_steps is None:
+        raise ValueError(f"--lr-schedule {lr_schedule} decays over --max-steps (or "
+                         "--schedule-steps); give one")
+    checkpoints = {}
+    if args.checkpoint is not None:
+        checkpoints = {"checkpoint_path": args.checkpoint,
+                       "checkpoint_every": args.checkpoint_every or _DEFAULT_CHECKPOINT_EVERY}
+    return dict(
+        strategy=strategy, seed=0 if args.seed is None else args.seed,
+        n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
+        learning_rate=args.learning_rate, optimizer=args.optimizer,
+        max_grad_norm=args.max_grad_norm,
+        local_steps=1 if args.local_steps is None else args.local_steps,
+        staleness=args.staleness, lr_schedule=lr_schedule,
+        schedule_steps=None if lr_schedule == "constant" else schedule_steps,
+        eval_every=args.eval_every, transport=args.transport,
+        security=True if args.tls else None, **checkpoints, **options,
+    )
+
+
+#: What ``train --resume`` may be given: the data, the budget, the outputs and
+#: where the run goes on; the rest of the run comes from its checkpoint.
+_RESUMABLE = (
+    "--dataset, --n-samples and --root (the run's data), --max-steps, --max-time, "
+    "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
+    "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
+    "--schedule-steps"
+)
+
+
+def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpointed run was started with, by the ``train`` option that sets it."""
+    params = state["trainer"]
+    return {
+        "--model": (state["model_spec"] or {}).get("name"),
+        "--strategy": state["strategy"]["name"],
+        "--seed": params["seed"],
+        "--batch-size": params["batch_size"],
+        "--learning-rate": params["learning_rate"],
+        "--optimizer": params["optimizer"],
+        "--max-grad-norm": params.get("max_grad_norm"),  # absent before the option: none
+        "--local-steps": params["local_steps"],
+        "--staleness": params["staleness"],
+        "--lr-schedule": params["lr_schedule"],
+    }
+
+
+def _read_checkpoint(path: str) -> dict[str, Any]:
+    """The checkpoint at ``path``; ``ValueError`` where the file is not one ``train`` wrote."""
+    state = checkpoint.read(path)  # refuses a file without all --resume reads (LAYOUT)
+    if state["model_spec"] is None:
+        raise ValueError(
+            f"the run in {path!r} trained a model of its own, not a built-in one: resume it "
+            "from Python, with daskpri.Trainer.resume(path, model=...)"
+        )
+    return state
+
+
+def _resumed_run(
+    args: argparse.Namespace, options: dict[str, Any], max_steps: int | None,
+    state: dict[str, Any],
+) -> dict[str, Any]:
+    """``Trainer.resume``'s overrides; what the checkpoint fixes may only be repeated."""
+    given = []
+    for flag, theirs in _checkpointed(state).items():
+        ours = getattr(args, flag[2:].replace("-", "_"))
+        if ours is not None and ours != theirs:
+            given.append(f"{flag} {ours} (the run's: {theirs})")
+    name, params = state["strategy"]["name"], state["strategy"]["params"]
+    for key, value in options.items():
+        if key not in params or params[key] != value:
+            theirs = f"{key}={params[key]}" if key in params else f"{name} takes no {key}"
+            given.append(f"--strategy-option {key}={value} (the run's: {theirs})")
+    if given:
+        raise ValueError(
+            f"--resume continues the run in {args.resume!r} as it was started, but got "
+            f"{'; '.join(given)}. With --resume, give only {_RESUMABLE}"
+        )
+    step = state["step"]
+    if max_steps is not None and max_steps <= step:
+        default = "" if args.max_steps is not None else f" (the default, {_DEFAULT_MAX_STEPS})"
+        raise ValueError(
+            f"--max-steps counts the run's steps from its start, and the run in "
+            f"{args.resume!r} is at step {step} already, but got --max-steps {max_steps}"
+            f"{default}: give more than {step} to go on"
+        )
+    overrides: dict[str, Any] = {}
+    schedule, end = state["trainer"]["lr_schedule"], state["trainer"]["schedule_steps"]
+    if args.schedule_steps is not None:
+        if schedule == "constant":
+            raise ValueError(f"--schedule-steps: the run in {args.resume!r} trains at a constant "
+                             "learning rate, which has no schedule to stretch")
+        end = overrides["schedule_steps"] = args.schedule_steps
+    if schedule != "constant" and end is not None and max_steps is not None and max_steps > end:
+        default = "" if args.max_steps is not None else " (the default)"
+        raise ValueError(
+            f"--max-steps {max_steps}{default} goes past the end of the run's {schedule} "
+            "learning-rate "
+            f"schedule at step {end}, after which it would train at learning rate 0: give "
+            f"--max-steps {end} or less, or --schedule-steps {max_steps} to stretch the "
+            "schedule to the new end"
+        )
+    if args.checkpoint is not None:
+        every = state["trainer"]["checkpoint_every"] or _DEFAULT_CHECKPOINT_EVERY
+        overrides.update(checkpoint_path=args.checkpoint,
+                         checkpoint_every=args.checkpoint_every or every)
+    elif args.checkpoint_every is not None:
+        if state["trainer"]["checkpoint_path"] is None:
+            raise ValueError(
+                f"--checkpoint-every needs --checkpoint PATH, the file to write: the run in "
+                f"{args.resume!r} was saved by hand and writes no checkpoints of its own"
+            )
+        overrides["checkpoint_every"] = args.checkpoint_every  # to the run's own file
+    # where the run goes on may change
+    for key, value in (("n_workers", args.workers), ("resources", args.resources),
+                       ("transport", args.transport), ("eval_every", args.eval_every),
+                       ("security", True if args.tls else None)):
+        if value is not None:
+            overrides[key] = value
+    return overrides
+
+
+def _check_resumed_data(args: argparse.Namespace, state: dict[str, Any],
+                        train: xr.Dataset) -> None:
+    """Refuse data other than the resumed run's, before the cluster starts.
+
+    The checkpoint holds what the run trained on: its model's sample shape
+    and classes, and its table's sample count.
+    """
+    from daskpri.models import _shape_and_classes
+
+    spec = state["model_spec"]
+    theirs = (tuple(spec["in_shape"]), int(spec["n_classes"]),
+              int(np.asarray(state["table"]["table"]["offsets"])[-1]))
+    shape, n_classes = _shape_and_classes(train)
+    ours = (tuple(shape), int(n_classes), int(train.sizes["sample"]))
+    if ours != theirs:
+        def said(shape: tuple[int, ...], classes: int, n: int) -> str:
+            return f"{n} samples of shape {shape} in {classes} classes"
+
+        given = f"--dataset {args.dataset}" + (
+            f" --n-samples {args.n_samples}" if args.n_samples is not None else "")
+        raise ValueError(
+            f"--resume: the run in {args.resume!r} trained on {said(*theirs)}, but {given} "
+            f"gives {said(*ours)}; give the --dataset and --n-samples the run was started with"
+        )
+
+
+def _write_interrupted(
+    trainer: daskpri.Trainer, path: str, dataset: str, model: str, why: str = "interrupted"
+) -> None:
+    """Write the history of a fit that ended early (``why``) to ``path``, and say so."""
+    history = trainer.history_
+    if history.sizes["step"] == 0:
+        print(f"{why} before the first step: no history to write", flush=True)
+        return
+    history.attrs.update(dataset=dataset, model=model)
+    try:
+        to_store(history, path)
+    except Exception as e:  # the interrupt goes on; its history is what is lost
+        print(f"{_PROG}: could not write the history to {path}: {e}", file=sys.stderr)
+        return
+    print(f"{why} at step {trainer.step_}: the history so far written to {path}", flush=True)
