@@ -114,6 +114,28 @@ def test_library_error_is_one_line_with_exit_2(
     assert "Traceback" not in err
 
 
+def test_traceback_flag_lets_the_error_through_as_python_raises_it() -> None:
+    argv = ["train", *SMALL, "--strategy-option", "k=3", "--strategy-option", "k=4"]
+    with pytest.raises(ValueError, match="--strategy-option k should be given once"):
+        main(["--traceback", *argv])
+
+
+def test_an_error_raised_inside_another_library_says_where(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from daskpri.cli import _arguments
+
+    # a command failing inside another library, as a torch or xarray error would
+    monkeypatch.setattr(_arguments, "_strategies", lambda args: json.loads("{"))
+    assert main(["strategies"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("daskpri: error: Expecting property name enclosed in double quotes")
+    assert re.search(r"\(raised in .*json.*decoder\.py, line \d+, in raw_decode; "
+                     r"run `daskpri --traceback \.\.\.` for the full traceback\)", err)
+
+
 def _file(tmp_path: Path) -> Path:
     path = tmp_path / "notes.txt"
     path.write_text("not a directory")

@@ -1,4 +1,5 @@
-"""The ``daskpri`` command line: ``train``, ``demo`` and ``strategies``.
+"""The ``daskpri`` command line: ``train``, ``demo``, ``bench``, ``report``,
+``dashboard`` and ``strategies``.
 
 Examples
 --------
@@ -22,7 +23,9 @@ or with rounds of 16 local steps, keeping a third of the candidates::
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from daskpri.cli._arguments import _parser
@@ -57,10 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ...
     """
     args = _parser().parse_args(argv)
+    if args.traceback:  # the errors below as Python shows them
+        return int(args.run(args))
     try:
         return int(args.run(args))
     except (ValueError, TypeError) as e:
-        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        print(f"{_PROG}: error: {e}{_raised_outside(e)}", file=sys.stderr)
         return 2
     except _PATH_ERRORS as e:  # a path the user gave, found bad on the way
         where = "" if e.filename is None else f"{e.filename}: "
@@ -73,3 +78,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _raised_outside(error: BaseException) -> str:
+    """Where ``error`` was raised, when not by daskpri's own checks: a hint to report it.
+
+    daskpri's checks say what was wrong in one line; an error raised inside
+    another library (torch, xarray, numpy) may be a bad input they caught or
+    a bug, and its line alone does not say where it came from.
+    """
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames or os.path.abspath(frames[-1].filename).startswith(_PACKAGE + os.sep):
+        return ""
+    last = frames[-1]
+    return (
+        f"\n  (raised in {last.filename}, line {last.lineno}, in {last.name}; "
+        f"run `{_PROG} --traceback ...` for the full traceback)"
+    )

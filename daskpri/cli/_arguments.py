@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_PROG, description="Prioritized data-parallel SGD for PyTorch on Dask clusters."
     )
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on an error, show Python's full traceback, not one line (for a bug report)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="train a model and report its history")
