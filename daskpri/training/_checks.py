@@ -114,7 +114,8 @@ def check_eval_every(eval_every: Any, configured: Any, local_steps: int) -> int:
             f"left out; pass a multiple of {local_steps} such as {even}, or {local_steps} to "
             f"evaluate every round",
             DaskpriWarning,
-            stacklevel=3,
+            # the caller of Trainer(...): through _settings.set_arguments and __init__
+            stacklevel=4,
         )
     return every
 

@@ -113,7 +113,7 @@ class Deployment:
             # Dropping the futures releases them through the client's batched
             # stream, maybe still in flight when a cluster closed next removes the
             # workers, which logs an ERROR that their scattered data is lost
-            # (a trainer never closed, at exit: see trainer._close_at_exit).
+            # (a trainer never closed, at exit: see _cleanup._close_at_exit).
             with contextlib.suppress(Exception):  # the cluster may be gone already
                 self.client.run_on_scheduler(_release_keys, keys, self.client.id)
 

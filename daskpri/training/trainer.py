@@ -7,31 +7,28 @@ worker computes the gradient and fresh priorities on its own partitions; the
 driver combines the gradients and steps its optimizer.
 
 This module holds the :class:`Trainer`'s public face: its parameters, the fit
-loop, checkpoints and results. Its arguments are checked in ``_checks``; the
-run in the cluster and each step are its ``_run.RunMixin``; the partitions
-and replicas on the workers, and re-planning after losing some, are a
-:class:`~daskpri.training.deployment.Deployment`; the workers' results of a
-step are combined in :mod:`~daskpri.training.rounds`; a lost scheduler and
-the timeouts are in :mod:`~daskpri.training.recovery`.
+loop, checkpoints and results; the work behind them is in private modules:
+``_settings`` checks and sets its arguments, ``_fit`` runs a fit's loop,
+``_resume`` writes and reads checkpoints, ``_results`` builds ``history_``
+and ``table_``, ``_cleanup`` closes a trainer never closed, and its mixins
+``_run.RunMixin`` and ``_step.StepMixin`` hold the run in the cluster and
+each step. The partitions and replicas on the workers, and re-planning after
+losing some, are a :class:`~daskpri.training.deployment.Deployment`; the
+workers' results of a step are combined in :mod:`~daskpri.training.rounds`;
+a lost scheduler and the timeouts are in :mod:`~daskpri.training.recovery`.
 """
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
 import inspect
-import math
 import os
 import threading
-import time
 import uuid
-import warnings
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
-import dask
 import numpy as np
 import torch
 import xarray as xr
@@ -39,91 +36,28 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 from torch import nn
 
-from daskpri import _config
-from daskpri._warnings import DaskpriWarning
-from daskpri.models import from_spec
-from daskpri.strategies import STRATEGIES, Strategy, get_strategy, unknown_options
+from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
-from daskpri.table.staleness import validate_staleness
 from daskpri.training import checkpoint
-from daskpri.training._checks import (
-    check_budget,
-    check_checkpoint,
-    check_choice,
-    check_device,
-    check_eval_every,
-    check_float,
-    check_int,
-    check_local_steps,
-    check_real,
-    check_security,
-    check_strategy_model,
-    check_types,
-    open_data,
-)
-from daskpri.training._run import RunMixin
+from daskpri.training._cleanup import TRAINERS
+from daskpri.training._fit import FIT_RUNNING, fit_loop
+from daskpri.training._results import history_attrs, priority_table
+from daskpri.training._resume import checkpoint_state, resume_trainer
+
+# LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
+from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
+from daskpri.training._settings import set_arguments
+from daskpri.training._step import StepMixin
 from daskpri.training.cluster import local_cluster, stop_heartbeats
 from daskpri.training.deployment import Deployment
-from daskpri.training.evaluation import EvalSet
 from daskpri.training.history import HistoryRecorder
-from daskpri.training.placement import parse_resources
-from daskpri.training.recovery import (
-    SchedulerLostError,
-    blame_scheduler,
-    check_config,
-    dask_timeout,
-)
-from daskpri.training.rounds import crossed
-from daskpri.training.schedule import validate_schedule
+from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_timeout
 
 # SchedulerLostError and dask_timeout moved to recovery; they are still
 # importable from here.
 __all__ = ["SchedulerLostError", "Trainer", "dask_timeout"]
 
-#: The constructor's parameters besides the model and strategy, as a
-#: checkpoint keeps them for :meth:`Trainer.resume`.
-_INIT_PARAMS = (
-    "seed", "n_workers", "resources", "batch_size", "learning_rate", "momentum",
-    "weight_decay", "max_grad_norm", "optimizer", "lr_schedule", "schedule_steps", "local_steps",
-    "eval_every", "partition_size", "staleness", "device", "checkpoint_path", "checkpoint_every",
-    "transport", "on_nonfinite",
-)
-
-#: The trainers not garbage-collected yet, for :func:`_close_at_exit`.
-#: Each optimizer's learning rate where neither the argument nor the config
-#: (``daskpri.trainer.learning-rate``, null by default) gives one. SGD's
-#: (with the default momentum 0.9) from ``daskpri bench``: every arm's best
-#: rate on its four models lay in 0.075-0.3, uniform's in 0.1-0.3; Adam's is
-#: torch's own.
-LEARNING_RATES = {"sgd": 0.1, "adam": 0.001}
-
-_TRAINERS: weakref.WeakSet[Trainer] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """Close the trainers never closed (no ``close()``, no ``with``) while their clusters run.
-
-    At exit distributed closes the clusters still open, from an ``atexit`` hook
-    registered when it was imported, before this one, so after this runs; a
-    worker removed while a client holds data scattered to it (a trainer's
-    partitions) makes the scheduler log an ERROR that the data is lost.
-    """
-    for trainer in list(_TRAINERS):
-        client = trainer._client
-        if client is not None and client.status == "running":
-            with contextlib.suppress(Exception):  # the cluster may be going already
-                trainer.close()
-
-
-#: Why a second fit is refused while one runs.
-_FIT_RUNNING = (
-    "a fit is already running (fit_in_background's, or another thread's): stop() it and wait "
-    "for its future, or wait for it to end, before fitting again"
-)
-
-
-class Trainer(RunMixin):
+class Trainer(StepMixin):
     """Prioritized data-parallel SGD of a PyTorch module on a Dask cluster.
 
     Parameters
@@ -269,58 +203,21 @@ class Trainer(RunMixin):
         on_nonfinite: str = "raise",
         **strategy_options: Any,
     ) -> None:
-        check_types(model, client)
-        self.model = model
-        if isinstance(strategy, str) and strategy in STRATEGIES:
-            # a misspelled Trainer argument lands among the strategy's options
-            allowed, unknown = unknown_options(strategy, strategy_options)
-            if unknown:
-                raise ValueError(
-                    f"Trainer got {', '.join(unknown)}: neither a Trainer argument nor an "
-                    f"option of strategy {strategy!r} ({', '.join(allowed) or 'none'})"
-                )
-        self.strategy = get_strategy(strategy, **strategy_options)
-        self.seed = check_int("seed", seed, minimum=0)
-        self.n_workers = (
-            None if n_workers is None else check_int("n_workers", n_workers, minimum=1)
+        set_arguments(
+            self, model, strategy, client, seed, n_workers, resources,
+            batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
+            weight_decay=weight_decay, max_grad_norm=max_grad_norm, optimizer=optimizer,
+            lr_schedule=lr_schedule, schedule_steps=schedule_steps, local_steps=local_steps,
+            eval_every=eval_every, partition_size=partition_size, staleness=staleness,
+            device=device, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+            security=security, transport=transport, on_nonfinite=on_nonfinite,
+            strategy_options=strategy_options,
         )
-        self.resources = parse_resources(resources)
-        self.batch_size = check_int("batch_size", _config.get("trainer.batch-size", batch_size), 1)
-        self.momentum = check_real("momentum", _config.get("trainer.momentum", momentum), 0.0, 1.0)
-        self.weight_decay = check_real("weight_decay", weight_decay, 0.0, math.inf)
-        norm = _config.get("trainer.max-grad-norm", max_grad_norm)
-        self.max_grad_norm = None if norm is None else check_float("max_grad_norm", norm)
-        self.optimizer = check_choice(
-            "optimizer", _config.get("trainer.optimizer", optimizer), tuple(LEARNING_RATES)
-        )
-        # null in the config (the default): the optimizer's own rate
-        rate = _config.get("trainer.learning-rate", learning_rate)
-        self.learning_rate = check_float(
-            "learning_rate", LEARNING_RATES[self.optimizer] if rate is None else rate
-        )
-        self.lr_schedule, self.schedule_steps = validate_schedule(lr_schedule, schedule_steps)
-        self.local_steps = check_local_steps(local_steps, self.strategy)
-        check_strategy_model(self.strategy, model)
-        self.eval_every = check_eval_every(
-            eval_every, _config.get("trainer.eval-every"), self.local_steps
-        )
-        self.partition_size = (
-            None if partition_size is None else check_int("partition_size", partition_size, 1)
-        )
-        self.staleness = validate_staleness(_config.get("table.staleness", staleness))
-        self.device = check_device(device)
-        self.checkpoint_path = check_checkpoint(checkpoint_path, checkpoint_every)
-        self.checkpoint_every = checkpoint_every
         self._own_cluster: LocalCluster | None = None
         self._client = client
-        self.security = check_security(security, client)
-        self.on_nonfinite = check_choice("on_nonfinite", on_nonfinite, ("raise", "skip"))
         self.skipped_steps_ = 0
         self._excluded: set[str] = set()
         self._setup_time = 0.0
-        self.transport = check_choice(
-            "transport", _config.get("trainer.transport", transport), ("tasks", "direct")
-        )
         self.run_id = f"{self.strategy.name}-{uuid.uuid4().hex[:8]}"
         self.step_ = 0
         self._recorder = HistoryRecorder()
@@ -350,7 +247,7 @@ class Trainer(RunMixin):
         self._kept = None
         self._prefetch_rounds = True
         self._keep_state = True
-        _TRAINERS.add(self)
+        TRAINERS.add(self)
 
     # -- cluster -------------------------------------------------------------
 
@@ -450,7 +347,7 @@ class Trainer(RunMixin):
             The history, also in ``history_``.
         """
         if not self._fitting.acquire(blocking=False):
-            raise RuntimeError(_FIT_RUNNING)
+            raise RuntimeError(FIT_RUNNING)
         try:
             return self._fit_holding(data, eval_data, max_steps=max_steps, max_time=max_time,
                                      target_accuracy=target_accuracy, progress=progress)
@@ -462,119 +359,10 @@ class Trainer(RunMixin):
         """:meth:`fit`, its caller holding ``_fitting`` (one fit at a time)."""
         self._fit_thread = threading.get_ident()
         try:
-            return self._fit(data, eval_data, **kwargs)
+            return fit_loop(self, data, eval_data, **kwargs)
         finally:
             self._fit_thread = None
             self._stop_requested = False  # a stop is spent by the fit it ended
-
-    def _fit(
-        self,
-        data: xr.Dataset | str,
-        eval_data: xr.Dataset | str | None,
-        *,
-        max_steps: int | None,
-        max_time: float | None,
-        target_accuracy: float | None,
-        progress: bool,
-    ) -> xr.Dataset:
-        check_budget(max_steps, max_time, target_accuracy, eval_data)
-        if isinstance(data, str | os.PathLike):  # the workers open it, from their own directory
-            data = os.path.abspath(data)
-        ds, info, evalset = open_data(data, eval_data)
-        t_setup = time.perf_counter()
-        with self._blame_scheduler():
-            self._drop_prefetched()  # left by a fit that raised
-        self._kept = None  # the model may have changed since the last fit
-        # read once per fit, so a bad value stops it before any work is sent
-        self._prefetch_rounds = _config.get_bool("trainer.prefetch")
-        self._keep_state = _config.get_bool("trainer.keep-state")
-        check_config()
-        self._prepare(ds, info, data)
-        self._setup_time += time.perf_counter() - t_setup
-        if evalset is not None:
-            evalset.check(self._n_classes)
-
-        from tqdm.auto import tqdm
-
-        self._warn_past_schedule(max_steps)
-        if max_steps and self.step_ >= max_steps:
-            # a notebook's fit cell run again: it returns at once, with the same history
-            # (max_steps=0 asks for no step: it sets the run up)
-            warnings.warn(
-                f"max_steps={max_steps} is reached already (step_={self.step_}): max_steps "
-                f"counts the steps of every fit of this trainer, so this one trains none; "
-                f"pass max_steps={self.step_ + max_steps} to train {max_steps} more",
-                DaskpriWarning,
-                stacklevel=4,
-            )
-        total = None if max_steps is None else max(0, max_steps - self.step_)
-        bar = tqdm(total=total, disable=not progress, desc=self.strategy.name, unit="step")
-        start = self._elapsed
-        try:
-            while True:
-                if self._stop_requested:
-                    break
-                if max_steps is not None and self.step_ >= max_steps:
-                    break
-                if max_time is not None and self._elapsed - start >= max_time:
-                    break
-                before = self.step_
-                with self._blame_scheduler():
-                    record = self._step(None if max_steps is None else max_steps - self.step_)
-                if evalset is not None and crossed(before, self.step_, self.eval_every):
-                    self._evaluate(evalset, record)
-                self._recorder.append(record)
-                if self.checkpoint_every and crossed(before, self.step_, self.checkpoint_every):
-                    with self._blame_scheduler():
-                        self._checkpoint()
-                bar.update(self.step_ - before)
-                postfix = {"loss": f"{record['loss']:.3f}"}
-                if not math.isnan(record.get("accuracy", math.nan)):
-                    postfix["acc"] = f"{record['accuracy']:.3f}"
-                bar.set_postfix(postfix, refresh=False)
-                if target_accuracy is not None and record.get("accuracy", 0.0) >= target_accuracy:
-                    break
-            if evalset is not None and self._recorder.records:
-                last = self._recorder.records[-1]
-                if math.isnan(last.get("accuracy", math.nan)):
-                    self._evaluate(evalset, last)
-            with self._blame_scheduler():
-                self._drop_prefetched()  # the round after the last: the table forgets it
-                self._flush()
-                if self.checkpoint_path is not None and self._checkpointed != self.step_:
-                    self._checkpoint()  # where the fit ended, whatever ended it
-        finally:
-            bar.close()
-        return self.history_
-
-    def _checkpoint(self) -> None:
-        """Write the checkpoint to ``checkpoint_path`` (reads the table from the scheduler)."""
-        self.save(self.checkpoint_path)  # type: ignore[arg-type]
-        self._checkpointed = self.step_
-
-    def _warn_past_schedule(self, max_steps: int | None) -> None:
-        """Warn where this fit may step past the end of a decaying learning-rate schedule."""
-        end = self.schedule_steps
-        if self.lr_schedule == "constant" or end is None:
-            return
-        if max_steps is not None and max_steps <= end:
-            return
-        reach = "has no max_steps" if max_steps is None else f"runs to step {max_steps}"
-        warnings.warn(
-            f"lr_schedule={self.lr_schedule!r} decays to 0 at step {end} (schedule_steps), "
-            f"but this fit {reach}: every step past {end} trains at learning rate 0 and "
-            f"leaves the model as it is; pass max_steps={end} or less, or, to go on "
-            f"training a checkpointed run, resume it with a longer schedule: "
-            f"Trainer.resume(path, schedule_steps=...)",
-            DaskpriWarning,
-            stacklevel=5,
-        )
-
-    def _evaluate(self, evalset: EvalSet, record: dict[str, Any]) -> None:
-        t0 = time.perf_counter()
-        acc, loss = evalset.evaluate(self.model)
-        record["accuracy"], record["eval_loss"] = acc, loss
-        record["eval_time"] = time.perf_counter() - t0
 
     def stop(self) -> None:
         """End the running :meth:`fit` after the step (or round) in flight.
@@ -622,7 +410,7 @@ class Trainer(RunMixin):
         bound = inspect.signature(self.fit).bind(data, eval_data, **kwargs)
         bound.apply_defaults()
         if not self._fitting.acquire(blocking=False):  # released by the fit's thread
-            raise RuntimeError(_FIT_RUNNING)
+            raise RuntimeError(FIT_RUNNING)
 
         def run() -> xr.Dataset:
             try:
@@ -651,9 +439,6 @@ class Trainer(RunMixin):
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def _init_params(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _INIT_PARAMS}
-
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write a checkpoint of the whole run to ``path``, atomically.
 
@@ -676,26 +461,7 @@ class Trainer(RunMixin):
             )
         self._drop_prefetched()
         self._flush()
-        return checkpoint.write(
-            {
-                "step": self.step_,
-                "elapsed": self._elapsed,
-                # placing data, building replicas, warm-ups so far (not in elapsed)
-                "setup_time": self._setup_time,
-                "model": self.model.state_dict(),
-                "model_spec": getattr(self.model, "spec", None),
-                "optimizer": self._opt.state_dict(),
-                "mean_grad": self._mean_grad,
-                "strategy": {"name": self.strategy.name,
-                             # numpy scalars as Python numbers: the file is read weights-only
-                             "params": {k: v.item() if isinstance(v, np.generic) else v
-                                        for k, v in self.strategy.get_params().items()}},
-                "trainer": self._init_params(),
-                "table": checkpoint.to_storable(self._remote.state_dict()),
-                "history": self._recorder.records,
-            },
-            path,
-        )
+        return checkpoint.write(checkpoint_state(self), path)
 
     @classmethod
     def resume(
@@ -742,80 +508,14 @@ class Trainer(RunMixin):
         ...                                  checkpoint_every=50)
         >>> history = trainer.fit(train, eval_data=test, max_steps=2000)  # doctest: +SKIP
         """
-        # the rest of the constructor's arguments shape the run itself: changed,
-        # the resumed run would not be the checkpointed one going on
-        may_change = ("n_workers", "resources", "device", "transport", "eval_every",
-                      "on_nonfinite", "security", "checkpoint_path", "checkpoint_every",
-                      "schedule_steps")
-        fixed = sorted(set(overrides) - set(may_change))
-        if fixed:
-            raise ValueError(
-                f"resume takes overrides of {', '.join(may_change)}, but got "
-                f"{', '.join(fixed)}: the checkpoint fixes the run's strategy and its options, "
-                "seed and optimization; start a new Trainer to change them"
-            )
-        state = checkpoint.read(path)
-        if model is None:
-            if state["model_spec"] is None:
-                raise ValueError(
-                    "the checkpoint's model is not a built-in one: pass model=, a module of "
-                    "the same architecture"
-                )
-            model = from_spec(state["model_spec"])
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as e:
-            raise ValueError(f"model does not match the checkpoint's architecture: {e}") from None
-        params = dict(state["trainer"], **overrides)
-        name = state["strategy"]["name"]
-        if name not in STRATEGIES:
-            raise ValueError(
-                f"the checkpoint's strategy {name!r} is not registered in this process: "
-                f"define its class and decorate it with daskpri.register_strategy (with "
-                f"name = {name!r}) before resuming"
-            )
-        strategy = get_strategy(name, **state["strategy"]["params"])
-        # the run's own clipping: None there is none, whatever the config says now
-        # (a checkpoint from before the option has none)
-        with dask.config.set({"daskpri.trainer.max-grad-norm": None}):
-            trainer = cls(model, strategy=strategy, client=client, **params)
-        trainer.step_ = int(state["step"])
-        trainer._elapsed = float(state["elapsed"])
-        trainer._setup_time = float(state.get("setup_time", 0.0))  # (not in older ones)
-        trainer._recorder.records = list(state["history"])
-        trainer._metrics_sent = len(trainer._recorder.records)  # not sent again
-        trainer._resume_state = {
-            "optimizer": state["optimizer"],
-            "mean_grad": state["mean_grad"],
-            "table": checkpoint.from_storable(state["table"]),
-        }
-        return trainer
+        return resume_trainer(cls, path, model, client, overrides)
 
     # -- results ------------------------------------------------------------------------
 
     @property
     def history_(self) -> xr.Dataset:
         """The metrics of every step so far, as an ``xarray.Dataset``."""
-        return self._recorder.to_dataset(
-            {
-                "strategy": self.strategy.name,
-                "strategy_params": repr(self.strategy),
-                "seed": self.seed,
-                "batch_size": self.batch_size,
-                "learning_rate": self.learning_rate,
-                # 0: no clipping (netCDF attributes have no null)
-                "max_grad_norm": self.max_grad_norm or 0.0,
-                "optimizer": self.optimizer,
-                "lr_schedule": self.lr_schedule,
-                "schedule_steps": self.schedule_steps if self.schedule_steps else 0,
-                "local_steps": self.local_steps,
-                "staleness": self.staleness,
-                "n_workers": len(self._deployment.slots) if self._deployment is not None else 0,
-                "resources": repr(self.resources),
-                # placing data, building replicas, warm-up: not in ``time``
-                "setup_time": self._setup_time,
-            }
-        )
+        return self._recorder.to_dataset(history_attrs(self))
 
     @property
     def checkpointed_step_(self) -> int | None:
@@ -843,15 +543,4 @@ class Trainer(RunMixin):
         _ = self.client  # raises if it was closed
         if not self._fit_elsewhere():
             self._flush()
-        p = self._remote.priorities()
-        assert self._deployment is not None
-        bounds = self._deployment.bounds
-        pid = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
-        return xr.DataArray(
-            p["priority"],
-            dims="sample",
-            coords={"version": ("sample", p["version"]), "partition": ("sample", pid)}
-            | ({} if self._sample_coord is None else {"sample": self._sample_coord}),
-            name="priority",
-            attrs={"strategy": self.strategy.name, "staleness": self.staleness},
-        )
+        return priority_table(self)

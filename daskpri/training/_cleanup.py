@@ -1,0 +1,64 @@
+"""Closing the runs of trainers that were never closed.
+
+A trainer left without ``close()`` or ``with`` is closed at exit while its
+cluster still runs (:func:`_close_at_exit`), and one garbage-collected
+before then has its run dropped from the user's cluster
+(:func:`drop_run`, a ``weakref.finalize`` callback).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import weakref
+from typing import TYPE_CHECKING
+
+# (distributed is imported before the hook below is registered, so that its own
+# atexit hook runs after it: see _close_at_exit)
+from distributed import Client
+
+if TYPE_CHECKING:
+    from daskpri.training.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+#: The trainers not garbage-collected yet, for :func:`_close_at_exit`.
+TRAINERS: weakref.WeakSet[Trainer] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the trainers never closed (no ``close()``, no ``with``) while their clusters run.
+
+    At exit distributed closes the clusters still open, from an ``atexit`` hook
+    registered when it was imported, before this one, so after this runs; a
+    worker removed while a client holds data scattered to it (a trainer's
+    partitions) makes the scheduler log an ERROR that the data is lost.
+    """
+    for trainer in list(TRAINERS):
+        client = trainer._client
+        if client is not None and client.status == "running":
+            with contextlib.suppress(Exception):  # the cluster may be going already
+                trainer.close()
+
+
+def drop_run(client: Client, run: str, plugin: str) -> None:
+    """Close a garbage-collected trainer's run in the cluster, without waiting.
+
+    Called by the collector, on whatever thread it runs: the calls are
+    handed to the client's event loop, and their failures (the cluster
+    gone) are only logged at debug level.
+    """
+    if client.status != "running" or client.loop is None:
+        return
+
+    async def drop() -> None:
+        for call in (client.scheduler.daskpri_close(run=run),
+                     client.scheduler.unregister_worker_plugin(name=plugin)):
+            try:
+                await call
+            except Exception as e:
+                logger.debug("dropping run %s of a trainer never closed: %r", run, e)
+
+    client.loop.add_callback(drop)

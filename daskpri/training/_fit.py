@@ -1,0 +1,157 @@
+"""The loop of one :meth:`Trainer.fit`: steps until its budget is spent.
+
+It opens the data, sets the run up in the cluster, then takes steps (or
+rounds), evaluating every ``eval_every`` steps and checkpointing every
+``checkpoint_every``, until ``max_steps``, ``max_time``, ``target_accuracy``
+or :meth:`Trainer.stop` ends it; where it ends it evaluates, sends the table
+what it has not had and writes the last checkpoint. One fit runs at a time:
+:data:`FIT_RUNNING` says why a second is refused.
+
+The functions here are called from the trainer's methods at the depth of the
+methods they once were (``fit`` > ``_fit_holding`` > :func:`fit_loop`): the
+``stacklevel`` of the warnings here and in the methods the loop calls counts
+on it, to point at the caller's line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import xarray as xr
+
+from daskpri import _config
+from daskpri._warnings import DaskpriWarning
+from daskpri.training._checks import check_budget, open_data
+from daskpri.training.evaluation import EvalSet
+from daskpri.training.recovery import check_config
+from daskpri.training.rounds import crossed
+
+if TYPE_CHECKING:
+    from daskpri.training.trainer import Trainer
+
+#: Why a second fit is refused while one runs.
+FIT_RUNNING = (
+    "a fit is already running (fit_in_background's, or another thread's): stop() it and wait "
+    "for its future, or wait for it to end, before fitting again"
+)
+
+
+def fit_loop(
+    trainer: Trainer,
+    data: xr.Dataset | str,
+    eval_data: xr.Dataset | str | None,
+    *,
+    max_steps: int | None,
+    max_time: float | None,
+    target_accuracy: float | None,
+    progress: bool,
+) -> xr.Dataset:
+    """The body of :meth:`Trainer.fit`, its caller holding the trainer's ``_fitting``."""
+    check_budget(max_steps, max_time, target_accuracy, eval_data)
+    if isinstance(data, str | os.PathLike):  # the workers open it, from their own directory
+        data = os.path.abspath(data)
+    ds, info, evalset = open_data(data, eval_data)
+    t_setup = time.perf_counter()
+    with trainer._blame_scheduler():
+        trainer._drop_prefetched()  # left by a fit that raised
+    trainer._kept = None  # the model may have changed since the last fit
+    # read once per fit, so a bad value stops it before any work is sent
+    trainer._prefetch_rounds = _config.get_bool("trainer.prefetch")
+    trainer._keep_state = _config.get_bool("trainer.keep-state")
+    check_config()
+    trainer._prepare(ds, info, data)
+    trainer._setup_time += time.perf_counter() - t_setup
+    if evalset is not None:
+        evalset.check(trainer._n_classes)
+
+    from tqdm.auto import tqdm
+
+    warn_past_schedule(trainer, max_steps)
+    if max_steps and trainer.step_ >= max_steps:
+        # a notebook's fit cell run again: it returns at once, with the same history
+        # (max_steps=0 asks for no step: it sets the run up)
+        warnings.warn(
+            f"max_steps={max_steps} is reached already (step_={trainer.step_}): max_steps "
+            f"counts the steps of every fit of this trainer, so this one trains none; "
+            f"pass max_steps={trainer.step_ + max_steps} to train {max_steps} more",
+            DaskpriWarning,
+            stacklevel=4,
+        )
+    total = None if max_steps is None else max(0, max_steps - trainer.step_)
+    bar = tqdm(total=total, disable=not progress, desc=trainer.strategy.name, unit="step")
+    start = trainer._elapsed
+    try:
+        while True:
+            if trainer._stop_requested:
+                break
+            if max_steps is not None and trainer.step_ >= max_steps:
+                break
+            if max_time is not None and trainer._elapsed - start >= max_time:
+                break
+            before = trainer.step_
+            with trainer._blame_scheduler():
+                record = trainer._step(None if max_steps is None else max_steps - trainer.step_)
+            if evalset is not None and crossed(before, trainer.step_, trainer.eval_every):
+                evaluate(trainer, evalset, record)
+            trainer._recorder.append(record)
+            if trainer.checkpoint_every and crossed(
+                before, trainer.step_, trainer.checkpoint_every
+            ):
+                with trainer._blame_scheduler():
+                    write_checkpoint(trainer)
+            bar.update(trainer.step_ - before)
+            postfix = {"loss": f"{record['loss']:.3f}"}
+            if not math.isnan(record.get("accuracy", math.nan)):
+                postfix["acc"] = f"{record['accuracy']:.3f}"
+            bar.set_postfix(postfix, refresh=False)
+            if target_accuracy is not None and record.get("accuracy", 0.0) >= target_accuracy:
+                break
+        if evalset is not None and trainer._recorder.records:
+            last = trainer._recorder.records[-1]
+            if math.isnan(last.get("accuracy", math.nan)):
+                evaluate(trainer, evalset, last)
+        with trainer._blame_scheduler():
+            trainer._drop_prefetched()  # the round after the last: the table forgets it
+            trainer._flush()
+            if trainer.checkpoint_path is not None and trainer._checkpointed != trainer.step_:
+                write_checkpoint(trainer)  # where the fit ended, whatever ended it
+    finally:
+        bar.close()
+    return trainer.history_
+
+
+def write_checkpoint(trainer: Trainer) -> None:
+    """Write the checkpoint to ``checkpoint_path`` (reads the table from the scheduler)."""
+    trainer.save(trainer.checkpoint_path)  # type: ignore[arg-type]
+    trainer._checkpointed = trainer.step_
+
+
+def warn_past_schedule(trainer: Trainer, max_steps: int | None) -> None:
+    """Warn where this fit may step past the end of a decaying learning-rate schedule."""
+    end = trainer.schedule_steps
+    if trainer.lr_schedule == "constant" or end is None:
+        return
+    if max_steps is not None and max_steps <= end:
+        return
+    reach = "has no max_steps" if max_steps is None else f"runs to step {max_steps}"
+    warnings.warn(
+        f"lr_schedule={trainer.lr_schedule!r} decays to 0 at step {end} (schedule_steps), "
+        f"but this fit {reach}: every step past {end} trains at learning rate 0 and "
+        f"leaves the model as it is; pass max_steps={end} or less, or, to go on "
+        f"training a checkpointed run, resume it with a longer schedule: "
+        f"Trainer.resume(path, schedule_steps=...)",
+        DaskpriWarning,
+        stacklevel=5,
+    )
+
+
+def evaluate(trainer: Trainer, evalset: EvalSet, record: dict[str, Any]) -> None:
+    """Evaluate the master model on ``evalset`` into ``record`` (with the time it took)."""
+    t0 = time.perf_counter()
+    acc, loss = evalset.evaluate(trainer.model)
+    record["accuracy"], record["eval_loss"] = acc, loss
+    record["eval_time"] = time.perf_counter() - t0
