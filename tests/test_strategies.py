@@ -314,6 +314,21 @@ def test_the_workers_top_rows_are_the_drivers_top_fraction():
         assert got.tolist() == keep_top_fraction(losses.astype(np.float64), fraction).tolist()
 
 
+def test_selective_backprop_breaks_ties_at_the_cut_at_random_not_by_position():
+    # every candidate of a stale step ties (all unseen): which half is kept is
+    # drawn, where it was always the lowest sample indices
+    kept = set()
+    for seed in range(8):
+        ctx = make_ctx([8], [0], batch_size=4, seed=seed)
+        s = get_strategy("selective-backprop", fraction=0.5, refresh=2, warmup=0)
+        s.select(ctx)  # epoch 0: afresh
+        ctx.step = 1
+        stale = s.select(ctx)[0]
+        assert stale.train.size == 4 and "stale" in stale.extra
+        kept.add(tuple(stale.train.tolist()))
+    assert len(kept) > 4
+
+
 def test_selective_backprop_refresh_ranks_stale_epochs_by_the_table():
     # one worker of 8 samples; candidates of 8 per step (batch 4, fraction 0.5)
     table = PriorityTable([8])

@@ -17,8 +17,12 @@ import torch
 from daskpri.strategies.selection import SelectContext
 
 
-def keep_top_fraction(losses: np.ndarray, fraction: float) -> np.ndarray:
+def keep_top_fraction(
+    losses: np.ndarray, fraction: float, rng: np.random.Generator | None = None
+) -> np.ndarray:
     """Rows of the ``ceil(fraction * n)`` highest losses, in row order.
+
+    Ties at the cut are broken as :func:`keep_top` breaks them.
 
     Examples
     --------
@@ -26,18 +30,39 @@ def keep_top_fraction(losses: np.ndarray, fraction: float) -> np.ndarray:
     [1, 2]
     """
     n = losses.size
-    return keep_top(losses, min(n, max(1, math.ceil(fraction * n))))
+    return keep_top(losses, min(n, max(1, math.ceil(fraction * n))), rng)
 
 
-def keep_top(losses: np.ndarray, k: int) -> np.ndarray:
-    """Rows of the ``k`` highest losses (ties to the earlier row), in row order.
+def keep_top(
+    losses: np.ndarray, k: int, rng: np.random.Generator | None = None
+) -> np.ndarray:
+    """Rows of the ``k`` highest losses, in row order.
+
+    Where losses tie at the cut (the ``k``-th highest equals the next), the
+    rows kept among the tied ones are drawn with ``rng``, so that no row is
+    favoured for its position (candidates come in sample order: unseen ones,
+    whose losses are all ``+inf``, would otherwise always leave the later
+    samples out); without ``rng`` they go to the earlier rows. ``rng`` is
+    drawn from only where such a tie occurs.
 
     Examples
     --------
     >>> keep_top(np.array([0.1, 0.9, 0.5, 0.9]), 2).tolist()
     [1, 3]
+    >>> keep_top(np.array([0.1, 0.9, 0.5, 0.5]), 2).tolist()  # a tie at the cut
+    [1, 2]
+    >>> unseen = np.full(4, np.inf)  # every pair of the four, over 50 draws
+    >>> len({tuple(keep_top(unseen, 2, np.random.default_rng(s))) for s in range(50)})
+    6
     """
-    return np.sort(np.argsort(-losses, kind="stable")[:k])
+    order = np.argsort(-losses, kind="stable")
+    if rng is None or k <= 0 or k >= losses.size or losses[order[k - 1]] != losses[order[k]]:
+        return np.sort(order[:k])
+    cut = losses[order[k - 1]]
+    above = np.flatnonzero(losses > cut)
+    tied = np.flatnonzero(losses == cut)
+    drawn = rng.choice(tied, k - above.size, replace=False)
+    return np.sort(np.concatenate([above, drawn]))
 
 
 def top_rows(losses: torch.Tensor, fraction: float) -> torch.Tensor:

@@ -432,7 +432,7 @@ class SelectiveBackprop(Strategy):
             if self.wait_for_inflight:
                 ctx.check_ahead(cand)
             share = self.prefilter if fresh else self.fraction
-            kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), share)]
+            kept = cand[keep_top_fraction(ctx.table.estimate(ctx.step, cand), share, ctx.rng)]
             out.append(Selection(train=kept, extra=extra if fresh else self._stale_extra))
         return out
 
@@ -504,7 +504,7 @@ class SelectiveBackprop(Strategy):
             if rows.size > cap:
                 # the rule keeps more than the batch where the candidates rank high against
                 # the CDF (prefilter): the batch's worth of the highest losses among them
-                rows = rows[keep_top(scores[rows], cap)]
+                rows = rows[keep_top(scores[rows], cap, batch.rng)]
             sel = torch.as_tensor(rows, device=batch.x.device)
         if sel.numel():
             grad, _ = replica.grad_and_logits(batch.x[sel], batch.y[sel])
