@@ -77,14 +77,24 @@ def test_the_configured_evaluation_period_is_rounded_to_whole_rounds(gpu_client,
     assert evaluated == [7, 15, 23, 31]
 
 
-def test_an_evaluation_period_passed_in_part_rounds_warns_and_is_kept(gpu_client, small_data):
+def test_an_evaluation_period_passed_in_part_rounds_warns_and_is_kept(
+    gpu_client, small_data, tmp_path
+):
     train, _ = small_data
     with pytest.warns(daskpri.DaskpriWarning,
                       match=r"eval_every=10 is not a whole number of rounds of local_steps=4.*"
-                            r"pass a multiple of 4 such as 8, or 4 to evaluate every round"):
+                            r"pass a multiple of 4 such as 8, or 4 to evaluate every round",
+                      ) as record:
         t = _trainer(gpu_client, train, strategy="uniform", local_steps=4, eval_every=10)
+    assert record[0].filename == __file__  # the caller's line, not daskpri's
     with t:
         assert t.eval_every == 10
+        t.fit(train, max_steps=4, progress=False)
+        t.save(tmp_path / "t.ckpt")
+    with pytest.warns(daskpri.DaskpriWarning, match=r"eval_every=6 is not a whole") as record:
+        r = daskpri.Trainer.resume(tmp_path / "t.ckpt", client=gpu_client, eval_every=6)
+    assert record[0].filename == __file__  # through resume as well
+    r.close()
     for every in (3, 4, 12):  # within a round, or whole rounds: no warning (errors here)
         with _trainer(gpu_client, train, strategy="uniform", local_steps=4,
                       eval_every=every) as t:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ from distributed import Client
 from distributed.security import Security
 from torch import nn
 
-from daskpri._warnings import DaskpriWarning
+from daskpri._warnings import warn
 from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
@@ -107,15 +106,12 @@ def check_eval_every(eval_every: Any, configured: Any, local_steps: int) -> int:
     every = check_int("eval_every", eval_every, 1)
     if not in_whole_rounds(every, local_steps):
         even = whole_rounds(every, local_steps)
-        warnings.warn(
+        warn(
             f"eval_every={every} is not a whole number of rounds of local_steps="
             f"{local_steps}: a run evaluates at the end of the round in which a multiple "
             f"of {every} falls, so the evaluations are unevenly spaced and some rounds' are "
             f"left out; pass a multiple of {local_steps} such as {even}, or {local_steps} to "
             f"evaluate every round",
-            DaskpriWarning,
-            # the caller of Trainer(...): through _settings.set_arguments and __init__
-            stacklevel=4,
         )
     return every
 

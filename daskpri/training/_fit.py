@@ -18,13 +18,12 @@ from __future__ import annotations
 import math
 import os
 import time
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import xarray as xr
 
 from daskpri import _config
-from daskpri._warnings import DaskpriWarning
+from daskpri._warnings import warn
 from daskpri.training._checks import check_budget, open_data
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.recovery import check_config
@@ -74,12 +73,10 @@ def fit_loop(
     if max_steps and trainer.step_ >= max_steps:
         # a notebook's fit cell run again: it returns at once, with the same history
         # (max_steps=0 asks for no step: it sets the run up)
-        warnings.warn(
+        warn(
             f"max_steps={max_steps} is reached already (step_={trainer.step_}): max_steps "
             f"counts the steps of every fit of this trainer, so this one trains none; "
             f"pass max_steps={trainer.step_ + max_steps} to train {max_steps} more",
-            DaskpriWarning,
-            stacklevel=4,
         )
     total = None if max_steps is None else max(0, max_steps - trainer.step_)
     bar = tqdm(total=total, disable=not progress, desc=trainer.strategy.name, unit="step")
@@ -138,14 +135,12 @@ def warn_past_schedule(trainer: Trainer, max_steps: int | None) -> None:
     if max_steps is not None and max_steps <= end:
         return
     reach = "has no max_steps" if max_steps is None else f"runs to step {max_steps}"
-    warnings.warn(
+    warn(
         f"lr_schedule={trainer.lr_schedule!r} decays to 0 at step {end} (schedule_steps), "
         f"but this fit {reach}: every step past {end} trains at learning rate 0 and "
         f"leaves the model as it is; pass max_steps={end} or less, or, to go on "
         f"training a checkpointed run, resume it with a longer schedule: "
         f"Trainer.resume(path, schedule_steps=...)",
-        DaskpriWarning,
-        stacklevel=5,
     )
 
 

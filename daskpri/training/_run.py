@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,7 @@ from distributed.security import Security
 from torch import nn
 
 from daskpri import _config
-from daskpri._warnings import DaskpriWarning
+from daskpri._warnings import warn
 from daskpri.data.io import fingerprint
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin
@@ -249,13 +248,11 @@ class RunMixin:
             cause = "partition_size"
         else:
             cause = "the data's chunks along 'sample'"
-        warnings.warn(
+        warn(
             f"the workers hold unequal shares of the data ({', '.join(map(str, shares))} "
             f"samples, cut by {cause}): each trains a batch a step from its own, so the "
             "samples of the smaller shares are trained more often; leave partition_size "
             "unset and the data unchunked, or chunk it evenly, as many chunks for every worker",
-            DaskpriWarning,
-            stacklevel=6,
         )
 
     def _follow_cluster(self) -> None:

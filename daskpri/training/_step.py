@@ -17,14 +17,13 @@ import logging
 import os
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from daskpri import _config
-from daskpri._warnings import DaskpriWarning
+from daskpri._warnings import warn
 from daskpri.replicas.optim import LocalSteps, average_states, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Weights, flat_params, load_flat
 from daskpri.replicas.worker import ReplicaStateLost, StepResult
@@ -82,10 +81,8 @@ class StepMixin(RunMixin):
                     ) from e
                 if isinstance(e, StepTimeout):
                     # alive but stuck: train on without it rather than wait
-                    warnings.warn(
+                    warn(
                         f"step {step}: {e}; training goes on without them",
-                        DaskpriWarning,
-                        stacklevel=5,
                     )
                     self._excluded.update(e.addresses)
                 self._recover()
