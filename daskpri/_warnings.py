@@ -34,6 +34,8 @@ def warn(message: str, category: type[Warning] = DaskpriWarning) -> None:
         warnings.warn(message, category, skip_file_prefixes=(_PACKAGE,))
         return
     level, frame = 2, sys._getframe(1)  # 2: warn's caller
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _PACKAGE
+    ):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
