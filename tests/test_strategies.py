@@ -569,6 +569,35 @@ def test_selective_backprop_stale_beta_needs_beta_and_stale_steps():
     assert s.get_params()["stale_beta"] == 3
 
 
+def test_selective_backprop_cdf_recent_takes_the_losses_computed_last():
+    # 2,000 losses of 2.0 from step 0, then 1,000 of 1.0 from step 9: Jiang et
+    # al.'s rolling history holds the 1,000 recent ones (and 24 of the older)
+    table = PriorityTable([3000])
+    table.update(np.arange(2000), np.full(2000, 2.0), step=0)
+    table.update(np.arange(2000, 3000), np.full(1000, 1.0), step=9)
+
+    def reference(**options):
+        ctx = make_ctx([3000], [0], batch_size=8, step=10, table=table)
+        s = get_strategy("selective-backprop", beta=1.0, warmup=0, **options)
+        return s.select(ctx)[0].extra["reference"]
+
+    recent = reference(cdf="recent")
+    assert recent.size == 1024 and (recent == 1.0).sum() == 1000
+    sampled = reference()  # the default: a draw over every sample, one a sample
+    assert sampled.size == 1024 and 250 < (sampled == 1.0).sum() < 440
+    strategy = get_strategy("selective-backprop", beta=1.0, cdf="recent")
+    assert strategy.get_params()["cdf"] == "recent"
+
+
+def test_selective_backprop_cdf_needs_beta_and_names_its_choices():
+    with pytest.raises(ValueError, match="cdf should be one of 'table', 'recent', but got "
+                                         "cdf='last'"):
+        get_strategy("selective-backprop", beta=1.0, cdf="last")
+    with pytest.raises(ValueError, match="cdf chooses what the probabilistic rule's CDF is over, "
+                                         "so it needs beta, but got cdf='recent', beta=None"):
+        get_strategy("selective-backprop", cdf="recent")
+
+
 def test_selective_backprop_prefilter_scores_the_tables_top_share_of_a_larger_draw():
     # one worker of 16 samples; batch 4, fraction 0.5: 8 candidates scored a step,
     # drawn as the top half (prefilter 0.5) of 16 by the table's losses

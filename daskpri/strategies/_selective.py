@@ -112,8 +112,16 @@ def keep_by_cdf(
 _REFERENCE_SIZE = 1024
 
 
-def _reference(ctx: SelectContext) -> np.ndarray:
+#: what the probabilistic rule's CDF may be taken over (``SelectiveBackprop(cdf=...)``)
+CDF_REFERENCES = ("table", "recent")
+
+
+def _reference(ctx: SelectContext, cdf: str = "table") -> np.ndarray:
     """The probabilistic rule's CDF: a sorted sample of the table's losses.
+
+    With ``cdf="table"``, a draw of the losses of all the samples seen, one
+    a sample; with ``cdf="recent"``, the losses computed last (the highest
+    versions), as Jiang et al.'s rolling history of the last forward passes.
 
     Drawn (with replacement: a draw without permutes all the losses) once
     for each state of the table: the steps of a round, selected before the
@@ -134,13 +142,22 @@ def _reference(ctx: SelectContext) -> np.ndarray:
     [0.1, 0.2, 0.3]
     >>> _reference(ctx) is ctx.state["reference"]["losses"]  # the table has not changed
     True
+    >>> table = PriorityTable([2000])
+    >>> table.update(np.arange(1000), np.full(1000, 2.0), step=0)
+    >>> table.update(np.arange(1000, 2000), np.full(1000, 1.0), step=5)
+    >>> ctx.table, ctx.state = table, {}
+    >>> _reference(ctx, "recent")[[0, 975, 1023]].tolist()  # the 1,000 of step 5 first
+    [1.0, 1.0, 2.0]
     """
     key = [ctx.table.n_updates, ctx.step if ctx.table.staleness != "keep" else -1]
     kept = ctx.state.get("reference")
     if kept is not None and list(kept["key"]) == key:
         return kept["losses"]
-    seen = np.flatnonzero(ctx.table.version >= 0)
-    if seen.size > _REFERENCE_SIZE:
+    version = ctx.table.version
+    seen = np.flatnonzero(version >= 0)
+    if seen.size > _REFERENCE_SIZE and cdf == "recent":
+        seen = seen[np.argpartition(version[seen], seen.size - _REFERENCE_SIZE)[-_REFERENCE_SIZE:]]
+    elif seen.size > _REFERENCE_SIZE:
         seen = seen[ctx.rng.integers(0, seen.size, _REFERENCE_SIZE)]
     losses = np.sort(ctx.table.estimate(ctx.step, seen))
     ctx.state["reference"] = {"key": np.asarray(key, dtype=np.int64), "losses": losses}

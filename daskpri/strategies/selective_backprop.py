@@ -16,6 +16,7 @@ from daskpri.strategies._checks import (
     check_positive_int,
 )
 from daskpri.strategies._selective import (
+    CDF_REFERENCES,
     _reference,
     keep_by_cdf,
     keep_top,
@@ -71,12 +72,12 @@ class SelectiveBackprop(Strategy):
     priorities) and backpropagates either the top ``fraction`` by loss
     (``beta=None``), or each candidate with probability ``CDF(L)^beta``, the
     CDF taken over the table's losses (Jiang et al. 2019). Their CDF is over
-    a rolling history of the most recent losses computed; here it is over a
-    sample of 1,024 of the table's last losses, one a sample, some an epoch
-    old: where the losses fall fast it keeps fewer candidates than theirs
-    would (0.879 of a batch against 0.955 at ``beta=1`` in a synthetic check,
-    losses falling with a 100-step time constant), and the same where they
-    are steady.
+    a rolling history of the most recent losses computed (``cdf="recent"``);
+    by default it is over a sample of 1,024 of the table's last losses, one
+    a sample, some an epoch old: where the losses fall fast it keeps fewer
+    candidates than theirs would (0.879 of a batch against 0.955 at
+    ``beta=1`` in a synthetic check, losses falling with a 100-step time
+    constant), and the same where they are steady.
 
     With ``refresh=k``, only one epoch in ``k`` of each worker's candidate
     walk scores its candidates with a fresh forward pass; in the others the
@@ -293,6 +294,13 @@ class SelectiveBackprop(Strategy):
         the MNIST-1D CNN (lr 0.2, ``grad_scale=0.5``, seeds 10-19) 320
         against 296. Not the default: it saves no steps over the loss here.
 
+    cdf : {"table", "recent"}
+        What ``beta``'s CDF is taken over: a sample of 1,024 of the losses
+        the table holds, one a sample (``"table"``, the default), or the
+        1,024 losses computed last, Jiang et al.'s rolling history
+        (``"recent"``; with a staleness model other than ``keep``, as the
+        table estimates them now). Needs ``beta``.
+
     Examples
     --------
     >>> SelectiveBackprop(fraction=0.5).name
@@ -320,6 +328,7 @@ class SelectiveBackprop(Strategy):
         recent_last: bool = False,
         grad_scale: float = 1.0,
         score: str = "loss",
+        cdf: str = "table",
     ) -> None:
         self.fraction = check_fraction("fraction", fraction, low_open=True)
         self.beta = None if beta is None else check_number("beta", beta, 0.0, low_open=True)
@@ -343,6 +352,16 @@ class SelectiveBackprop(Strategy):
             )
         self.score = score
         self.anneal_step = None if anneal_step is None else check_int("anneal_step", anneal_step, 0)
+        if cdf not in CDF_REFERENCES:
+            raise ValueError(
+                f"cdf should be one of {', '.join(map(repr, CDF_REFERENCES))}, but got cdf={cdf!r}"
+            )
+        if cdf != "table" and self.beta is None:
+            raise ValueError(
+                f"cdf chooses what the probabilistic rule's CDF is over, so it needs beta, "
+                f"but got cdf={cdf!r}, beta=None"
+            )
+        self.cdf = cdf
         if self.stale_beta is not None and (self.beta is None or (self.refresh or 1) == 1):
             raise ValueError(
                 "stale_beta sets the probabilistic rule's selectivity in stale steps, so it "
@@ -408,7 +427,7 @@ class SelectiveBackprop(Strategy):
         annealed = self.anneal_step is not None and ctx.step >= self.anneal_step
         extra: dict[str, np.ndarray] = {}
         if self.beta is not None and not annealed:  # annealed steps read no CDF
-            extra["reference"] = _reference(ctx)
+            extra["reference"] = _reference(ctx, self.cdf)
             extra["batch_size"] = np.asarray(size)  # the most a fresh step keeps
         out = []
         for s in range(len(ctx.groups)):
