@@ -240,3 +240,22 @@ def test_small_activations_and_modules_with_buffers_score_whole():
     # batch norm in training mode normalizes over the batch: chunks would change the logits
     assert replica.score_rows[((1, 28, 28), None)] is None
     assert calls == [1024, 1024]
+
+
+def test_a_step_sent_to_a_worker_without_the_replica_says_why() -> None:
+    import asyncio
+
+    from distributed import Scheduler, Worker
+
+    from daskpri.replicas.worker import _train_handler
+
+    async def main() -> None:
+        async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:
+            async with Worker(s.address, host="127.0.0.1", nthreads=1) as w:
+                # the direct transport's handler says what the task path says
+                with pytest.raises(RuntimeError, match=rf"^worker {w.address} has no daskpri "
+                                   r"replica 'daskpri-gone': its run was closed meanwhile, or "
+                                   r"the worker joined the cluster without it$"):
+                    await _train_handler(w)("daskpri-gone", ())
+
+    asyncio.run(main())

@@ -22,7 +22,7 @@ from typing import Any
 import dask.config
 import numpy as np
 import torch
-from distributed import WorkerPlugin, get_worker
+from distributed import Worker, WorkerPlugin, get_worker
 from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
@@ -234,8 +234,9 @@ class ReplicaPlugin(WorkerPlugin):
         return xs.index_select(0, rows), ys.index_select(0, rows)
 
 
-def _plugin(name: str) -> ReplicaPlugin:
-    worker = get_worker()
+def _plugin(name: str, worker: Worker | None = None) -> ReplicaPlugin:
+    """The replica ``name`` of ``worker`` (this task's worker by default)."""
+    worker = get_worker() if worker is None else worker
     try:
         return worker.plugins[name]  # type: ignore[return-value]
     except KeyError:
@@ -345,9 +346,7 @@ def _train_handler(worker: Any) -> Any:
     """The worker's ``daskpri_train`` RPC handler (direct transport)."""
 
     async def daskpri_train(name: str, payload: tuple) -> Any:
-        plugin = worker.plugins.get(name)
-        if plugin is None:
-            raise RuntimeError(f"worker {worker.address} has no daskpri replica {name!r}")
+        plugin = _plugin(name, worker)
         # compute off the event loop, so the worker keeps answering heartbeats
         result = await asyncio.to_thread(_train_or_lost, plugin, *payload)
         return to_serialize(result) if isinstance(result, StepResult) else result
