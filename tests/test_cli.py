@@ -400,6 +400,17 @@ def test_demo_bad_option_fails_before_a_cluster_starts(
     assert captured.err.startswith(f"daskpri: error: {message}")
 
 
+@pytest.mark.parametrize("value", ["-5", "inf", "abc"])
+def test_demo_max_time_is_checked_as_trains_is(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--max-time", value])
+    assert info.value.code == 2
+    assert (f"argument --max-time: should be a positive finite number of seconds, but got "
+            f"'{value}'") in capsys.readouterr().err
+
+
 def test_demo_refuses_a_configured_eval_period_before_a_cluster_starts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=_demo)
     demo.add_argument("--workers", type=int, default=2, metavar="N")
-    demo.add_argument("--max-time", type=float, default=45.0, metavar="S",
+    demo.add_argument("--max-time", type=_seconds, default=45.0, metavar="S",
                       help="seconds of training for each run (default 45)")
     demo.add_argument("--dataset", choices=DATASETS, default="mnist1d",
                       help="the data (default mnist1d; mnist and cifar10 read --root)")
