@@ -22,6 +22,8 @@ from daskpri.strategies.selective_backprop import SelectiveBackprop
 from daskpri.strategies.uniform import Uniform
 from daskpri.strategies.upper_bound import UpperBound
 
+#: The registered strategy classes by name: the built-in ones, then those
+#: of :func:`register_strategy`.
 STRATEGIES: dict[str, type[Strategy]] = {}
 
 
@@ -32,8 +34,31 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
     defines the class anew); a built-in strategy's name is refused, since
     every run in this process asking for it would get the other class.
 
+    Parameters
+    ----------
+    cls : type
+        A :class:`Strategy` subclass with a non-empty ``name``.
+
+    Returns
+    -------
+    type
+        ``cls`` itself, so that it may be used as a class decorator.
+
+    Raises
+    ------
+    TypeError
+        If ``cls`` is not a :class:`Strategy` subclass.
+    ValueError
+        If its ``name`` is empty or a built-in strategy's.
+
     Examples
     --------
+    >>> @register_strategy
+    ... class MyUniform(Uniform):
+    ...     name = "my-uniform"
+    >>> get_strategy("my-uniform", batch_size=8)
+    MyUniform(batch_size=8)
+    >>> del STRATEGIES["my-uniform"]  # this example's only: leave the registry as it was
     >>> class Mine(Uniform):
     ...     name = "uniform"
     >>> register_strategy(Mine)
@@ -62,6 +87,26 @@ def unknown_options(strategy: str, options: Mapping[str, Any]) -> tuple[list[str
     """The options registered strategy ``strategy`` takes, and those of ``options`` it does not.
 
     A strategy that takes any keyword (``**options``) takes them all.
+
+    Parameters
+    ----------
+    strategy : str
+        A name in :data:`STRATEGIES`.
+    options : mapping of str to object
+        Keyword arguments meant for its constructor.
+
+    Returns
+    -------
+    allowed : list of str
+        The keyword arguments its constructor takes (the names in
+        ``options``, for one taking ``**options``).
+    unknown : list of str
+        Those of ``options`` it does not take, sorted.
+
+    Examples
+    --------
+    >>> unknown_options("loss", {"epsilon": 0.5, "eps": 1})
+    (['epsilon', 'renew', 'batch_size'], ['eps'])
     """
     params = inspect.signature(STRATEGIES[strategy]).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
@@ -76,6 +121,20 @@ def check_strategy_options(
     """Name the options ``strategy`` takes when ``options`` holds others.
 
     Checked before any cluster starts (the CLI's ``--strategy-option``).
+
+    Parameters
+    ----------
+    strategy : str
+        A name in :data:`STRATEGIES`.
+    options : mapping of str to object
+        Keyword arguments meant for its constructor.
+    given_as : str, default "--strategy-option"
+        How the message names where ``options`` came from.
+
+    Raises
+    ------
+    ValueError
+        If ``options`` holds a keyword the strategy does not take.
 
     Examples
     --------
@@ -95,6 +154,27 @@ def check_strategy_options(
 
 def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
     """A strategy object from a registered name (with ``options``) or as given.
+
+    Parameters
+    ----------
+    strategy : str or Strategy
+        A name in :data:`STRATEGIES`, or a strategy object (returned as it
+        is).
+    **options
+        Keyword arguments of the named strategy's constructor; none with a
+        strategy object.
+
+    Returns
+    -------
+    Strategy
+        A new strategy of that name built with ``options``, or ``strategy``
+        itself.
+
+    Raises
+    ------
+    ValueError
+        If the name is not registered, the strategy does not take one of
+        ``options``, or options come with a strategy object.
 
     Examples
     --------

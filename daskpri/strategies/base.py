@@ -54,7 +54,40 @@ from daskpri.strategies.selection import concat_selections as concat_selections
 
 @dataclass
 class Batch:
-    """The selected samples as a worker sees them, on its device."""
+    """The selected samples as a worker sees them, on its device.
+
+    The worker builds it from a :class:`Selection` and hands it to
+    :meth:`Strategy.compute`.
+
+    Parameters
+    ----------
+    x, y : torch.Tensor
+        The samples' features and labels: the train rows, then the rows
+        only scored.
+    indices : numpy.ndarray
+        Global indices of the rows of ``x``.
+    n_train : int
+        How many of the first rows are train rows (``Selection.train``).
+    weights : torch.Tensor, optional
+        Importance weights of the train rows (``None``: all ones).
+    mean_grad : torch.Tensor, optional
+        The driver's running mean gradient, for strategies with
+        :attr:`Strategy.uses_mean_grad`.
+    extra : dict of str to numpy.ndarray
+        The selection's extra arrays (``Selection.extra``).
+    seed : numpy.random.Generator or sequence of int
+        The generator of the worker half's random choices, or its seed.
+    defer : bool, default False
+        Whether :meth:`Strategy.compute` may leave the losses to the worker.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> batch = Batch(x=torch.zeros(3, 4), y=torch.tensor([0, 1, 1]), indices=np.array([7, 2, 9]),
+    ...               n_train=2, weights=None, mean_grad=None, extra={}, seed=[0, 7])
+    >>> batch.x[:batch.n_train].shape, batch.indices[batch.n_train:].tolist()
+    (torch.Size([2, 4]), [9])
+    """
 
     x: torch.Tensor
     y: torch.Tensor
@@ -75,7 +108,23 @@ class Batch:
 
     @property
     def rng(self) -> np.random.Generator:
-        """The generator of the worker half's random choices."""
+        """The generator of the worker half's random choices.
+
+        Made from :attr:`seed` on first use, then kept there, so later
+        draws go on from it.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> batch = Batch(x=torch.zeros(2, 1), y=torch.zeros(2, dtype=torch.long),
+        ...               indices=np.arange(2), n_train=2, weights=None, mean_grad=None,
+        ...               extra={}, seed=[0, 7])
+        >>> draws = batch.rng.integers(10, size=3)
+        >>> np.array_equal(draws, np.random.default_rng([0, 7]).integers(10, size=3))
+        True
+        >>> batch.rng is batch.seed  # kept: the next draws go on from it
+        True
+        """
         if not isinstance(self.seed, np.random.Generator):
             self.seed = np.random.default_rng(list(self.seed))
         return self.seed
@@ -83,7 +132,42 @@ class Batch:
 
 @dataclass
 class Computed:
-    """What a worker returns for its batch."""
+    """What a worker returns for its batch.
+
+    What :meth:`Strategy.compute` returns; the fields' comments in the
+    source say more.
+
+    Parameters
+    ----------
+    grad : torch.Tensor or None
+        ``sum_i w_i grad L_i`` over the samples backpropagated, flat;
+        ``None`` where the replica kept it in the parameters' ``.grad``.
+    n_grad : int
+        How many samples the gradient sums.
+    rows : numpy.ndarray or None
+        The rows of the batch whose priority was computed (``None``: all,
+        in order).
+    priorities : numpy.ndarray, torch.Tensor or None
+        Their priorities (``None`` where deferred).
+    loss_sum : float, torch.Tensor or None
+        The loss summed over the ``n_loss`` train rows (``None`` where
+        deferred).
+    n_loss : int
+        The train rows ``loss_sum`` sums over.
+    correct : int, torch.Tensor or None
+        The train rows predicted right (``None`` where deferred).
+    logits, labels : torch.Tensor, optional
+        Deferred (:attr:`Batch.defer`): every row's logits and labels, from
+        which the worker computes the priorities, loss sum and hits.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> out = Computed(grad=None, n_grad=2, rows=None, priorities=np.array([0.5, 2.0]),
+    ...                loss_sum=2.5, n_loss=2, correct=1)
+    >>> out.loss_sum / out.n_loss
+    1.25
+    """
 
     #: ``sum_i w_i grad L_i`` over the samples backpropagated (flat, on the
     #: device); ``None`` when :meth:`Replica.weighted_grad` left it in the
@@ -116,6 +200,30 @@ class Strategy(abc.ABC):
     them) and implement :meth:`select`; :meth:`compute` defaults to the
     weighted gradient of the train rows with the per-sample losses as
     priorities.
+
+    Examples
+    --------
+    A strategy that trains on each worker's first ``k`` samples, every step:
+
+    >>> import numpy as np
+    >>> from daskpri.strategies import SelectContext, Selection, Strategy
+    >>> from daskpri.table.table import PriorityTable
+    >>> class FirstK(Strategy):
+    ...     name = "first-k"
+    ...     def __init__(self, k=2):
+    ...         self.k = k
+    ...     def select(self, ctx):
+    ...         return [Selection(train=group[:self.k]) for group in ctx.groups]
+    >>> FirstK()
+    FirstK(k=2)
+    >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+    ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+    ...                     rng=np.random.default_rng(0), state={})
+    >>> [s.train.tolist() for s in FirstK().select(ctx)]
+    [[0, 1], [4, 5]]
+
+    :func:`~daskpri.strategies.register_strategy` makes it available by
+    name (``Trainer(model, strategy="first-k")``).
     """
 
     name: ClassVar[str] = ""
@@ -158,7 +266,31 @@ class Strategy(abc.ABC):
 
     @abc.abstractmethod
     def select(self, ctx: SelectContext) -> list[Selection]:
-        """One :class:`Selection` per worker slot of ``ctx.groups``."""
+        """One :class:`Selection` per worker slot of ``ctx.groups``.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The table, the workers' samples, the step, the batch size, the
+            random generator and the strategy's state.
+
+        Returns
+        -------
+        list of Selection
+            One per slot, in the order of ``ctx.groups``, of the global
+            indices that slot holds.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext, Uniform
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> [s.train.tolist() for s in Uniform().select(ctx)]
+        [[0, 2], [6, 7]]
+        """
 
     def select_round(
         self, ctx: SelectContext, count: int
@@ -169,6 +301,34 @@ class Strategy(abc.ABC):
         :meth:`select` gives step by step (and leave the same random state
         and strategy state): a list of steps, or a :class:`TrainRound`.
         ``None`` (the default): the table calls :meth:`select` once a step.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            As for :meth:`select`, at the round's first step.
+        count : int
+            Steps in the round.
+
+        Returns
+        -------
+        sequence of list of Selection, or None
+            ``count`` steps of one :class:`Selection` per slot, or ``None``
+            to have the table call :meth:`select` step by step.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext, Uniform
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> Uniform().select_round(ctx, 3) is None  # a walk not under way yet
+        True
+        >>> _ = Uniform().select(ctx)
+        >>> steps = Uniform().select_round(ctx, 3)
+        >>> len(steps), [s.train.tolist() for s in steps[0]]
+        (3, [[1, 3], [4, 5]])
         """
         return None
 
@@ -177,6 +337,22 @@ class Strategy(abc.ABC):
 
         A hook for strategies whose walk depends on where rounds begin
         (:func:`mark_round`); the default does nothing.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            As for :meth:`select`, at the round's first step.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext, Uniform
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> Uniform().begin_round(ctx) is None
+        True
         """
         return None
 
@@ -187,12 +363,65 @@ class Strategy(abc.ABC):
         scored only). The default: the per-sample losses. A strategy that
         ranks by another score of the forward pass (``selective-backprop``'s
         ``score="entropy"``) returns it here, so that its plain and stale
-        steps fill the table with what its fresh steps rank by.
+        steps fill the table with what its fresh steps rank by. (A strategy
+        that overrides :meth:`compute`, as ``projection`` does, sets its
+        priorities there instead.)
+
+        Parameters
+        ----------
+        losses : torch.Tensor, shape (n,)
+            The rows' cross-entropy losses.
+        logits : torch.Tensor, shape (n, classes)
+            The rows' logits.
+
+        Returns
+        -------
+        torch.Tensor, shape (n,)
+            The rows' priorities.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from daskpri.strategies import Uniform
+        >>> Uniform().priority(torch.tensor([0.5, 2.0]), torch.zeros(2, 3))
+        tensor([0.5000, 2.0000])
         """
         return losses
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
-        """Gradient of the train rows; losses of all rows as priorities."""
+        """Gradient of the train rows; losses of all rows as priorities.
+
+        Runs on the worker. The rows only scored get a forward pass in
+        :attr:`score_dtype`; the priorities are :meth:`priority`'s.
+
+        Parameters
+        ----------
+        replica : Replica
+            The worker's copy of the model, on its device.
+        batch : Batch
+            The selected samples: ``batch.n_train`` train rows, then the
+            rows only scored.
+
+        Returns
+        -------
+        Computed
+            The weighted gradient sum of the train rows and the priorities
+            of all rows (with :attr:`Batch.defer`, the logits instead).
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from daskpri.models import MLP
+        >>> from daskpri.replicas.replica import Replica
+        >>> from daskpri.strategies import Batch, Uniform
+        >>> replica = Replica(MLP((4,), 3, hidden=8), "cpu")
+        >>> batch = Batch(x=torch.linspace(-1, 1, 20).reshape(5, 4),
+        ...               y=torch.tensor([0, 1, 2, 0, 1]), indices=np.arange(5), n_train=3,
+        ...               weights=None, mean_grad=None, extra={}, seed=[0])
+        >>> out = Uniform().compute(replica, batch)
+        >>> out.grad.shape, out.n_grad, out.priorities.shape
+        (torch.Size([67]), 3, torch.Size([5]))
+        """
         n, rows = batch.n_train, batch.x.shape[0]
         x, y = (batch.x, batch.y) if n == rows else (batch.x[:n], batch.y[:n])
         if batch.defer and batch.weights is None:
@@ -234,6 +463,27 @@ class Strategy(abc.ABC):
         ``batch_size`` is the trainer's; ``samples`` the worker's sample
         count. Benchmarks give the uniform baseline this many gradients, so
         a strategy that computes more is compared at equal gradient budget.
+
+        Parameters
+        ----------
+        batch_size : int
+            The trainer's batch size.
+        samples : int
+            The samples the worker holds.
+
+        Returns
+        -------
+        int
+            The default: the strategy's own ``batch_size`` where it has
+            one, else the trainer's.
+
+        Examples
+        --------
+        >>> from daskpri.strategies import Uniform
+        >>> Uniform().gradients_per_step(64, 8000)
+        64
+        >>> Uniform(batch_size=32).gradients_per_step(64, 8000)
+        32
         """
         own = getattr(self, "batch_size", None)
         return int(own or batch_size)
@@ -246,6 +496,17 @@ class Strategy(abc.ABC):
         them, and a resumed run passes them to ``__init__`` again, so other
         attributes (counters, caches) are left out. An ``__init__`` taking
         ``**options`` gives every public attribute.
+
+        Returns
+        -------
+        dict of str to object
+            Parameter names and values; the ``repr`` shows them.
+
+        Examples
+        --------
+        >>> from daskpri.strategies import Loss
+        >>> Loss(epsilon=0.5).get_params()
+        {'epsilon': 0.5, 'renew': 0.0, 'batch_size': None}
         """
         params = inspect.signature(type(self)).parameters.values()
         public = {k: v for k, v in vars(self).items() if not k.startswith("_")}
@@ -264,7 +525,32 @@ SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 def check_score_dtype(value: Any) -> str:
-    """``value`` if it names a scoring precision of :data:`SCORE_DTYPES`."""
+    """``value`` if it names a scoring precision of :data:`SCORE_DTYPES`.
+
+    Parameters
+    ----------
+    value : object
+        The ``score_dtype`` a strategy was given.
+
+    Returns
+    -------
+    str
+        ``value``, unchanged.
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is not a key of :data:`SCORE_DTYPES`.
+
+    Examples
+    --------
+    >>> check_score_dtype("bfloat16")
+    'bfloat16'
+    >>> check_score_dtype("fp16")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: score_dtype should be one of 'float32', ..., but got score_dtype='fp16'
+    """
     if not isinstance(value, str) or value not in SCORE_DTYPES:
         raise ValueError(
             f"score_dtype should be one of {', '.join(map(repr, SCORE_DTYPES))}, "

@@ -26,6 +26,24 @@ def prune_epoch(
     ``1 / (1 - prune)`` when kept; the others (unseen samples, ``+inf``,
     among them) are kept with weight 1.
 
+    Parameters
+    ----------
+    losses : numpy.ndarray
+        The last loss of each position (``+inf``: unseen).
+    prune : float
+        Probability that a low-loss position is dropped, in [0, 1).
+    rng : numpy.random.Generator
+        Draws the drops and the shuffle.
+    threshold : float, optional
+        Losses below it are low; ``None``: the mean of the finite losses.
+
+    Returns
+    -------
+    keep : numpy.ndarray of int
+        The positions kept, shuffled.
+    weights : numpy.ndarray of float64
+        Their weights, in the same order.
+
     Examples
     --------
     >>> keep, w = prune_epoch(np.array([0.1, 5.0, np.inf]), 0.0, np.random.default_rng(0))
@@ -106,7 +124,25 @@ class InfoBatch(Strategy):
         self.batch_size = check_positive_int("batch_size", batch_size)
 
     def pruning(self, epoch: int) -> bool:
-        """Whether epoch ``epoch`` (counted from 0) is pruned."""
+        """Whether epoch ``epoch`` (counted from 0) is pruned.
+
+        Parameters
+        ----------
+        epoch : int
+            A worker's epoch, counted from 0.
+
+        Returns
+        -------
+        bool
+            ``True`` while ``epoch < anneal * epochs`` (always, with
+            ``epochs=None``), unless ``prune`` is 0.
+
+        Examples
+        --------
+        >>> strategy = InfoBatch(epochs=8)
+        >>> strategy.pruning(6), strategy.pruning(7)
+        (True, False)
+        """
         # The authors' sampler prunes while epoch <= anneal * epochs; we stop
         # at epoch >= anneal * epochs, so ``anneal=1`` prunes every planned epoch.
         return self.prune > 0 and (self.epochs is None or epoch < self.anneal * self.epochs)
@@ -153,6 +189,35 @@ class InfoBatch(Strategy):
         return idx[order], w[order]
 
     def select(self, ctx: SelectContext) -> list[Selection]:
+        """The next ``batch_size`` samples of each slot's pruned epoch, with their weights.
+
+        A slot whose epoch is spent begins the next: it prunes afresh from
+        the table's losses (:func:`prune_epoch`), or, once annealed, keeps
+        every sample with weight 1.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The table, the workers' samples, the step and the random state.
+
+        Returns
+        -------
+        list of Selection
+            One per worker slot.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(1), state={})
+        >>> ctx.table.update(np.arange(8), np.array([0.1] * 4 + [5.0] * 4), step=0)
+        >>> ctx.step = 1
+        >>> [(s.train.tolist(), s.weights.tolist()) for s in InfoBatch(prune=0.5).select(ctx)]
+        [([0, 3], [2.0, 2.0]), ([4, 5], [1.0, 1.0])]
+        """
         size = self.batch_size or ctx.batch_size
         out = []
         for slot in range(len(ctx.groups)):

@@ -18,6 +18,23 @@ def sampling_probabilities(priorities: np.ndarray, epsilon: float) -> np.ndarray
     Unseen samples (``+inf``) get the largest seen loss (1 when none is seen);
     if every loss is zero the distribution is uniform.
 
+    Parameters
+    ----------
+    priorities : numpy.ndarray
+        The last losses ``L`` of the ``N`` samples (``+inf``: unseen).
+    epsilon : float
+        Weight of the uniform component, in [0, 1].
+
+    Returns
+    -------
+    numpy.ndarray of float64
+        The probability of each sample; they sum to 1.
+
+    Raises
+    ------
+    ValueError
+        If a loss is negative.
+
     Examples
     --------
     >>> sampling_probabilities(np.array([1.0, 3.0]), 0.0).tolist()
@@ -44,6 +61,28 @@ def importance_sample(
 
     ``mean(w_i * g_i)`` over the draws is an unbiased estimate of the mean of
     ``g`` over all ``N`` positions.
+
+    Parameters
+    ----------
+    p : numpy.ndarray
+        Probabilities of the ``N`` positions (summing to 1).
+    size : int
+        Number of draws.
+    rng : numpy.random.Generator
+        The generator to draw from.
+
+    Returns
+    -------
+    positions : numpy.ndarray of int
+        The positions drawn, in draw order (a position may repeat).
+    weights : numpy.ndarray of float64
+        Their importance weights ``1 / (N p)``.
+
+    Examples
+    --------
+    >>> pos, w = importance_sample(np.array([0.5, 0.25, 0.25]), 4, np.random.default_rng(0))
+    >>> pos.tolist(), [round(x, 3) for x in w.tolist()]
+    ([1, 0, 0, 0], [1.333, 0.667, 0.667, 0.667])
     """
     pos = rng.choice(p.size, size=size, replace=True, p=p)
     return pos, 1.0 / (p.size * p[pos])
@@ -91,6 +130,39 @@ class Loss(Strategy):
         self.batch_size = check_positive_int("batch_size", batch_size)
 
     def select(self, ctx: SelectContext) -> list[Selection]:
+        """Importance-sampled draws over the whole table, each sent to its worker.
+
+        ``batch_size`` draws per slot (with replacement) by
+        :func:`sampling_probabilities` of the estimated priorities, each to
+        the slot holding it, with its weight; plus each slot's ``renew``
+        samples to score.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The table, the workers' samples, the step and the random state.
+
+        Returns
+        -------
+        list of Selection
+            One per worker slot.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx.table.update(np.arange(8), np.arange(8.0), step=0)
+        >>> ctx.step = 1
+        >>> selections = Loss(epsilon=0.5).select(ctx)
+        >>> [s.train.tolist() for s in selections]  # a worker's share varies
+        [[0, 0, 3], [5]]
+        >>> [round(w, 3) for w in selections[0].weights.tolist()]
+        [2.0, 2.0, 1.077]
+        """
         n_slots = len(ctx.groups)
         draws = (self.batch_size or ctx.batch_size) * n_slots
         est = ctx.table.estimate(ctx.step)

@@ -68,6 +68,38 @@ class Projection(Strategy):
         self.mean_grad_decay = decay
 
     def select(self, ctx: SelectContext) -> list[Selection]:
+        """Each slot's ``k`` samples of highest estimated priority and its ``renew`` samples.
+
+        The renewed samples (round-robin, in index order) are left out of the
+        top-k; with ``train_on_renew`` they train too, else they are only
+        scored.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The table, the workers' samples, the step and the random state.
+
+        Returns
+        -------
+        list of Selection
+            One per worker slot.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx.table.update(np.arange(8), np.arange(8.0), step=0)
+        >>> ctx.step = 1
+        >>> [s.train.tolist() for s in Projection(k=1, renew=0.25).select(ctx)]
+        [[0, 3], [4, 7]]
+        >>> s = Projection(k=1, renew=0.25, train_on_renew=False).select(ctx)[0]
+        >>> s.train.tolist(), s.score.tolist()
+        ([3], [1])
+        """
         k = self.k or ctx.batch_size
         out = []
         for slot, group in enumerate(ctx.groups):
@@ -80,14 +112,88 @@ class Projection(Strategy):
         return out
 
     def gradients_per_step(self, batch_size: int, samples: int) -> int:
+        """``k``, plus the renewed samples where they train (``train_on_renew``).
+
+        Parameters
+        ----------
+        batch_size : int
+            The trainer's batch size (``k`` where it is ``None``).
+        samples : int
+            The samples the worker holds.
+
+        Returns
+        -------
+        int
+            Samples the worker backpropagates per step.
+
+        Examples
+        --------
+        >>> Projection(renew=0.01).gradients_per_step(64, 8000)
+        144
+        >>> Projection(renew=0.01, train_on_renew=False).gradients_per_step(64, 8000)
+        64
+        """
         k = self.k or batch_size
         return k + math.ceil(self.renew * samples) if self.train_on_renew else k
 
     def priorities(self, grads: torch.Tensor, mean_grad: torch.Tensor) -> torch.Tensor:
-        """Priority of each row of the per-sample gradients ``grads``."""
+        """Priority of each row of the per-sample gradients ``grads``.
+
+        Here ``g_i . g_bar``; subclasses (:class:`Length`) score otherwise.
+
+        Parameters
+        ----------
+        grads : torch.Tensor, shape (n, n_params)
+            Per-sample gradients, flat.
+        mean_grad : torch.Tensor, shape (n_params,)
+            The mean gradient ``g_bar``.
+
+        Returns
+        -------
+        torch.Tensor, shape (n,)
+            The priorities.
+
+        Examples
+        --------
+        >>> grads = torch.tensor([[1.0, 0.0], [3.0, 4.0]])
+        >>> Projection().priorities(grads, torch.tensor([1.0, 1.0]))
+        tensor([1., 7.])
+        """
         return grads @ mean_grad
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
+        """Per-sample gradients of every row; the train rows' sum, every row's priority.
+
+        The priorities are :meth:`priorities` against the batch's
+        ``mean_grad``, or the train rows' mean gradient where there is none
+        yet (all rows' where none trains).
+
+        Parameters
+        ----------
+        replica : Replica
+            The worker's copy of the model.
+        batch : Batch
+            The selected samples.
+
+        Returns
+        -------
+        Computed
+            The gradient sum of the train rows and the priorities of all rows.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from daskpri.models import MLP
+        >>> from daskpri.replicas.replica import Replica
+        >>> from daskpri.strategies import Batch
+        >>> replica = Replica(MLP((4,), 3, hidden=8), "cpu")
+        >>> batch = Batch(x=torch.linspace(-1, 1, 20).reshape(5, 4),
+        ...               y=torch.tensor([0, 1, 2, 0, 1]), indices=np.arange(5), n_train=3,
+        ...               weights=None, mean_grad=None, extra={}, seed=[0])
+        >>> out = Projection().compute(replica, batch)
+        >>> out.grad.shape, out.n_grad, out.rows.tolist(), out.priorities.shape
+        (torch.Size([67]), 3, [0, 1, 2, 3, 4], (5,))
+        """
         grads, losses, logits = replica.per_sample_grads(batch.x, batch.y)
         n = batch.n_train
         mean_grad = batch.mean_grad

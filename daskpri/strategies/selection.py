@@ -24,12 +24,42 @@ class NotAhead(Exception):
 
     The table then takes the selection back and the driver selects the round
     once the round in flight has returned its priorities.
+
+    Examples
+    --------
+    >>> from daskpri.table.table import PriorityTable
+    >>> ctx = SelectContext(table=PriorityTable([4]), groups=[np.arange(4)],
+    ...                     owner=np.array([0]), step=1, batch_size=2,
+    ...                     rng=np.random.default_rng(0), state={},
+    ...                     inflight=np.array([False, True, False, False]))
+    >>> ctx.check_ahead(np.array([0, 1]))
+    Traceback (most recent call last):
+    ...
+    daskpri.strategies.selection.NotAhead: 1 of the samples read are in flight
     """
 
 
 @dataclass
 class Selection:
-    """The samples one worker processes in a step (global indices)."""
+    """The samples one worker processes in a step (global indices).
+
+    Parameters
+    ----------
+    train : numpy.ndarray
+        Samples whose gradient enters the update.
+    weights : numpy.ndarray, optional
+        Importance weights of ``train`` (``None``: all ones).
+    score : numpy.ndarray, optional
+        Samples whose priority is recomputed without entering the update.
+    extra : dict of str to numpy.ndarray, optional
+        Extra arrays the worker half needs.
+
+    Examples
+    --------
+    >>> s = Selection(train=np.array([3, 1]), score=np.array([0]))
+    >>> s.weights is None, s.score.tolist(), s.extra
+    (True, [0], {})
+    """
 
     #: samples whose gradient enters the update
     train: np.ndarray
@@ -49,6 +79,17 @@ def concat_selections(selections: Sequence[Selection]) -> dict[str, Any]:
     (``weighted`` marks them); ``extra``: each step's extras, ``[]`` where
     none has any. The table sends a round so, and the workers' shares are
     cut from it.
+
+    Parameters
+    ----------
+    selections : sequence of Selection
+        One worker's selections, one a step.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray or list
+        The arrays above: ``train``, ``n_train``, ``score``, ``n_score``,
+        ``weighted``, ``weights`` and ``extra`` (a list).
 
     Examples
     --------
@@ -103,6 +144,13 @@ class TrainRound(Sequence[list[Selection]]):
 
     @property
     def n_slots(self) -> int:
+        """Number of worker slots.
+
+        Examples
+        --------
+        >>> TrainRound([np.zeros((3, 2)), np.ones((3, 2))]).n_slots
+        2
+        """
         return len(self._batches)
 
     def __len__(self) -> int:
@@ -116,7 +164,26 @@ class TrainRound(Sequence[list[Selection]]):
         return [Selection(train=b[i]) for b in self._batches]
 
     def slot_arrays(self, slot: int) -> dict[str, Any]:
-        """Slot ``slot``'s steps as :func:`concat_selections` gives them."""
+        """Slot ``slot``'s steps as :func:`concat_selections` gives them.
+
+        Parameters
+        ----------
+        slot : int
+            The worker slot.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray or list
+            The keys of :func:`concat_selections`: the train rows of every
+            step, nothing scored, no weights, no extras.
+
+        Examples
+        --------
+        >>> r = TrainRound([np.array([[0, 1], [2, 3]]), np.array([[8, 9], [6, 7]])])
+        >>> a = r.slot_arrays(0)
+        >>> a["train"].tolist(), a["n_train"].tolist(), a["n_score"].tolist()
+        ([0, 1, 2, 3], [2, 2], [0, 0])
+        """
         b = self._batches[slot]
         count, size = b.shape
         return {
@@ -132,7 +199,41 @@ class TrainRound(Sequence[list[Selection]]):
 
 @dataclass
 class SelectContext:
-    """What :meth:`Strategy.select` sees of the table and the cluster."""
+    """What :meth:`Strategy.select` sees of the table and the cluster.
+
+    The table builds one for each selection.
+
+    Parameters
+    ----------
+    table : PriorityTable
+        The priorities of every sample.
+    groups : list of numpy.ndarray
+        Global sample indices held by each worker slot (sorted).
+    owner : numpy.ndarray
+        Worker slot of each partition.
+    step : int
+        The step being selected (the first of a round).
+    batch_size : int
+        The trainer's batch size.
+    rng : numpy.random.Generator
+        The random generator of the selection: a strategy draws from it
+        and no other, so a run is reproducible.
+    state : dict
+        The strategy's own state, kept with the table and checkpointed
+        with it.
+    inflight : numpy.ndarray, optional
+        Where a round is selected ahead, a mask over the samples whose
+        priorities the workers are computing.
+
+    Examples
+    --------
+    >>> from daskpri.table.table import PriorityTable
+    >>> ctx = SelectContext(table=PriorityTable([2, 2, 4]),
+    ...                     groups=[np.arange(4), np.arange(4, 8)], owner=np.array([0, 0, 1]),
+    ...                     step=0, batch_size=2, rng=np.random.default_rng(0), state={})
+    >>> ctx.candidates(1), ctx.owner_of(np.array([1, 5])).tolist()
+    (slice(4, 8, None), [0, 1])
+    """
 
     table: PriorityTable
     #: global sample indices held by each worker slot
@@ -153,12 +254,58 @@ class SelectContext:
 
         A strategy that selects ahead (:attr:`Strategy.selects_ahead`) calls
         it before it reads the priorities of ``indices``.
+
+        Parameters
+        ----------
+        indices : numpy.ndarray
+            Global indices of the samples whose priorities are to be read.
+
+        Raises
+        ------
+        NotAhead
+            If the round in flight holds one of them (see :attr:`inflight`).
+
+        Examples
+        --------
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4]), groups=[np.arange(4)],
+        ...                     owner=np.array([0]), step=1, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={},
+        ...                     inflight=np.array([False, True, False, False]))
+        >>> ctx.check_ahead(np.array([0, 2]))  # none in flight: nothing happens
+        >>> ctx.check_ahead(np.array([1, 2]))
+        Traceback (most recent call last):
+        ...
+        daskpri.strategies.selection.NotAhead: 1 of the samples read are in flight
         """
         if self.inflight is not None and indices.size and self.inflight[indices].any():
             raise NotAhead(f"{int(self.inflight[indices].sum())} of the samples read are in flight")
 
     def candidates(self, slot: int) -> np.ndarray | slice:
-        """The samples of ``slot``: a slice when they are contiguous (fast path)."""
+        """The samples of ``slot``: a slice when they are contiguous (fast path).
+
+        Parameters
+        ----------
+        slot : int
+            The worker slot.
+
+        Returns
+        -------
+        slice or numpy.ndarray
+            Its global indices, as :meth:`PriorityTable.topk` takes them.
+
+        Examples
+        --------
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([2, 2, 4]),
+        ...                     groups=[np.arange(4), np.arange(4, 8)], owner=np.array([0, 0, 1]),
+        ...                     step=0, batch_size=2, rng=np.random.default_rng(0), state={})
+        >>> ctx.candidates(0)
+        slice(0, 4, None)
+        >>> ctx.groups[0] = np.array([0, 2, 3])
+        >>> ctx.candidates(0).tolist()
+        [0, 2, 3]
+        """
         group = self.groups[slot]
         if group.size and int(group[-1]) - int(group[0]) + 1 == group.size:
             # groups are sorted and unique, so this span is exactly the group
@@ -166,5 +313,25 @@ class SelectContext:
         return group
 
     def owner_of(self, indices: np.ndarray) -> np.ndarray:
-        """The worker slot holding each of ``indices``."""
+        """The worker slot holding each of ``indices``.
+
+        Parameters
+        ----------
+        indices : numpy.ndarray
+            Global sample indices.
+
+        Returns
+        -------
+        numpy.ndarray
+            The slot of each, in the same order.
+
+        Examples
+        --------
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([2, 2, 4]),
+        ...                     groups=[np.arange(4), np.arange(4, 8)], owner=np.array([0, 0, 1]),
+        ...                     step=0, batch_size=2, rng=np.random.default_rng(0), state={})
+        >>> ctx.owner_of(np.array([5, 1, 3])).tolist()
+        [1, 0, 0]
+        """
         return self.owner[self.table.partition_of(indices)]

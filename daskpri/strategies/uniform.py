@@ -33,9 +33,65 @@ class Uniform(Strategy):
         self.batch_size = check_positive_int("batch_size", batch_size)
 
     def select(self, ctx: SelectContext) -> list[Selection]:
+        """The next ``batch_size`` samples of each slot's shuffled pass, unweighted.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The table, the workers' samples, the step and the random state.
+
+        Returns
+        -------
+        list of Selection
+            One per worker slot.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> [s.train.tolist() for s in Uniform().select(ctx)]
+        [[0, 2], [6, 7]]
+        """
         size = self.batch_size or ctx.batch_size
         return [Selection(train=epoch_batches(ctx, s, size)) for s in range(len(ctx.groups))]
 
     def select_round(self, ctx: SelectContext, count: int) -> TrainRound | None:
+        """The next ``count`` steps of :meth:`select` at once, as a :class:`TrainRound`.
+
+        ``None`` (step by step) until every slot's walk is under way, or
+        where a slot holds fewer samples than a batch.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            As for :meth:`select`, at the round's first step.
+        count : int
+            Steps in the round.
+
+        Returns
+        -------
+        TrainRound or None
+            ``count`` steps of one :class:`Selection` per slot, or ``None``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> strategy = Uniform()
+        >>> strategy.select_round(ctx, 4) is None
+        True
+        >>> _ = strategy.select(ctx)
+        >>> steps = strategy.select_round(ctx, 4)
+        >>> len(steps), steps.n_slots, [s.train.tolist() for s in steps[0]]
+        (4, 2, [[1, 3], [4, 5]])
+        """
         batches = epoch_rounds(ctx, self.batch_size or ctx.batch_size, count)
         return None if batches is None else TrainRound(batches)

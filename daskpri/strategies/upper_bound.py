@@ -28,6 +28,18 @@ _PATIENCE = 64
 def logit_gradient_norms(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``||softmax(z_i) - onehot(y_i)||_2``: the norm of d CE(z_i, y_i) / d z_i.
 
+    Parameters
+    ----------
+    logits : torch.Tensor, shape (n, classes)
+        The logits ``z`` (detached, computed in float32).
+    y : torch.Tensor, shape (n,)
+        The labels.
+
+    Returns
+    -------
+    torch.Tensor of float32, shape (n,)
+        The norm of each row.
+
     Examples
     --------
     >>> z = torch.tensor([[0.0, 0.0], [10.0, -10.0]])
@@ -45,6 +57,16 @@ def variance_reduction(scores: np.ndarray) -> float:
     paper's estimate of the variance reduction of importance sampling, in
     units of batch-size increase. It is 1 for equal scores and ``sqrt(B)``
     when one score holds all the mass.
+
+    Parameters
+    ----------
+    scores : numpy.ndarray
+        The ``B`` scores of a batch (non-negative; all zero counts as equal).
+
+    Returns
+    -------
+    float
+        ``tau``, from 1 to ``sqrt(B)``.
 
     Examples
     --------
@@ -70,6 +92,22 @@ def draw_by_scores(
     The weights ``1 / (B p)`` make the weighted mean over the draws an
     unbiased estimate of the mean over all ``B`` positions. Scores that are
     all zero give the uniform distribution.
+
+    Parameters
+    ----------
+    scores : numpy.ndarray
+        The ``B`` non-negative scores.
+    size : int
+        Number of draws.
+    rng : numpy.random.Generator
+        The generator to draw from.
+
+    Returns
+    -------
+    positions : numpy.ndarray of int
+        The positions drawn (a position may repeat).
+    weights : numpy.ndarray of float64
+        Their weights ``1 / (B p)``.
 
     Examples
     --------
@@ -157,11 +195,44 @@ class UpperBound(Strategy):
         self.score_dtype = check_score_dtype(score_dtype)
 
     def presample_size(self, batch_size: int) -> int:
-        """Candidates ``B`` scored per worker for ``batch_size`` backpropagated."""
+        """Candidates ``B`` scored per worker for ``batch_size`` backpropagated.
+
+        Parameters
+        ----------
+        batch_size : int
+            Samples backpropagated per worker per step.
+
+        Returns
+        -------
+        int
+            ``ceil(presample * batch_size)``, at least ``batch_size``.
+
+        Examples
+        --------
+        >>> UpperBound().presample_size(32), UpperBound(presample=1.5).presample_size(3)
+        (96, 5)
+        """
         return max(batch_size, math.ceil(self.presample * batch_size))
 
     def threshold(self, batch_size: int) -> float:
-        """The ``tau`` above which importance sampling is on."""
+        """The ``tau`` above which importance sampling is on.
+
+        Parameters
+        ----------
+        batch_size : int
+            Samples backpropagated per worker per step (``b``).
+
+        Returns
+        -------
+        float
+            ``tau_threshold`` where given, else ``(B + 3 b) / (3 b)`` with
+            ``B`` the :meth:`presample_size`.
+
+        Examples
+        --------
+        >>> UpperBound().threshold(32), UpperBound(tau_threshold=1.5).threshold(32)
+        (2.0, 1.5)
+        """
         if self.tau_threshold is not None:
             return self.tau_threshold
         # Eq. 29 of the paper, as ImportanceTraining.sampler in the reference code.
@@ -177,6 +248,33 @@ class UpperBound(Strategy):
         with the ``tau`` of the workers' batches' scores pooled. A step with
         fewer than two scores back (``batch_size=1`` on one worker) leaves the
         average as it was.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The context of the step being selected; its ``state`` holds the
+            average (``"tau"``) and the batches awaited (``"scored"``).
+
+        Returns
+        -------
+        float
+            The average ``tau`` (0 before any scores are back).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([8, 8]),
+        ...                     groups=[np.arange(8), np.arange(8, 16)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> strategy = UpperBound(smoothing=0.0)
+        >>> batches = [s.train for s in strategy.select(ctx)]  # step 0: tau is 0, off
+        >>> ctx.table.update(np.concatenate(batches), np.array([0.01, 0.01, 0.01, 2.0]), step=0)
+        >>> ctx.step = 1
+        >>> round(strategy.update_tau(ctx), 4)
+        1.9705
         """
         state = ctx.state
         tau = float(state.get("tau", 0.0))
@@ -209,6 +307,40 @@ class UpperBound(Strategy):
         return tau
 
     def select(self, ctx: SelectContext) -> list[Selection]:
+        """Each slot's next candidates in its shuffled pass: ``B`` while on, else ``b``.
+
+        Updates the average ``tau`` first (:meth:`update_tau`); while it
+        exceeds :meth:`threshold` each selection carries ``extra["draws"]``,
+        the ``b`` draws the worker makes among its candidates.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The table, the workers' samples, the step and the random state.
+
+        Returns
+        -------
+        list of Selection
+            One per worker slot.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from daskpri.strategies import SelectContext
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([8, 8]),
+        ...                     groups=[np.arange(8), np.arange(8, 16)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> strategy = UpperBound(tau_threshold=1.2, smoothing=0.0)
+        >>> [s.train.tolist() for s in strategy.select(ctx)]  # off: plain batches
+        [[2, 4], [10, 14]]
+        >>> ctx.table.update(np.array([2, 4, 10, 14]), np.array([0.01, 0.01, 0.01, 2.0]), step=0)
+        >>> ctx.step = 1
+        >>> on = strategy.select(ctx)  # tau 1.97 > 1.2: on
+        >>> [s.train.size for s in on], on[0].extra["draws"].tolist()
+        ([6, 6], [2])
+        """
         b = self.batch_size or ctx.batch_size
         on = self.update_tau(ctx) > self.threshold(b)
         size = self.presample_size(b) if on else b
@@ -223,6 +355,44 @@ class UpperBound(Strategy):
         return out
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
+        """Score the candidates, draw and backpropagate ``draws`` of them; else train plainly.
+
+        With ``extra["draws"]`` (importance sampling on): a forward pass in
+        :attr:`score_dtype` scores every row by :func:`logit_gradient_norms`,
+        :func:`draw_by_scores` draws the rows to backpropagate with their
+        weights. Without: the train rows' (weighted) gradient, as
+        :meth:`Strategy.compute`. Either way the scores are the priorities.
+
+        Parameters
+        ----------
+        replica : Replica
+            The worker's copy of the model.
+        batch : Batch
+            The selected samples.
+
+        Returns
+        -------
+        Computed
+            The gradient sum of the rows backpropagated and every row's
+            score.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from daskpri.models import MLP
+        >>> from daskpri.replicas.replica import Replica
+        >>> from daskpri.strategies import Batch
+        >>> replica = Replica(MLP((4,), 3, hidden=8), "cpu")
+        >>> batch = Batch(x=torch.linspace(-1, 1, 20).reshape(5, 4),
+        ...               y=torch.tensor([0, 1, 2, 0, 1]), indices=np.arange(5), n_train=3,
+        ...               weights=None, mean_grad=None, extra={}, seed=[0])
+        >>> plain = UpperBound().compute(replica, batch)
+        >>> plain.n_grad, plain.priorities.shape
+        (3, (5,))
+        >>> batch.extra = {"draws": np.array([2])}
+        >>> UpperBound().compute(replica, batch).n_grad
+        2
+        """
         if "draws" not in batch.extra:
             return self._compute_plain(replica, batch)
         losses, logits = replica.losses(batch.x, batch.y, SCORE_DTYPES[self.score_dtype])

@@ -82,36 +82,124 @@ class PriorityTable:
 
     @property
     def n_samples(self) -> int:
-        """Number of samples."""
+        """Number of samples.
+
+        Examples
+        --------
+        >>> PriorityTable([3, 2]).n_samples
+        5
+        """
         return int(self.offsets[-1])
 
     @property
     def n_partitions(self) -> int:
-        """Number of partitions."""
+        """Number of partitions.
+
+        Examples
+        --------
+        >>> PriorityTable([3, 2]).n_partitions
+        2
+        """
         return len(self.offsets) - 1
 
     @property
     def sizes(self) -> np.ndarray:
-        """Samples per partition."""
+        """Samples per partition.
+
+        Examples
+        --------
+        >>> PriorityTable([3, 2]).sizes.tolist()
+        [3, 2]
+        """
         return np.diff(self.offsets)
 
     @property
     def priority(self) -> np.ndarray:
-        """The last computed priority of each sample (``nan`` where never computed)."""
+        """The last computed priority of each sample (``nan`` where never computed).
+
+        A new array: the staleness model is not applied (see :meth:`estimate`).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2])
+        >>> table.update(np.array([0, 4]), np.array([0.5, 2.0]), step=1)
+        >>> table.priority.tolist()
+        [0.5, nan, nan, nan, 2.0]
+        """
         return np.where(self.version >= 0, self.current, np.nan)
 
     def observations(self, indices: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
-        """The last observations ``(p, t)`` of ``indices``, newest first, ``(n, 3)``."""
+        """The last observations ``(p, t)`` of ``indices``, newest first, ``(n, 3)``.
+
+        Parameters
+        ----------
+        indices : ndarray of int or slice
+            Global sample indices.
+
+        Returns
+        -------
+        p : ndarray of float64, shape (n, 3)
+            The priorities observed, newest first; 0 where there is no
+            observation.
+        t : ndarray of int64, shape (n, 3)
+            The steps at which they were computed; -1 where there is no
+            observation.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2])
+        >>> table.update(np.array([0]), np.array([0.5]), step=1)
+        >>> table.update(np.array([0]), np.array([0.25]), step=3)
+        >>> p, t = table.observations(np.array([0, 4]))
+        >>> p.tolist(), t.tolist()
+        ([[0.25, 0.5, 0.0], [0.0, 0.0, 0.0]], [[3, 1, -1], [-1, -1, -1]])
+        """
         p = np.column_stack([self.current[indices], self.older_p[indices]])
         t = np.column_stack([self.version[indices], self.older_t[indices]])
         return np.where(t >= 0, p, 0.0), t
 
     def partition_of(self, indices: np.ndarray) -> np.ndarray:
-        """The partition that holds each of ``indices``."""
+        """The partition that holds each of ``indices``.
+
+        Parameters
+        ----------
+        indices : ndarray of int
+            Global sample indices, in ``[0, n_samples)``.
+
+        Returns
+        -------
+        ndarray of int
+            The partition of each index, in the same order.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> PriorityTable([3, 2]).partition_of(np.array([0, 2, 3, 4])).tolist()
+        [0, 0, 1, 1]
+        """
         return np.searchsorted(self.offsets, indices, side="right") - 1
 
     def indices_of(self, partitions: Sequence[int] | np.ndarray) -> np.ndarray:
-        """The global indices of the samples in ``partitions``, in order."""
+        """The global indices of the samples in ``partitions``, in order.
+
+        Parameters
+        ----------
+        partitions : sequence of int
+            Partition numbers; the samples come in the order the partitions
+            are given.
+
+        Returns
+        -------
+        ndarray of int64
+            The global indices of their samples (empty for no partitions).
+
+        Examples
+        --------
+        >>> PriorityTable([3, 2]).indices_of([1, 0]).tolist()
+        [3, 4, 0, 1, 2]
+        """
         parts = np.asarray(partitions, dtype=np.int64)
         if parts.size == 0:
             return np.empty(0, dtype=np.int64)
@@ -128,6 +216,36 @@ class PriorityTable:
 
         Values are checked before anything is written: on error the table is
         unchanged. If an index repeats, its last value wins.
+
+        Parameters
+        ----------
+        indices : ndarray of int, shape (n,)
+            Global sample indices, in ``[0, n_samples)``.
+        priorities : ndarray of float, shape (n,)
+            Their new priorities; each must be finite.
+        step : int
+            The step at which they were computed (``>= 0``); the staleness
+            models extrapolate from it.
+
+        Raises
+        ------
+        ValueError
+            If the shapes differ, an index is out of range, ``step`` is
+            negative or a priority is not finite.
+        TypeError
+            If ``indices`` are not integers.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2])
+        >>> table.update(np.array([0, 4]), np.array([0.5, 2.0]), step=1)
+        >>> table.priority.tolist()
+        [0.5, nan, nan, nan, 2.0]
+        >>> table.update(np.array([1]), np.array([np.nan]), step=2)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: priorities should be finite, but got 1 non-finite value(s), first nan ...
         """
         idx = np.asarray(indices)
         val = np.asarray(priorities, dtype=np.float64)
@@ -163,7 +281,24 @@ class PriorityTable:
         self.n_updates += idx.size
 
     def forget(self, indices: np.ndarray) -> None:
-        """Mark ``indices`` as never computed (they get the maximum priority)."""
+        """Mark ``indices`` as never computed (they get the maximum priority).
+
+        Their history is dropped too, so a staleness model starts afresh.
+
+        Parameters
+        ----------
+        indices : ndarray of int
+            Global sample indices.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2])
+        >>> table.update(np.array([0, 4]), np.array([0.5, 2.0]), step=1)
+        >>> table.forget(np.array([4]))
+        >>> table.priority.tolist(), table.estimate(1).tolist()
+        ([0.5, nan, nan, nan, nan], [0.5, inf, inf, inf, inf])
+        """
         idx = np.asarray(indices, dtype=np.int64)
         self.current[idx] = np.inf
         self.version[idx] = -1
@@ -175,6 +310,27 @@ class PriorityTable:
         """Priorities at ``step`` under the staleness model; ``+inf`` if unseen.
 
         With the ``keep`` model and a slice, this is a read-only view.
+
+        Parameters
+        ----------
+        step : int
+            The step to estimate the priorities at.
+        indices : ndarray of int or slice, optional
+            Global sample indices; ``None``: every sample.
+
+        Returns
+        -------
+        ndarray of float64
+            The estimates, in the order of ``indices``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2], staleness="exp-linear")
+        >>> table.update(np.array([0]), np.array([1.0]), step=0)
+        >>> table.update(np.array([0]), np.array([0.5]), step=1)
+        >>> table.estimate(2, np.array([0, 1])).tolist()
+        [0.25, inf]
         """
         sel = slice(None) if indices is None else indices
         if self.staleness == "keep":
@@ -201,6 +357,37 @@ class PriorityTable:
         more than ``k`` are unseen, ``rng`` picks among them uniformly (by
         position when ``rng`` is None). ``exclude`` lists global indices that
         may not be picked.
+
+        Parameters
+        ----------
+        k : int
+            How many samples to pick; fewer come back when there are fewer
+            candidates.
+        candidates : ndarray of int or slice
+            The global indices to pick from.
+        step : int
+            The step whose estimates rank them (see :meth:`estimate`).
+        rng : numpy.random.Generator, optional
+            Picks among more than ``k`` unseen samples.
+        exclude : ndarray of int, optional
+            Global indices that may not be picked.
+
+        Returns
+        -------
+        ndarray of int64
+            The global indices picked, sorted.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2])
+        >>> table.update(np.array([0, 1, 2, 3]), np.array([0.5, 3.0, 1.0, 2.0]), step=1)
+        >>> table.topk(2, np.array([0, 1, 2, 3]), step=1).tolist()
+        [1, 3]
+        >>> table.topk(2, slice(0, 5), step=1).tolist()  # 4 is unseen: it ranks first
+        [1, 4]
+        >>> table.topk(2, slice(0, 5), step=1, exclude=np.array([1])).tolist()
+        [3, 4]
         """
         est = self.estimate(step, candidates)
         if isinstance(candidates, slice):
@@ -227,6 +414,27 @@ class PriorityTable:
         (samples with a priority), ``staleness`` (mean steps since computed,
         over seen samples), ``histogram`` (partitions x bins) and
         ``bin_edges`` (bins + 1).
+
+        Parameters
+        ----------
+        step : int
+            The current step, from which ``staleness`` is counted.
+
+        Returns
+        -------
+        dict of str to ndarray
+            The summaries above.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2])
+        >>> table.update(np.array([0, 1, 4]), np.array([0.5, 1.5, 2.0]), step=1)
+        >>> s = table.summaries(step=3)
+        >>> s["sum"].tolist(), s["seen"].tolist(), s["staleness"].tolist()
+        ([2.0, 2.0], [2, 1], [2.0, 2.0])
+        >>> s["histogram"].shape, s["bin_edges"].shape
+        ((2, 32), (33,))
         """
         seen = self.version >= 0
         p = self.current
@@ -253,7 +461,25 @@ class PriorityTable:
         }
 
     def bin_edges(self) -> np.ndarray:
-        """Histogram bin edges spanning the computed priorities."""
+        """Histogram bin edges spanning the computed priorities.
+
+        Returns
+        -------
+        ndarray of float64, shape (n_bins + 1,)
+            Evenly spaced from the smallest computed priority to the largest
+            (a span of 1 where they are all equal); ``[0, 1]`` before any
+            priority is computed.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([2], n_bins=4)
+        >>> table.bin_edges().tolist()
+        [0.0, 0.25, 0.5, 0.75, 1.0]
+        >>> table.update(np.array([0, 1]), np.array([1.0, 3.0]), step=0)
+        >>> table.bin_edges().tolist()
+        [1.0, 1.5, 2.0, 2.5, 3.0]
+        """
         seen = self.version >= 0
         if not seen.any():
             return np.linspace(0.0, 1.0, self.n_bins + 1)
@@ -266,7 +492,20 @@ class PriorityTable:
     # -- state ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The table's state, as numpy arrays and plain values."""
+        """The table's state, as numpy arrays and plain values.
+
+        Returns
+        -------
+        dict
+            Copies of the arrays (so later updates leave it alone), the
+            staleness model, ``n_bins`` and the count of updates; what
+            :meth:`load_state_dict` and :meth:`from_state_dict` take.
+
+        Examples
+        --------
+        >>> sorted(PriorityTable([3, 2]).state_dict())
+        ['current', 'n_bins', 'n_updates', 'offsets', 'older_p', 'older_t', 'staleness', 'version']
+        """
         return {
             "offsets": self.offsets.copy(),
             "current": self.current.copy(),
@@ -282,6 +521,32 @@ class PriorityTable:
         """Restore a state from :meth:`state_dict`; the partitions must match.
 
         Everything is checked before anything is written.
+
+        Parameters
+        ----------
+        state : dict
+            A state from :meth:`state_dict`.
+
+        Raises
+        ------
+        ValueError
+            If the state's partitions or array shapes differ from this
+            table's, a computed priority is not finite or the staleness model
+            is unknown.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2])
+        >>> table.update(np.array([4]), np.array([2.0]), step=1)
+        >>> copy = PriorityTable([3, 2])
+        >>> copy.load_state_dict(table.state_dict())
+        >>> copy.priority.tolist()
+        [nan, nan, nan, nan, 2.0]
+        >>> PriorityTable([2, 3]).load_state_dict(table.state_dict())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: the state's partitions do not match this table's: ... cut at 3 there and 2 here
         """
         offsets = np.asarray(state["offsets"])
         if not np.array_equal(offsets, self.offsets):
@@ -311,7 +576,27 @@ class PriorityTable:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> PriorityTable:
-        """A table rebuilt from :meth:`state_dict`."""
+        """A table rebuilt from :meth:`state_dict`.
+
+        Parameters
+        ----------
+        state : dict
+            A state from :meth:`state_dict`; its partitions shape the table.
+
+        Returns
+        -------
+        PriorityTable
+            A new table holding that state.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> table = PriorityTable([3, 2], staleness="exp-linear")
+        >>> table.update(np.array([4]), np.array([2.0]), step=1)
+        >>> copy = PriorityTable.from_state_dict(table.state_dict())
+        >>> copy.sizes.tolist(), copy.staleness, copy.priority.tolist()
+        ([3, 2], 'exp-linear', [nan, nan, nan, nan, 2.0])
+        """
         table = cls(np.diff(np.asarray(state["offsets"])), staleness=str(state["staleness"]))
         table.load_state_dict(state)
         return table
