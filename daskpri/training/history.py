@@ -111,6 +111,22 @@ def _attr(value: Any) -> Any:
 def time_to_accuracy(history: xr.Dataset, target: float) -> float:
     """Training time at which ``accuracy`` first reached ``target`` (NaN if never).
 
+    Parameters
+    ----------
+    history : xarray.Dataset
+        A history with ``time`` and ``accuracy`` along ``step``, such as
+        :attr:`Trainer.history_ <daskpri.Trainer.history_>` or what
+        :meth:`Trainer.fit <daskpri.Trainer.fit>` returns (NaN accuracies,
+        between evaluations, never count).
+    target : float
+        The accuracy to reach.
+
+    Returns
+    -------
+    float
+        The ``time`` (seconds of training) of the first step whose
+        ``accuracy`` is at least ``target``; NaN if none is.
+
     Examples
     --------
     >>> import xarray as xr, numpy as np

@@ -32,7 +32,24 @@ LOST = (CancelledError, KilledWorker, CommClosedError, OSError)
 
 
 class SchedulerLostError(RuntimeError):
-    """The scheduler stopped answering: the run cannot go on in this cluster."""
+    """The scheduler stopped answering: the run cannot go on in this cluster.
+
+    Raised by a :class:`~daskpri.Trainer`'s :meth:`~daskpri.Trainer.fit`
+    where a failure of the cluster turns out to be the scheduler's loss. The
+    message names the last checkpoint, if one was written: resume from it
+    on a new cluster.
+
+    Examples
+    --------
+    >>> import daskpri
+    >>> issubclass(daskpri.SchedulerLostError, RuntimeError)
+    True
+    >>> try:  # doctest: +SKIP
+    ...     history = trainer.fit(train, max_steps=5000)
+    ... except daskpri.SchedulerLostError:
+    ...     trainer = daskpri.Trainer.resume("run.ckpt", client=new_client)
+    ...     history = trainer.fit(train, max_steps=5000)
+    """
 
 
 def step_timeout() -> float:

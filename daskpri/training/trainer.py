@@ -164,6 +164,13 @@ class Trainer(StepMixin):
         coordinate, where it has one).
     step_ : int
         Steps taken over all calls of :meth:`fit`.
+    skipped_steps_ : int
+        Steps skipped for a non-finite loss or gradient
+        (``on_nonfinite="skip"``) by this trainer's fits; a resumed trainer
+        counts from 0, the history's ``skipped`` keeps every step's.
+    run_id : str
+        The run's name in the cluster (the strategy's name and a random
+        suffix), in the keys of its tasks.
 
     Examples
     --------
@@ -253,7 +260,20 @@ class Trainer(StepMixin):
 
     @property
     def client(self) -> Client:
-        """The client in use (a LocalCluster's, started on first use)."""
+        """The client in use (a LocalCluster's, started on first use).
+
+        Raises
+        ------
+        RuntimeError
+            If the client is closing or closed.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> trainer = daskpri.Trainer(model, n_workers=2)  # doctest: +SKIP
+        >>> trainer.client  # starts the LocalCluster  # doctest: +SKIP
+        <Client: 'tcp://127.0.0.1:...' processes=2 threads=2, memory=...>
+        """
         if self._client is None:
             # a background fit and a call from the caller's thread (dashboard())
             # may both start it: one cluster, not two
@@ -277,6 +297,15 @@ class Trainer(StepMixin):
         A fit running in the background (:meth:`fit_in_background`) is
         stopped first, after its step in flight, and waited for: its future
         keeps the history so far.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> from daskpri.models import MLP
+        >>> trainer = daskpri.Trainer(MLP((40,), 10), strategy="uniform")
+        >>> trainer.close()  # no cluster started yet: nothing to release
+        >>> with daskpri.Trainer(model) as trainer:  # closed when the block ends  # doctest: +SKIP
+        ...     history = trainer.fit(train, max_steps=100)
         """
         background = self._background
         if (background is not None and not background.done()
@@ -345,6 +374,20 @@ class Trainer(StepMixin):
         -------
         xarray.Dataset
             The history, also in ``history_``.
+
+        Raises
+        ------
+        RuntimeError
+            If another fit of this trainer is running.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> train, test = daskpri.datasets.load("mnist1d")  # doctest: +SKIP
+        >>> trainer = daskpri.Trainer(daskpri.models.build_model("mlp", train))  # doctest: +SKIP
+        >>> history = trainer.fit(train, eval_data=test, max_steps=500)  # doctest: +SKIP
+        >>> history.accuracy.dropna("step")  # doctest: +SKIP
+        >>> history = trainer.fit(train, max_steps=1000)  # 500 steps more  # doctest: +SKIP
         """
         if not self._fitting.acquire(blocking=False):
             raise RuntimeError(FIT_RUNNING)
@@ -399,6 +442,29 @@ class Trainer(StepMixin):
         with :meth:`dashboard`. One fit at a time: a second call while one
         runs raises ``RuntimeError``.
 
+        Parameters
+        ----------
+        data, eval_data
+            As for :meth:`fit`.
+        **kwargs
+            The keyword arguments of :meth:`fit` (``max_steps``,
+            ``max_time``, ``target_accuracy``, ``progress``); ``progress``
+            is ``False`` unless given.
+
+        Returns
+        -------
+        concurrent.futures.Future of xarray.Dataset
+            Its result is the history :meth:`fit` returns; it raises what
+            the fit raised.
+
+        Raises
+        ------
+        TypeError
+            If ``kwargs`` are not arguments of :meth:`fit` (raised here, not
+            in the thread).
+        RuntimeError
+            If a fit of this trainer is already running.
+
         Examples
         --------
         >>> future = trainer.fit_in_background(train, eval_data=test, max_time=60)  # doctest: +SKIP
@@ -432,6 +498,22 @@ class Trainer(StepMixin):
 
         In Jupyter, an inline frame of the page (served by the scheduler, so
         the browser never talks to the driver); elsewhere, its address.
+
+        Parameters
+        ----------
+        height : int, default 900
+            Height of the frame in pixels.
+
+        Returns
+        -------
+        IPython.display.IFrame or str
+            The frame in a Jupyter kernel, else the page's address (see
+            :func:`daskpri.dashboard.notebook.show`).
+
+        Examples
+        --------
+        >>> future = trainer.fit_in_background(train, max_steps=2000)  # doctest: +SKIP
+        >>> trainer.dashboard(height=600)  # doctest: +SKIP
         """
         from daskpri.dashboard.notebook import show
 
@@ -445,6 +527,22 @@ class Trainer(StepMixin):
         It holds the model, the optimizer, the priority table with the
         selection's random state and the strategy's state, the step count and
         the history: :meth:`resume` continues the run exactly where it was.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write; its directory is made where missing.
+
+        Returns
+        -------
+        str
+            ``path``, as a string.
+
+        Raises
+        ------
+        RuntimeError
+            Before the first :meth:`fit`, or while a fit runs in another
+            thread (:meth:`fit_in_background`).
 
         Examples
         --------
@@ -496,6 +594,13 @@ class Trainer(StepMixin):
             seed, batch size, optimizer, learning rate and its schedule,
             local steps, partitions and staleness model.
 
+        Returns
+        -------
+        Trainer
+            A new trainer at the checkpoint's step, with its history; its
+            first :meth:`fit` restores the optimizer and the table in the
+            cluster.
+
         Raises
         ------
         ValueError
@@ -514,7 +619,21 @@ class Trainer(StepMixin):
 
     @property
     def history_(self) -> xr.Dataset:
-        """The metrics of every step so far, as an ``xarray.Dataset``."""
+        """The metrics of every step so far, as an ``xarray.Dataset``.
+
+        Built anew at each access (see the class's ``Attributes``); its
+        ``attrs`` hold the run's settings.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> from daskpri.models import MLP
+        >>> trainer = daskpri.Trainer(MLP((40,), 10), strategy="uniform")
+        >>> trainer.history_.sizes["step"], trainer.history_.attrs["strategy"]
+        (0, 'uniform')
+        >>> trainer.fit(train, eval_data=test, max_steps=500)  # doctest: +SKIP
+        >>> trainer.history_.loss.plot()  # doctest: +SKIP
+        """
         return self._recorder.to_dataset(history_attrs(self))
 
     @property
@@ -524,6 +643,18 @@ class Trainer(StepMixin):
         A fit writes one every ``checkpoint_every`` steps and where it ends,
         whatever ends it (its budget, :meth:`stop`); one stopped by an
         exception keeps the last written before it.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> from daskpri.models import MLP
+        >>> daskpri.Trainer(MLP((40,), 10), strategy="uniform").checkpointed_step_ is None
+        True
+        >>> trainer = daskpri.Trainer(model, checkpoint_path="run.ckpt",  # doctest: +SKIP
+        ...                           checkpoint_every=100)
+        >>> _ = trainer.fit(train, max_steps=250)  # doctest: +SKIP
+        >>> trainer.checkpointed_step_  # doctest: +SKIP
+        250
         """
         return None if self._checkpointed < 0 else self._checkpointed
 
@@ -537,6 +668,17 @@ class Trainer(StepMixin):
 
         During a background fit, the table as the fit last sent it (it sends
         with every step): only the fit's own thread sends what it holds.
+
+        Raises
+        ------
+        RuntimeError
+            Before the first :meth:`fit` or after :meth:`close`, or once a
+            client given to the trainer is closed.
+
+        Examples
+        --------
+        >>> _ = trainer.fit(train, max_steps=500)  # doctest: +SKIP
+        >>> trainer.table_.plot.hist(bins=50)  # the priority distribution  # doctest: +SKIP
         """
         if self._data_key is None:
             raise RuntimeError("table_ is available after fit")
