@@ -299,7 +299,15 @@ class SelectiveBackprop(Strategy):
         the table holds, one a sample (``"table"``, the default), or the
         1,024 losses computed last, Jiang et al.'s rolling history
         (``"recent"``; with a staleness model other than ``keep``, as the
-        table estimates them now). Needs ``beta``.
+        table estimates them now). Needs ``beta``. On the MNIST-1D CNN (lr
+        0.1, ``beta=1, warmup=1``, seeds 10-29, ``benchmarks/
+        steps_to_target.py``, thirty-eighth session) ``"recent"`` took 400
+        steps to 99% of uniform's best accuracy against 384 (a tie: 9.6 more
+        a seed on average, standard error 12.7), and with ``refresh=3,
+        stale_beta=5`` 424 against 352 (66 more, standard error 16): a stale
+        step forwards only the samples it keeps, high losses, so the losses
+        computed last rank the candidates low and the fresh steps keep fewer
+        than a batch. Not the default.
 
     Examples
     --------
