@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,31 @@ def test_state_dict_round_trip_and_mismatch():
     with pytest.raises(ValueError, match=r"2 partitions of 6 samples in the state, 2 of 6 here, "
                        r"cut at 3 there and 2 here$"):
         PriorityTable([2, 4]).load_state_dict(t.state_dict())
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("n_bins", "many",
+         "the state's n_bins should be a positive integer, but got n_bins='many'"),
+        ("n_bins", 0, "the state's n_bins should be a positive integer, but got n_bins=0"),
+        ("n_updates", None, "the state's n_updates should be an integer of at least 0, but got "
+                            "n_updates=None"),
+    ],
+)
+def test_a_refused_state_leaves_the_table_as_it_was(key, value, message):
+    state = PriorityTable([3, 3], staleness="exp-linear", n_bins=4)
+    state.update(np.array([0, 4]), np.array([0.5, 0.25]), step=3)
+    bad = {**state.state_dict(), key: value}
+    t = PriorityTable([3, 3])
+    t.update(np.array([1]), np.array([2.0]), step=0)
+    before = {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in t.state_dict().items()}
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        t.load_state_dict(bad)
+    after = t.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        np.testing.assert_array_equal(after[k], v, err_msg=k)
 
 
 def test_forget_makes_samples_unseen():

@@ -567,12 +567,15 @@ class PriorityTable:
         if not np.isfinite(arrays["current"][seen]).all():
             raise ValueError("the state's priorities should be finite where computed")
         staleness = validate_staleness(str(state["staleness"]))
+        n_bins = _state_count(state, "n_bins", 1)
+        n_updates = _state_count(state, "n_updates", 0)
+        # everything checked: only now is the table written
         self.staleness = staleness
-        self.n_bins = int(state["n_bins"])
+        self.n_bins = n_bins
         for k, a in arrays.items():
             getattr(self, k)[...] = a
         self.current[~seen] = np.inf
-        self.n_updates = int(state["n_updates"])
+        self.n_updates = n_updates
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> PriorityTable:
@@ -600,6 +603,16 @@ class PriorityTable:
         table = cls(np.diff(np.asarray(state["offsets"])), staleness=str(state["staleness"]))
         table.load_state_dict(state)
         return table
+
+
+def _state_count(state: dict[str, Any], key: str, minimum: int) -> int:
+    """``state[key]`` as an integer of at least ``minimum``, or a ``ValueError`` saying so."""
+    value = state[key]
+    a = np.asarray(value)  # a checkpoint's may be a 0-d array
+    if a.shape != () or not np.issubdtype(a.dtype, np.integer) or int(a) < minimum:
+        least = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+        raise ValueError(f"the state's {key} should be {least}, but got {key}={value!r}")
+    return int(a)
 
 
 def _topk_positions(
