@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from daskpri import (
     _config,  # noqa: F401  (loads the config defaults)
-    models,  # noqa: E402  (after data: it reads dataset info)
+    models,
 )
 from daskpri._warnings import DaskpriWarning
 from daskpri.data import datasets

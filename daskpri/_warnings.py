@@ -11,7 +11,19 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class DaskpriWarning(UserWarning):
-    """A warning issued by daskpri itself."""
+    """A warning issued by daskpri itself.
+
+    Filter on it to silence or raise daskpri's warnings alone.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import daskpri
+    >>> issubclass(daskpri.DaskpriWarning, UserWarning)
+    True
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", daskpri.DaskpriWarning)  # as the test suite does
+    """
 
 
 def warn(message: str, category: type[Warning] = DaskpriWarning) -> None:
