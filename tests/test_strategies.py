@@ -19,17 +19,16 @@ from daskpri.table.table import PriorityTable
 
 def make_ctx(sizes, owner, *, step=0, batch_size=4, seed=0, table=None, state=None):
     table = table or PriorityTable(sizes)
-    owner = np.asarray(owner)
-    groups = [table.indices_of(np.flatnonzero(owner == s)) for s in range(owner.max() + 1)]
-    return SelectContext(
-        table=table,
-        groups=groups,
-        owner=owner,
-        step=step,
-        batch_size=batch_size,
-        rng=np.random.default_rng(seed),
-        state={} if state is None else state,
-    )
+    ctx = SelectContext.local(table, batch_size, owner=owner, step=step, seed=seed)
+    if state is not None:
+        ctx.state = state
+    return ctx
+
+
+def test_a_local_context_needs_a_slot_for_every_partition():
+    with pytest.raises(ValueError, match=r"owner should give a worker slot for each of the "
+                                         r"table's 3 partitions, but got owner=\[0, 1\]"):
+        SelectContext.local(PriorityTable([2, 2, 2]), 4, owner=[0, 1])
 
 
 def test_registry_and_errors():

@@ -136,8 +136,7 @@ def _reference(ctx: SelectContext, cdf: str = "table") -> np.ndarray:
     >>> from daskpri.table.table import PriorityTable
     >>> table = PriorityTable([4])
     >>> table.update(np.arange(3), np.array([0.3, 0.1, 0.2]), step=0)
-    >>> ctx = SelectContext(table=table, groups=[np.arange(4)], owner=np.zeros(1, np.int64),
-    ...     step=1, batch_size=2, rng=np.random.default_rng(0), state={})
+    >>> ctx = SelectContext.local(table, batch_size=2, step=1)
     >>> _reference(ctx).tolist()  # the three seen, sorted
     [0.1, 0.2, 0.3]
     >>> _reference(ctx) is ctx.state["reference"]["losses"]  # the table has not changed

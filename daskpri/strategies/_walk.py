@@ -120,9 +120,7 @@ def mark_round(ctx: SelectContext) -> None:
     Examples
     --------
     >>> from daskpri.table.table import PriorityTable
-    >>> ctx = SelectContext(table=PriorityTable([8]), groups=[np.arange(8)],
-    ...     owner=np.zeros(1, np.int64), step=0, batch_size=2,
-    ...     rng=np.random.default_rng(0), state={})
+    >>> ctx = SelectContext.local(PriorityTable([8]), batch_size=2)
     >>> mark_round(ctx); first = walk_next(ctx, 0, 4)   # a round draws half the pass
     >>> mark_round(ctx); last = walk_next(ctx, 0, 4)    # the next round ends the pass
     >>> mark_round(ctx)                                  # and a third begins the next pass

@@ -216,9 +216,7 @@ class Strategy(abc.ABC):
     ...         return [Selection(train=group[:self.k]) for group in ctx.groups]
     >>> FirstK()
     FirstK(k=2)
-    >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-    ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-    ...                     rng=np.random.default_rng(0), state={})
+    >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2)
     >>> [s.train.tolist() for s in FirstK().select(ctx)]
     [[0, 1], [4, 5]]
 
@@ -285,9 +283,7 @@ class Strategy(abc.ABC):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext, Uniform
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2)
         >>> [s.train.tolist() for s in Uniform().select(ctx)]
         [[0, 2], [6, 7]]
         """
@@ -320,9 +316,7 @@ class Strategy(abc.ABC):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext, Uniform
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2)
         >>> Uniform().select_round(ctx, 3) is None  # a walk not under way yet
         True
         >>> _ = Uniform().select(ctx)
@@ -348,9 +342,7 @@ class Strategy(abc.ABC):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext, Uniform
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2)
         >>> Uniform().begin_round(ctx) is None
         True
         """

@@ -210,9 +210,7 @@ class InfoBatch(Strategy):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(1), state={})
+        >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2, seed=1)
         >>> ctx.table.update(np.arange(8), np.array([0.1] * 4 + [5.0] * 4), step=0)
         >>> ctx.step = 1
         >>> [(s.train.tolist(), s.weights.tolist()) for s in InfoBatch(prune=0.5).select(ctx)]

@@ -89,9 +89,7 @@ class Projection(Strategy):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2)
         >>> ctx.table.update(np.arange(8), np.arange(8.0), step=0)
         >>> ctx.step = 1
         >>> [s.train.tolist() for s in Projection(k=1, renew=0.25).select(ctx)]

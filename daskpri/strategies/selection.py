@@ -28,10 +28,8 @@ class NotAhead(Exception):
     Examples
     --------
     >>> from daskpri.table.table import PriorityTable
-    >>> ctx = SelectContext(table=PriorityTable([4]), groups=[np.arange(4)],
-    ...                     owner=np.array([0]), step=1, batch_size=2,
-    ...                     rng=np.random.default_rng(0), state={},
-    ...                     inflight=np.array([False, True, False, False]))
+    >>> ctx = SelectContext.local(PriorityTable([4]), batch_size=2, step=1)
+    >>> ctx.inflight = np.array([False, True, False, False])
     >>> ctx.check_ahead(np.array([0, 1]))
     Traceback (most recent call last):
     ...
@@ -228,9 +226,7 @@ class SelectContext:
     Examples
     --------
     >>> from daskpri.table.table import PriorityTable
-    >>> ctx = SelectContext(table=PriorityTable([2, 2, 4]),
-    ...                     groups=[np.arange(4), np.arange(4, 8)], owner=np.array([0, 0, 1]),
-    ...                     step=0, batch_size=2, rng=np.random.default_rng(0), state={})
+    >>> ctx = SelectContext.local(PriorityTable([2, 2, 4]), batch_size=2, owner=[0, 0, 1])
     >>> ctx.candidates(1), ctx.owner_of(np.array([1, 5])).tolist()
     (slice(4, 8, None), [0, 1])
     """
@@ -248,6 +244,59 @@ class SelectContext:
     #: where a round is selected ahead, a mask over the samples of the round
     #: the workers are computing, whose priorities the table does not hold yet
     inflight: np.ndarray | None = None
+
+    @classmethod
+    def local(
+        cls,
+        table: PriorityTable,
+        batch_size: int,
+        *,
+        owner: Sequence[int] | np.ndarray | None = None,
+        step: int = 0,
+        seed: int = 0,
+    ) -> SelectContext:
+        """A context on ``table`` without a cluster, to try a strategy's selection.
+
+        Parameters
+        ----------
+        table : PriorityTable
+            The priorities.
+        batch_size : int
+            The trainer's batch size.
+        owner : sequence of int, optional
+            The worker slot of each partition; by default partition ``i`` is
+            slot ``i``'s.
+        step : int
+            The step being selected.
+        seed : int
+            Seeds the selection's generator.
+
+        Returns
+        -------
+        SelectContext
+            With an empty strategy state, nothing in flight.
+
+        Examples
+        --------
+        >>> from daskpri.table.table import PriorityTable
+        >>> from daskpri.strategies import get_strategy
+        >>> ctx = SelectContext.local(PriorityTable([2, 2, 4]), batch_size=2, owner=[0, 0, 1])
+        >>> [g.tolist() for g in ctx.groups]
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+        >>> [s.train.size for s in get_strategy("uniform").select(ctx)]
+        [2, 2]
+        """
+        slots = np.arange(table.n_partitions) if owner is None else np.asarray(owner)
+        if slots.shape != (table.n_partitions,):
+            raise ValueError(
+                f"owner should give a worker slot for each of the table's {table.n_partitions} "
+                f"partitions, but got owner={owner!r}"
+            )
+        groups = [table.indices_of(np.flatnonzero(slots == s)) for s in range(int(slots.max()) + 1)]
+        return cls(
+            table=table, groups=groups, owner=slots, step=step, batch_size=batch_size,
+            rng=np.random.default_rng(seed), state={},
+        )
 
     def check_ahead(self, indices: np.ndarray) -> None:
         """Raise :class:`NotAhead` if a priority of ``indices`` is in flight.
@@ -268,10 +317,8 @@ class SelectContext:
         Examples
         --------
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4]), groups=[np.arange(4)],
-        ...                     owner=np.array([0]), step=1, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={},
-        ...                     inflight=np.array([False, True, False, False]))
+        >>> ctx = SelectContext.local(PriorityTable([4]), batch_size=2, step=1)
+        >>> ctx.inflight = np.array([False, True, False, False])
         >>> ctx.check_ahead(np.array([0, 2]))  # none in flight: nothing happens
         >>> ctx.check_ahead(np.array([1, 2]))
         Traceback (most recent call last):
@@ -297,9 +344,7 @@ class SelectContext:
         Examples
         --------
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([2, 2, 4]),
-        ...                     groups=[np.arange(4), np.arange(4, 8)], owner=np.array([0, 0, 1]),
-        ...                     step=0, batch_size=2, rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([2, 2, 4]), batch_size=2, owner=[0, 0, 1])
         >>> ctx.candidates(0)
         slice(0, 4, None)
         >>> ctx.groups[0] = np.array([0, 2, 3])
@@ -328,9 +373,7 @@ class SelectContext:
         Examples
         --------
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([2, 2, 4]),
-        ...                     groups=[np.arange(4), np.arange(4, 8)], owner=np.array([0, 0, 1]),
-        ...                     step=0, batch_size=2, rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([2, 2, 4]), batch_size=2, owner=[0, 0, 1])
         >>> ctx.owner_of(np.array([5, 1, 3])).tolist()
         [1, 0, 0]
         """

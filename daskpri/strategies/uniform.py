@@ -50,9 +50,7 @@ class Uniform(Strategy):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2)
         >>> [s.train.tolist() for s in Uniform().select(ctx)]
         [[0, 2], [6, 7]]
         """
@@ -82,9 +80,7 @@ class Uniform(Strategy):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([4, 4]), groups=[np.arange(4), np.arange(4, 8)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([4, 4]), batch_size=2)
         >>> strategy = Uniform()
         >>> strategy.select_round(ctx, 4) is None
         True

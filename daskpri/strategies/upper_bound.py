@@ -265,10 +265,7 @@ class UpperBound(Strategy):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([8, 8]),
-        ...                     groups=[np.arange(8), np.arange(8, 16)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([8, 8]), batch_size=2)
         >>> strategy = UpperBound(smoothing=0.0)
         >>> batches = [s.train for s in strategy.select(ctx)]  # step 0: tau is 0, off
         >>> ctx.table.update(np.concatenate(batches), np.array([0.01, 0.01, 0.01, 2.0]), step=0)
@@ -328,10 +325,7 @@ class UpperBound(Strategy):
         >>> import numpy as np
         >>> from daskpri.strategies import SelectContext
         >>> from daskpri.table.table import PriorityTable
-        >>> ctx = SelectContext(table=PriorityTable([8, 8]),
-        ...                     groups=[np.arange(8), np.arange(8, 16)],
-        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
-        ...                     rng=np.random.default_rng(0), state={})
+        >>> ctx = SelectContext.local(PriorityTable([8, 8]), batch_size=2)
         >>> strategy = UpperBound(tau_threshold=1.2, smoothing=0.0)
         >>> [s.train.tolist() for s in strategy.select(ctx)]  # off: plain batches
         [[2, 4], [10, 14]]
