@@ -195,15 +195,7 @@ class InfoBatch(Strategy):
         the table's losses (:func:`prune_epoch`), or, once annealed, keeps
         every sample with weight 1.
 
-        Parameters
-        ----------
-        ctx : SelectContext
-            The table, the workers' samples, the step and the random state.
-
-        Returns
-        -------
-        list of Selection
-            One per worker slot.
+        Takes and returns what :meth:`Strategy.select` does.
 
         Examples
         --------

@@ -137,15 +137,7 @@ class Loss(Strategy):
         the slot holding it, with its weight; plus each slot's ``renew``
         samples to score.
 
-        Parameters
-        ----------
-        ctx : SelectContext
-            The table, the workers' samples, the step and the random state.
-
-        Returns
-        -------
-        list of Selection
-            One per worker slot.
+        Takes and returns what :meth:`Strategy.select` does.
 
         Examples
         --------

@@ -74,15 +74,7 @@ class Projection(Strategy):
         top-k; with ``train_on_renew`` they train too, else they are only
         scored.
 
-        Parameters
-        ----------
-        ctx : SelectContext
-            The table, the workers' samples, the step and the random state.
-
-        Returns
-        -------
-        list of Selection
-            One per worker slot.
+        Takes and returns what :meth:`Strategy.select` does.
 
         Examples
         --------

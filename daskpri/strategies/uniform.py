@@ -35,15 +35,7 @@ class Uniform(Strategy):
     def select(self, ctx: SelectContext) -> list[Selection]:
         """The next ``batch_size`` samples of each slot's shuffled pass, unweighted.
 
-        Parameters
-        ----------
-        ctx : SelectContext
-            The table, the workers' samples, the step and the random state.
-
-        Returns
-        -------
-        list of Selection
-            One per worker slot.
+        Takes and returns what :meth:`Strategy.select` does.
 
         Examples
         --------

@@ -310,15 +310,7 @@ class UpperBound(Strategy):
         exceeds :meth:`threshold` each selection carries ``extra["draws"]``,
         the ``b`` draws the worker makes among its candidates.
 
-        Parameters
-        ----------
-        ctx : SelectContext
-            The table, the workers' samples, the step and the random state.
-
-        Returns
-        -------
-        list of Selection
-            One per worker slot.
+        Takes and returns what :meth:`Strategy.select` does.
 
         Examples
         --------
