@@ -6,14 +6,16 @@ weights (CPU tensors, scattered once per step) and one task per worker; each
 worker computes the gradient and fresh priorities on its own partitions; the
 driver combines the gradients and steps its optimizer.
 
-This module holds the :class:`Trainer`'s public face: its parameters, the fit
-loop, checkpoints and results; the work behind them is in private modules:
+This module holds the :class:`Trainer`'s public face: its parameters, its
+cluster and the fit loop; the work behind them is in private modules:
 ``_settings`` checks and sets its arguments, ``_fit`` runs a fit's loop,
 ``_resume`` writes and reads checkpoints, ``_results`` builds ``history_``
 and ``table_``, ``_cleanup`` closes a trainer never closed, and its mixins
-``_run.RunMixin`` and ``_step.StepMixin`` hold the run in the cluster and
-each step. The partitions and replicas on the workers, and re-planning after
-losing some, are a :class:`~daskpri.training.deployment.Deployment`; the
+``_run.RunMixin``, ``_step.StepMixin`` and ``_persist.PersistMixin`` hold
+the run in the cluster, each step, and the checkpoints and results
+(:meth:`~Trainer.save`, :meth:`~Trainer.resume`, ``history_``, ``table_``).
+The partitions and replicas on the workers, and re-planning after losing
+some, are a :class:`~daskpri.training.deployment.Deployment`; the
 workers' results of a step are combined in :mod:`~daskpri.training.rounds`;
 a lost scheduler and the timeouts are in :mod:`~daskpri.training.recovery`.
 """
@@ -38,16 +40,13 @@ from torch import nn
 
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
-from daskpri.training import checkpoint
 from daskpri.training._cleanup import TRAINERS
 from daskpri.training._fit import FIT_RUNNING, fit_loop
-from daskpri.training._results import history_attrs, priority_table
-from daskpri.training._resume import checkpoint_state, resume_trainer
+from daskpri.training._persist import PersistMixin
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
 from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
 from daskpri.training._settings import set_arguments
-from daskpri.training._step import StepMixin
 from daskpri.training.cluster import local_cluster, stop_heartbeats
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
@@ -57,7 +56,7 @@ from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_
 # importable from here.
 __all__ = ["SchedulerLostError", "Trainer", "dask_timeout"]
 
-class Trainer(StepMixin):
+class Trainer(PersistMixin):
     """Prioritized data-parallel SGD of a PyTorch module on a Dask cluster.
 
     Parameters
@@ -518,171 +517,3 @@ class Trainer(StepMixin):
         from daskpri.dashboard.notebook import show
 
         return show(self.client, height=height)
-
-    # -- checkpoints ---------------------------------------------------------------------
-
-    def save(self, path: str | os.PathLike[str]) -> str:
-        """Write a checkpoint of the whole run to ``path``, atomically.
-
-        It holds the model, the optimizer, the priority table with the
-        selection's random state and the strategy's state, the step count and
-        the history: :meth:`resume` continues the run exactly where it was.
-
-        Parameters
-        ----------
-        path : str or os.PathLike
-            The file to write; its directory is made where missing.
-
-        Returns
-        -------
-        str
-            ``path``, as a string.
-
-        Raises
-        ------
-        RuntimeError
-            Before the first :meth:`fit`, or while a fit runs in another
-            thread (:meth:`fit_in_background`).
-
-        Examples
-        --------
-        >>> trainer.save("run.ckpt")  # doctest: +SKIP
-        >>> trainer = daskpri.Trainer.resume("run.ckpt", client=client)  # doctest: +SKIP
-        """
-        if self._table is None or self._opt is None:
-            raise RuntimeError("nothing to save yet: call fit first")
-        if self._fit_elsewhere():
-            raise RuntimeError(
-                "save() while a fit runs in another thread (fit_in_background) could "
-                "checkpoint a step half-applied; stop() it and wait for its future first, "
-                "or pass checkpoint_path= and checkpoint_every= to checkpoint as it runs"
-            )
-        self._drop_prefetched()
-        self._flush()
-        return checkpoint.write(checkpoint_state(self), path)
-
-    @classmethod
-    def resume(
-        cls,
-        path: str | os.PathLike[str],
-        model: nn.Module | None = None,
-        client: Client | None = None,
-        **overrides: Any,
-    ) -> Trainer:
-        """A trainer that continues the run checkpointed at ``path``.
-
-        The file is read weights-only. Call :meth:`fit` with the same data to
-        go on: the step count, history, table and selections continue.
-
-        Parameters
-        ----------
-        path : str or os.PathLike
-            A checkpoint written by :meth:`save` or by ``checkpoint_path=``.
-        model : torch.nn.Module, optional
-            A module of the run's architecture (its weights are replaced); it
-            may be left out for the built-in models.
-        client : distributed.Client, optional
-            The cluster to go on in, as for the constructor.
-        **overrides
-            Where and how the run goes on, which may change: ``n_workers``,
-            ``resources``, ``device``, ``transport``, ``eval_every``,
-            ``on_nonfinite``, ``security``, ``checkpoint_path`` and
-            ``checkpoint_every`` (given alone, the run's own
-            ``checkpoint_path`` is kept), and ``schedule_steps``, to go on
-            past the end of a decaying schedule. What the run computes
-            otherwise comes from the checkpoint: its strategy and options,
-            seed, batch size, optimizer, learning rate and its schedule,
-            local steps, partitions and staleness model.
-
-        Returns
-        -------
-        Trainer
-            A new trainer at the checkpoint's step, with its history; its
-            first :meth:`fit` restores the optimizer and the table in the
-            cluster.
-
-        Raises
-        ------
-        ValueError
-            If ``overrides`` names anything else, or the file is not a
-            checkpoint of this architecture.
-
-        Examples
-        --------
-        >>> trainer = daskpri.Trainer.resume("run.ckpt", client=client,  # doctest: +SKIP
-        ...                                  checkpoint_every=50)
-        >>> history = trainer.fit(train, eval_data=test, max_steps=2000)  # doctest: +SKIP
-        """
-        return resume_trainer(cls, path, model, client, overrides)
-
-    # -- results ------------------------------------------------------------------------
-
-    @property
-    def history_(self) -> xr.Dataset:
-        """The metrics of every step so far, as an ``xarray.Dataset``.
-
-        Built anew at each access (see the class's ``Attributes``); its
-        ``attrs`` hold the run's settings.
-
-        Examples
-        --------
-        >>> import daskpri
-        >>> from daskpri.models import MLP
-        >>> trainer = daskpri.Trainer(MLP((40,), 10), strategy="uniform")
-        >>> trainer.history_.sizes["step"], trainer.history_.attrs["strategy"]
-        (0, 'uniform')
-        >>> trainer.fit(train, eval_data=test, max_steps=500)  # doctest: +SKIP
-        >>> trainer.history_.loss.plot()  # doctest: +SKIP
-        """
-        return self._recorder.to_dataset(history_attrs(self))
-
-    @property
-    def checkpointed_step_(self) -> int | None:
-        """The step of the checkpoint last written to ``checkpoint_path`` (``None``: none yet).
-
-        A fit writes one every ``checkpoint_every`` steps and where it ends,
-        whatever ends it (its budget, :meth:`stop`); one stopped by an
-        exception keeps the last written before it.
-
-        Examples
-        --------
-        >>> import daskpri
-        >>> from daskpri.models import MLP
-        >>> daskpri.Trainer(MLP((40,), 10), strategy="uniform").checkpointed_step_ is None
-        True
-        >>> trainer = daskpri.Trainer(model, checkpoint_path="run.ckpt",  # doctest: +SKIP
-        ...                           checkpoint_every=100)
-        >>> _ = trainer.fit(train, max_steps=250)  # doctest: +SKIP
-        >>> trainer.checkpointed_step_  # doctest: +SKIP
-        250
-        """
-        return None if self._checkpointed < 0 else self._checkpointed
-
-    def _fit_elsewhere(self) -> bool:
-        """A fit runs in another thread (:meth:`fit_in_background`)."""
-        return self._fit_thread not in (None, threading.get_ident())
-
-    @property
-    def table_(self) -> xr.DataArray:
-        """The current priorities along ``sample`` (fetched from the cluster).
-
-        During a background fit, the table as the fit last sent it (it sends
-        with every step): only the fit's own thread sends what it holds.
-
-        Raises
-        ------
-        RuntimeError
-            Before the first :meth:`fit` or after :meth:`close`, or once a
-            client given to the trainer is closed.
-
-        Examples
-        --------
-        >>> _ = trainer.fit(train, max_steps=500)  # doctest: +SKIP
-        >>> trainer.table_.plot.hist(bins=50)  # the priority distribution  # doctest: +SKIP
-        """
-        if self._data_key is None:
-            raise RuntimeError("table_ is available after fit")
-        _ = self.client  # raises if it was closed
-        if not self._fit_elsewhere():
-            self._flush()
-        return priority_table(self)
