@@ -45,6 +45,17 @@ def scale_grad(replica: Replica, computed: Computed, scale: float) -> None:
     In ``computed.grad`` (a step whose gradient goes to the driver), or in
     the module's ``.grad`` (local steps: the replica's ``keep_grads`` mode).
 
+    Parameters
+    ----------
+    replica : Replica
+        The worker's copy of the model; where ``computed.grad`` is None, the
+        ``.grad`` of its parameters are scaled in place.
+    computed : Computed
+        The step's result; its ``grad``, where it has one, is scaled in
+        place.
+    scale : float
+        The factor (the strategy's ``grad_scale``).
+
     Examples
     --------
     >>> replica = Replica(torch.nn.Linear(4, 2), "cpu")
@@ -379,22 +390,98 @@ class SelectiveBackprop(Strategy):
             )
 
     def priority(self, losses: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """The losses, or with ``score="entropy"`` the predictions' entropies."""
+        """The losses, or with ``score="entropy"`` the predictions' entropies.
+
+        Called on the worker for every row a step forwards: a fresh step's
+        candidates, and the rows a plain or stale step trains, so that the
+        table keeps the score the fresh steps rank by.
+
+        Parameters
+        ----------
+        losses : torch.Tensor, shape (n,)
+            The rows' cross-entropy losses.
+        logits : torch.Tensor, shape (n, classes)
+            The rows' logits.
+
+        Returns
+        -------
+        torch.Tensor, shape (n,)
+            ``losses`` themselves (``score="loss"``), or the entropy of each
+            row's predicted distribution, ``-sum p log p`` with ``p`` the
+            softmax of its logits (``score="entropy"``).
+
+        Examples
+        --------
+        >>> losses, logits = torch.tensor([0.5, 2.0]), torch.tensor([[0.0, 0.0], [5.0, 0.0]])
+        >>> SelectiveBackprop().priority(losses, logits)
+        tensor([0.5000, 2.0000])
+        >>> SelectiveBackprop(score="entropy").priority(losses, logits)  # log 2: a coin toss
+        tensor([0.6931, 0.0402])
+        """
         return sample_entropies(logits) if self.score == "entropy" else losses
 
     @property  # a property, not a parameter: get_params() gives __init__'s only
     def reads_table(self) -> bool:  # type: ignore[override]
         """Candidates come from the shuffled walk alone, unless ranked by the
         table's losses (``refresh``, ``prefilter``) or drawn against their
-        distribution (``beta``)."""
+        distribution (``beta``).
+
+        Examples
+        --------
+        >>> SelectiveBackprop().reads_table
+        False
+        >>> [SelectiveBackprop(**o).reads_table
+        ...  for o in ({"refresh": 4}, {"prefilter": 0.5}, {"beta": 1.0})]
+        [True, True, True]
+        """
         return self.beta is not None or self.refresh is not None or self.prefilter < 1.0
 
     def begin_round(self, ctx: SelectContext) -> None:
+        """Mark where each slot's walk stands (:func:`mark_round`), with ``recent_last``.
+
+        Only where the selection reads the table (:attr:`reads_table`): a
+        new pass of the walk then draws the last two rounds' samples last.
+        Otherwise it does nothing.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            As for :meth:`select`, at the round's first step.
+
+        Examples
+        --------
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([8]), groups=[np.arange(8)],
+        ...     owner=np.zeros(1, np.int64), step=0, batch_size=2,
+        ...     rng=np.random.default_rng(0), state={})
+        >>> _ = walk_next(ctx, 0, 2)
+        >>> SelectiveBackprop(recent_last=True).begin_round(ctx)  # reads no table: no mark
+        >>> "round_marks" in ctx.state
+        False
+        >>> SelectiveBackprop(refresh=4, recent_last=True).begin_round(ctx)
+        >>> ctx.state["round_marks"][0].tolist()  # slot 0's walk: epoch 0, 2 samples drawn
+        [[0, 2]]
+        """
         if self.recent_last and self.reads_table:
             mark_round(ctx)
 
     def fresh(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) of the walk scores afresh.
+
+        Parameters
+        ----------
+        epoch : int
+            An epoch of a slot's candidate walk, counted from 0.
+
+        Returns
+        -------
+        bool
+            True in epochs ``w, w + refresh, w + 2 refresh, ...``, where
+            ``w`` is ``warmup`` rounded down (every epoch from ``w`` on
+            without ``refresh``); False in the whole epochs of the warmup
+            before ``w`` and in the stale epochs, ranked by the table's
+            losses. (Where the warmup ends within epoch ``w``, its steps
+            before that point are plain: :meth:`warming`.)
 
         Examples
         --------
@@ -413,6 +500,20 @@ class SelectiveBackprop(Strategy):
     def warming(self, ctx: SelectContext, slot: int) -> bool:
         """Whether ``slot``'s next draw starts within the warmup's passes of its walk.
 
+        Parameters
+        ----------
+        ctx : SelectContext
+            The step's context; its ``state`` holds where each slot's walk
+            stands.
+        slot : int
+            The worker slot, an index into ``ctx.groups``.
+
+        Returns
+        -------
+        bool
+            True while the draw would start before ``warmup`` passes of the
+            slot's samples: its step is then plain mini-batch SGD.
+
         Examples
         --------
         >>> from daskpri.table.table import PriorityTable
@@ -430,6 +531,51 @@ class SelectiveBackprop(Strategy):
         return epoch + passed < self.warmup
 
     def select(self, ctx: SelectContext) -> list[Selection]:
+        """Each slot's next samples in its walk: plain, candidates to score, or kept by the table.
+
+        By where the slot's walk stands: in the warmup, and from
+        ``anneal_step`` on, ``batch_size`` samples to train plainly; in a
+        fresh epoch (:meth:`fresh`) ``batch_size / fraction`` candidates
+        (with ``beta``, ``batch_size * (beta + 1)``) for :meth:`compute` to
+        score, with ``prefilter`` the top share by the table's losses of a
+        larger draw; in a stale epoch the candidates kept by the table's
+        losses, the top ``fraction`` or with ``beta`` the probabilistic rule's
+        until ``batch_size`` are kept, to train without a scoring pass. The
+        steps trained without one carry ``extra["stale"]`` (and
+        ``extra["scaled"]`` where selected and ``grad_scale`` is not 1); with
+        ``beta``, the others carry the CDF's ``reference`` and the
+        ``batch_size`` a step keeps at most.
+
+        Parameters
+        ----------
+        ctx : SelectContext
+            The table, the workers' samples, the step and the random state.
+
+        Returns
+        -------
+        list of Selection
+            One per worker slot.
+
+        Examples
+        --------
+        >>> from daskpri.table.table import PriorityTable
+        >>> ctx = SelectContext(table=PriorityTable([8, 8]),
+        ...                     groups=[np.arange(8), np.arange(8, 16)],
+        ...                     owner=np.array([0, 1]), step=0, batch_size=2,
+        ...                     rng=np.random.default_rng(0), state={})
+        >>> warm = SelectiveBackprop().select(ctx)  # the warmup's first epoch: plain steps
+        >>> [s.train.tolist() for s in warm], sorted(warm[0].extra)
+        ([[2, 4], [10, 14]], ['stale'])
+        >>> sb = SelectiveBackprop(fraction=0.5, warmup=0, refresh=2)
+        >>> ctx.state = {}  # a new walk
+        >>> [s.train.size for s in sb.select(ctx)]  # epoch 0 is fresh: 2 / 0.5 candidates
+        [4, 4]
+        >>> ctx.table.update(np.arange(16), np.arange(16.0), step=0)  # their losses
+        >>> _ = sb.select(ctx)  # the rest of epoch 0
+        >>> stale = sb.select(ctx)  # epoch 1: the top half of 4 candidates by the table
+        >>> [s.train.tolist() for s in stale], sorted(stale[0].extra)
+        ([[3, 6], [14, 15]], ['stale'])
+        """
         size = self.batch_size or ctx.batch_size
         keep = self.fraction if self.beta is None else 1.0 / (self.beta + 1.0)
         n_cand = math.ceil(size / keep)
@@ -513,6 +659,45 @@ class SelectiveBackprop(Strategy):
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
     def compute(self, replica: Replica, batch: Batch) -> Computed:
+        """Score the candidates, backpropagate the kept ones; or train a plain step.
+
+        A step selected with ``extra["stale"]`` (warmup, annealed, or kept by
+        the table's losses) trains its rows as :meth:`Strategy.compute` does,
+        its gradient times ``grad_scale`` where it carries ``extra["scaled"]``.
+        Otherwise a forward pass in :attr:`score_dtype` scores every
+        candidate (:meth:`priority`), and the top ``fraction`` of them, or
+        with ``beta`` those the probabilistic rule keeps against
+        ``extra["reference"]`` (at most ``extra["batch_size"]``, the highest
+        scores), are backpropagated, the gradient times ``grad_scale``.
+
+        Parameters
+        ----------
+        replica : Replica
+            The worker's copy of the model.
+        batch : Batch
+            The selected samples.
+
+        Returns
+        -------
+        Computed
+            The gradient sum of the rows backpropagated (``n_grad``), and
+            every row's score as its priority; the loss is over every row.
+
+        Examples
+        --------
+        >>> from daskpri.models import MLP
+        >>> from daskpri.strategies import Batch
+        >>> replica = Replica(MLP((4,), 3, hidden=8), "cpu")
+        >>> batch = Batch(x=torch.linspace(-1, 1, 32).reshape(8, 4),
+        ...               y=torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]), indices=np.arange(8),
+        ...               n_train=8, weights=None, mean_grad=None, extra={}, seed=[0])
+        >>> fresh = SelectiveBackprop(fraction=0.25).compute(replica, batch)
+        >>> fresh.n_grad, fresh.n_loss, fresh.priorities.shape  # 8 scored, 2 backpropagated
+        (2, 8, torch.Size([8]))
+        >>> batch.extra = {"stale": np.ones(0, dtype=bool)}
+        >>> SelectiveBackprop().compute(replica, batch).n_grad  # a plain step: all 8
+        8
+        """
         if "stale" in batch.extra:
             c = super().compute(replica, batch)
             if "scaled" in batch.extra:
