@@ -11,9 +11,9 @@ import torch
 from daskpri.models import CNN
 from daskpri.replicas.replica import Replica, sample_entropies
 from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
+from daskpri.strategies._selective import keep_by_cdf, keep_top_fraction, top_rows
 from daskpri.strategies.base import SCORE_DTYPES, Batch, concat_selections, walk_epoch
 from daskpri.strategies.loss import importance_sample, sampling_probabilities
-from daskpri.strategies.selective_backprop import keep_by_cdf, keep_top_fraction, top_rows
 from daskpri.table.table import PriorityTable
 
 
