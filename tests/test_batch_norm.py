@@ -75,3 +75,23 @@ def test_per_sample_gradients_with_batch_norm_are_refused_early(strategy, small_
     train, _ = small_data
     with pytest.raises(ValueError, match=r"per-sample gradients.*layer 1 \(BatchNorm1d\)"):
         daskpri.Trainer(_bn_model(train), strategy=strategy)
+
+
+@pytest.mark.parametrize("local_steps", [1, 4])
+def test_a_steps_combined_buffers_are_the_workers_mean(local_steps: int) -> None:
+    import numpy as np
+
+    from daskpri.replicas.step import StepResult
+    from daskpri.training.rounds import combine
+
+    def result(mean: float, var: float, n: int) -> StepResult:
+        buffers = {"1.running_mean": torch.tensor([mean, 2 * mean]),
+                   "1.running_var": torch.tensor([var]), "1.num_batches_tracked": torch.tensor(n)}
+        return StepResult(torch.zeros(3), 8, np.arange(8), np.ones(8), 1.0, 8, 4, 0.0, "w", "cpu",
+                          0, params=torch.zeros(3) if local_steps > 1 else None, buffers=buffers)
+
+    combined = combine([result(1.0, 4.0, 10), result(3.0, 2.0, 12)], local_steps)
+    assert combined.buffers is not None
+    torch.testing.assert_close(combined.buffers["1.running_mean"], torch.tensor([2.0, 4.0]))
+    torch.testing.assert_close(combined.buffers["1.running_var"], torch.tensor([3.0]))
+    assert int(combined.buffers["1.num_batches_tracked"]) == 12

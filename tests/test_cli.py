@@ -347,8 +347,12 @@ def test_tls_flags_are_checked(extra, match, capsys: pytest.CaptureFixture[str])
 
 
 def test_report_of_a_missing_history_is_a_clear_error(tmp_path: Path, capsys) -> None:
-    assert main(["report", str(tmp_path / "none.nc"), "-o", str(tmp_path / "r.html")]) == 2
-    assert "error:" in capsys.readouterr().err
+    missing = tmp_path / "none.nc"
+    assert main(["report", str(missing), "-o", str(tmp_path / "r.html")]) == 2
+    assert capsys.readouterr().err == (
+        f"daskpri: error: history names {str(missing)!r}, but there is no such file or "
+        "directory\n"
+    )
 
 
 def test_demo_compares_prioritized_with_uniform(capsys: pytest.CaptureFixture[str]) -> None:

@@ -608,7 +608,7 @@ def test_the_standalone_page_answers_while_it_waits_on_a_silent_scheduler():
             status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # its first refresh
             assert status == 200                                          # starts connecting
             [session] = server.get_sessions("/daskpri")
-            time.sleep(1.0)
+            silent.settimeout(30)
             conn, _ = silent.accept()  # the connection is there, its handshake unanswered
             waited: dict = {}
 

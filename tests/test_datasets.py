@@ -385,7 +385,7 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     to_store(small(n=20), path)
     before = path.read_bytes()
     bad = small(n=2).assign(z=("sample", np.array([object(), object()], dtype=object)))
-    with pytest.raises(Exception):  # noqa: B017  (the writer's own error)
+    with pytest.raises(ValueError, match="unable to infer dtype on variable 'z'"):
         to_store(bad, path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["data.nc"]

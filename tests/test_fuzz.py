@@ -8,11 +8,13 @@ its own file, apart from the behaviour tests; all cases run without a cluster.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import warnings
 
 import numpy as np
+import pytest
 import torch
 import xarray as xr
 from hypothesis import HealthCheck, given, settings
@@ -52,9 +54,28 @@ _TRAINER_FIELDS = ["strategy", "seed", "n_workers", "resources", "batch_size", "
 @given(field=st.sampled_from(_TRAINER_FIELDS), value=anything)
 def test_trainer_parameters(field, value):
     try:
-        daskpri.Trainer(_MODEL, **{field: value})
+        trainer = daskpri.Trainer(_MODEL, **{field: value})
     except (ValueError, TypeError) as e:
         assert field in str(e), f"{field}={value!r}: {e}"
+        return
+    # accepted: within what the docstring allows
+    if field == "momentum":
+        assert 0.0 <= trainer.momentum < 1.0 and (value is None or trainer.momentum == value)
+    elif field in ("learning_rate", "weight_decay"):
+        got = getattr(trainer, field)
+        assert math.isfinite(got) and (got > 0 if field == "learning_rate" else got >= 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [("momentum", -0.1, r"a number in \[0, 1\)"), ("momentum", 1.5, r"a number in \[0, 1\)"),
+     ("momentum", "0.9", r"a number in \[0, 1\)"),
+     ("learning_rate", 0, "a positive finite number"),
+     ("weight_decay", -1.0, r"a number in \[0, inf\)")],
+)
+def test_trainer_refuses_numbers_out_of_their_range(field, value, allowed):
+    with pytest.raises(ValueError, match=f"^{field} should be {allowed}, but got {field}="):
+        daskpri.Trainer(_MODEL, **{field: value})
 
 
 @FUZZ
@@ -70,9 +91,23 @@ def test_trainer_parameters(field, value):
 )
 def test_strategy_parameters(name, options):
     try:
-        daskpri.get_strategy(name, **options)
+        strategy = daskpri.get_strategy(name, **options)
     except (ValueError, TypeError) as e:
         assert _names_field(str(e), list(options) + ["keyword"]), str(e)
+        return
+    # accepted: the strategy keeps them, and rebuilds from what it keeps
+    params = strategy.get_params()
+    assert daskpri.get_strategy(name, **params).get_params() == params
+
+
+@FUZZ
+@given(data=st.data(), name=st.sampled_from(sorted(daskpri.STRATEGIES)))
+def test_each_strategys_own_options(data, name):
+    # the keys a strategy takes, so the checks of accepted keys are reached
+    keys = sorted(inspect.signature(type(daskpri.get_strategy(name)).__init__).parameters)
+    keys = [k for k in keys if k != "self"]
+    options = data.draw(st.dictionaries(st.sampled_from(keys), anything, max_size=3))
+    test_strategy_parameters.hypothesis.inner_test(name, options)
 
 
 @FUZZ

@@ -114,3 +114,13 @@ def test_a_step_that_trained_on_no_samples_records_no_loss_rather_than_zero():
                          selected_ahead=False)
     assert math.isnan(record["loss"]) and math.isnan(record["train_accuracy"])
     assert record["samples"] == record["grad_samples"] == 0
+
+
+def test_time_to_accuracy_is_the_first_evaluation_that_reaches_the_target():
+    from daskpri import time_to_accuracy
+
+    h = xr.Dataset({"time": ("step", [1.0, 2.0, 3.0, 4.0]),
+                    "accuracy": ("step", [0.5, 0.8, np.nan, 0.9])})
+    assert time_to_accuracy(h, 0.8) == 2.0  # the first, not the last
+    assert time_to_accuracy(h, 0.9) == 4.0
+    assert math.isnan(time_to_accuracy(h, 0.95))  # never reached: NaN, not 0

@@ -61,10 +61,17 @@ def test_registry_lists_both_with_their_defaults():
         ("upper-bound", {"tau_threshold": 0.9}, "tau_threshold should be a finite number >= 1"),
         ("upper-bound", {"tau_threshold": float("nan")}, "tau_threshold should be a finite"),
         ("upper-bound", {"smoothing": 1.0}, r"smoothing should be a number in \[0, 1\), but"),
-        ("upper-bound", {"smoothing": -0.1}, r"smoothing should be a number in \[0, 1\]"),
+        ("upper-bound", {"smoothing": -0.1}, r"smoothing should be a number in \[0, 1\), but"),
         ("upper-bound", {"batch_size": 0}, "batch_size should be a positive integer"),
         ("infobatch", {"prune": 1.0}, r"prune should be a number in \[0, 1\), but got prune=1"),
-        ("infobatch", {"prune": "0.5"}, r"prune should be a number in \[0, 1\]"),
+        ("infobatch", {"prune": "0.5"}, r"prune should be a number in \[0, 1\), but got "
+                                        r"prune='0\.5'"),
+        ("projection", {"mean_grad_decay": -0.1}, r"mean_grad_decay should be a number in "
+                                                  r"\[0, 1\), but got mean_grad_decay=-0\.1$"),
+        ("projection", {"mean_grad_decay": 1.0}, r"mean_grad_decay should be a number in "
+                                                 r"\[0, 1\), but got mean_grad_decay=1\.0$"),
+        ("projection", {"train_on_renew": "no"}, r"train_on_renew should be True or False, but got "
+                                                 r"train_on_renew='no'"),
         ("infobatch", {"anneal": 1.5}, r"anneal should be a number in \[0, 1\], but got"),
         ("infobatch", {"epochs": 0}, "epochs should be a positive integer, but got epochs=0"),
         ("infobatch", {"epochs": 2.5}, "epochs should be a positive integer"),

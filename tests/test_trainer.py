@@ -158,7 +158,7 @@ def test_bad_input_gives_clear_errors(gpu_client, small_data):
         "model outputs 4 classes, but data has n_classes=10",
         model=build_model("mlp", train.assign_attrs(n_classes=4)),
     )
-    attempt(train.isel(sample=slice(0, 0)), "at least one sample|sample")
+    attempt(train.isel(sample=slice(0, 0)), r"^data should have at least one sample, but got 0$")
     attempt(train, r"the model's parameters should be float32, as the data daskpri feeds it "
             r"is, but some are float64; call model.float\(\)",
             model=build_model("mlp", train).double())
@@ -289,7 +289,10 @@ def test_workers_that_join_take_partitions_up_to_n_workers(small_data, caplog, s
             capped.fit(train, max_steps=4, progress=False)
             with caplog.at_level(logging.WARNING, logger="daskpri"):
                 running = grows.fit_in_background(train, max_steps=100_000, progress=False)
+                deadline = time.monotonic() + 60
                 while grows.step_ < 4:
+                    assert not running.done(), running.result()  # it failed before step 4
+                    assert time.monotonic() < deadline
                     time.sleep(0.01)
                 cluster.scale(3)  # while it trains
                 deadline = time.monotonic() + 60

@@ -12,13 +12,27 @@ from typing import Any
 import numpy as np
 
 
-def check_fraction(name: str, value: float, *, low_open: bool = False) -> float:
-    """``value`` if it is a number in [0, 1] ((0, 1] with ``low_open``)."""
+def check_fraction(
+    name: str, value: float, *, low_open: bool = False, high_open: bool = False
+) -> float:
+    """``value`` if it is a number in [0, 1] (open at 0 with ``low_open``, at 1 with ``high_open``).
+
+    Examples
+    --------
+    >>> check_fraction("decay", 0.9, high_open=True)
+    0.9
+    >>> check_fraction("decay", 1.0, high_open=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: decay should be a number in [0, 1), but got decay=1.0
+    """
     ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
     if ok:
-        ok = (0.0 < value <= 1.0) if low_open else (0.0 <= value <= 1.0)
+        ok = (0.0 < value if low_open else 0.0 <= value) and (
+            value < 1.0 if high_open else value <= 1.0
+        )
     if not ok:
-        interval = "(0, 1]" if low_open else "[0, 1]"
+        interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
         raise ValueError(f"{name} should be a number in {interval}, but got {name}={value!r}")
     return float(value)
 

@@ -115,10 +115,7 @@ class InfoBatch(Strategy):
         epochs: int | None = None,
         batch_size: int | None = None,
     ) -> None:
-        r = check_fraction("prune", prune)
-        if r >= 1.0:
-            raise ValueError(f"prune should be a number in [0, 1), but got prune={r}")
-        self.prune = r
+        self.prune = check_fraction("prune", prune, high_open=True)
         self.anneal = check_fraction("anneal", anneal)
         self.epochs = check_positive_int("epochs", epochs)
         self.batch_size = check_positive_int("batch_size", batch_size)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from daskpri.replicas.replica import Replica
-from daskpri.strategies._checks import check_fraction, check_positive_int
+from daskpri.strategies._checks import check_bool, check_fraction, check_positive_int
 from daskpri.strategies._walk import round_robin
 from daskpri.strategies.base import Batch, Computed, Strategy
 from daskpri.strategies.selection import SelectContext, Selection
@@ -57,15 +57,8 @@ class Projection(Strategy):
     ) -> None:
         self.k = check_positive_int("k", k)
         self.renew = check_fraction("renew", renew)
-        if not isinstance(train_on_renew, bool):
-            raise TypeError(f"train_on_renew should be a bool, but got {train_on_renew!r}")
-        self.train_on_renew = train_on_renew
-        decay = check_fraction("mean_grad_decay", mean_grad_decay)
-        if decay >= 1.0:
-            raise ValueError(
-                f"mean_grad_decay should be a number in [0, 1), but got mean_grad_decay={decay}"
-            )
-        self.mean_grad_decay = decay
+        self.train_on_renew = check_bool("train_on_renew", train_on_renew)
+        self.mean_grad_decay = check_fraction("mean_grad_decay", mean_grad_decay, high_open=True)
 
     def select(self, ctx: SelectContext) -> list[Selection]:
         """Each slot's ``k`` samples of highest estimated priority and its ``renew`` samples.

@@ -187,10 +187,7 @@ class UpperBound(Strategy):
             None if tau_threshold is None else check_number("tau_threshold", tau_threshold, 1.0)
         )
         # The reference code's momentum is 0.9; 1 would freeze the average at 0.
-        smooth = check_fraction("smoothing", smoothing)
-        if smooth >= 1.0:
-            raise ValueError(f"smoothing should be a number in [0, 1), but got smoothing={smooth}")
-        self.smoothing = smooth
+        self.smoothing = check_fraction("smoothing", smoothing, high_open=True)
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.score_dtype = check_score_dtype(score_dtype)
 
