@@ -308,9 +308,18 @@ def test_train_on_own_local_cluster_writes_history(
     options = ["--strategy", "projection", "--strategy-option", "k=32",
                "--strategy-option", "train_on_renew=false", "--staleness", "exp-linear"]
     argv = ["train", *SMALL, *options, "--workers", "2", "--no-progress", "--output", str(path)]
-    threads = torch.get_num_threads()
-    assert main(argv) == 0
-    assert torch.get_num_threads() == threads  # one driver thread while it trained, then as before
+    torch.set_num_threads(2)
+    seen = []
+    fit = daskpri.Trainer.fit
+
+    def counting_fit(self, *args, **kwargs):  # calls through: records the driver's threads
+        seen.append(torch.get_num_threads())
+        return fit(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(daskpri.Trainer, "fit", counting_fit)
+        assert main(argv) == 0
+    assert seen == [1] and torch.get_num_threads() == 2  # one while it trained, then as before
     out = capsys.readouterr().out
     assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+/status$", out, re.M)
     assert SUMMARY.search(out)["strategy"] == "projection"
@@ -329,8 +338,21 @@ def test_train_on_own_local_cluster_writes_history(
 
 
 def test_train_with_tls_on_its_own_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from daskpri.training import trainer as trainer_module
+
     argv = ["train", *SMALL, "--workers", "1", "--no-progress", "--tls", "--transport", "tasks"]
-    assert main(argv) == 0
+    addresses = []
+    start = trainer_module.local_cluster
+
+    def recording_cluster(*args, **kwargs):  # calls through: records where it listens
+        cluster = start(*args, **kwargs)
+        addresses.append(cluster.scheduler_address)
+        return cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer_module, "local_cluster", recording_cluster)
+        assert main(argv) == 0
+    assert len(addresses) == 1 and addresses[0].startswith("tls://127.0.0.1:"), addresses
     assert "dashboard: http" in capsys.readouterr().out
 
 
