@@ -41,17 +41,19 @@ def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, 
         client = Client(address, timeout=60)
         client.wait_for_workers(1, timeout=60)
         train, _ = small_data
-        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
-                                  checkpoint_path=ckpt, checkpoint_every=5)
 
-        def kill_scheduler() -> None:
-            # steps take a few ms: look often, or the run reaches the checkpoint at 15
-            while trainer.step_ < 12:
-                time.sleep(0.001)
-            scheduler.kill()
-            killed_at.append(time.monotonic())
+        class KillsAfterTheSecondCheckpoint(daskpri.Trainer):
+            def save(self, path):  # the real save, then the scheduler dies: no race
+                written = super().save(path)
+                if self.step_ == 10:
+                    scheduler.kill()
+                    killed_at.append(time.monotonic())
+                return written
 
-        threading.Thread(target=kill_scheduler, daemon=True).start()
+        trainer = KillsAfterTheSecondCheckpoint(
+            build_model("mlp", train), strategy="uniform", client=client,
+            checkpoint_path=ckpt, checkpoint_every=5,
+        )
         with dask.config.set({"daskpri.trainer.scheduler-timeout": "3s"}):
             with pytest.raises(daskpri.SchedulerLostError) as info:
                 trainer.fit(train, max_steps=100_000, progress=False)
