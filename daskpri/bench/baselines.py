@@ -10,6 +10,8 @@ one torch thread, as a daskpri worker does (the Dask nanny sets
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import os
 import queue as queue_module
@@ -196,6 +198,10 @@ def _process(rank: int, world: int, port: int, job: _Job, queue: Any, barrier: A
     """
     try:
         torch.set_num_threads(1)
+        # torch.multiprocessing hands a process the model's tensors in shared memory:
+        # without a copy of its own every process would step the same parameters
+        # (DDP then applies each averaged update once per process)
+        job = dataclasses.replace(job, model=copy.deepcopy(job.model))
         if not communicate:
             barrier.wait(timeout=120)
             result = _loop(job, rank=rank)
