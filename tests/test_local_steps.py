@@ -24,6 +24,14 @@ from daskpri.table._packing import _unpack_round
 from daskpri.table.plugin import RemoteTable, _in_process
 
 
+@pytest.fixture(scope="module")
+def inproc_worker():
+    """A real Dask worker in this process, for a replica's plugin set up by hand."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster:
+        yield next(iter(cluster.workers.values()))
+
+
 def _trainer(client, train, **kw):
     kw = {"client": client, "seed": 3, "batch_size": 32, **kw}
     return daskpri.Trainer(build_model("mlp", train, seed=1), **kw)
@@ -556,7 +564,7 @@ def test_a_walk_with_recent_last_resumes_from_the_tables_state_at_any_round():
     assert any(differs)
 
 
-def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():
+def test_a_rounds_losses_taken_at_its_end_are_each_steps_own(inproc_worker):
     """The worker derives a round's losses, loss sum and hits from its logits at the end.
 
     Against each step computed on its own (the strategy's full result):
@@ -580,12 +588,10 @@ def test_a_rounds_losses_taken_at_its_end_are_each_steps_own():
     strategy = get_strategy("uniform")
     params = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
 
-    class _Worker:
-        address, handlers, state = "inproc://test", {}, None
 
     for local in (None, LocalSteps("sgd", {"lr": 0.1, "momentum": 0.9}, {}, [0.1] * 5)):
         plugin = ReplicaPlugin("t", pickle.dumps(module), 3)
-        plugin.setup(_Worker())
+        plugin.setup(inproc_worker)
         if local is not None:
             opt = make_optimizer("sgd", list(module.parameters()), {"lr": 0.1, "momentum": 0.9})
             local.state = opt.state_dict()
@@ -721,15 +727,13 @@ def test_two_workers_always_get_the_averaged_state(gpu_client, small_data, monke
     assert sends == ["full"] * 4
 
 
-def test_a_round_resuming_from_state_the_worker_does_not_hold_is_refused():
+def test_a_round_resuming_from_state_the_worker_does_not_hold_is_refused(inproc_worker):
     from daskpri.replicas.worker import ReplicaStateLost
 
-    class _Worker:
-        address, handlers, state = "inproc://test", {}, None
 
     module = torch.nn.Linear(3, 2)
     plugin = ReplicaPlugin("t", pickle.dumps(module), 2)
-    plugin.setup(_Worker())
+    plugin.setup(inproc_worker)
     bounds = np.array([0, 4])
     parts = {0: ArrayPart(np.zeros((4, 3), np.float32), np.zeros(4, np.int64), 0)}
     shares = Shares.pack([Selection(train=np.array([0, 1]))], (0, 0, 0), bounds)
@@ -845,7 +849,7 @@ def test_a_channels_last_model_trains_in_rounds_as_in_plain_steps_and_keeps_its_
     assert not torch.equal(two, plain)
 
 
-def test_a_local_step_of_loss_draws_makes_the_drivers_unbiased_step_on_average():
+def test_a_local_step_of_loss_draws_makes_the_drivers_unbiased_step_on_average(inproc_worker):
     """``loss`` draws over all workers, so each gets a varying share of the draws.
 
     A local step divides its weighted sum by the draws a worker expects
@@ -874,13 +878,11 @@ def test_a_local_step_of_loss_draws_makes_the_drivers_unbiased_step_on_average()
     counts = [s.train.size for s in sels]
     assert sum(counts) == 16 and counts[0] > counts[1]  # shares of the draws differ
 
-    class _Worker:
-        address, handlers, state = "inproc://test", {}, None
 
     after = []
     for slot, sel in enumerate(sels):
         plugin = ReplicaPlugin("t", pickle.dumps(module), 3)
-        plugin.setup(_Worker())
+        plugin.setup(inproc_worker)
         opt = make_optimizer("sgd", list(torch.nn.Linear(5, 3).parameters()), {"lr": 0.1})
         local = LocalSteps("sgd", {"lr": 0.1, "momentum": 0.0}, opt.state_dict(), [0.1],
                            rows_per_step=8)
@@ -895,7 +897,7 @@ def test_a_local_step_of_loss_draws_makes_the_drivers_unbiased_step_on_average()
     torch.testing.assert_close(torch.stack(after).mean(0), params - 0.1 * total / 16)
 
 
-def test_two_steps_sent_to_one_replica_run_one_after_the_other():
+def test_two_steps_sent_to_one_replica_run_one_after_the_other(inproc_worker):
     """A step the driver gave up on may still compute when its retry arrives."""
     import threading
     import time
@@ -920,11 +922,9 @@ def test_two_steps_sent_to_one_replica_run_one_after_the_other():
     bounds = np.array([0, 20])
     parts = {0: ArrayPart(x.numpy(), y.numpy(), 0)}
 
-    class _Worker:
-        address, handlers, state = "inproc://test", {}, None
 
     plugin = ReplicaPlugin("t", pickle.dumps(module), 3)
-    plugin.setup(_Worker())
+    plugin.setup(inproc_worker)
     shares = Shares.pack([Selection(train=np.arange(8))], (0, 0, 0), bounds)
     threads = [threading.Thread(target=_train_or_lost, args=(
         plugin, Weights(step, params.clone()), Slow(), shares, parts, None)) for step in (0, 1)]
