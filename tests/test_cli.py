@@ -340,6 +340,20 @@ def test_train_on_own_local_cluster_writes_history(
     assert html.read_text().lstrip().lower().startswith("<!doctype html")
 
 
+def test_train_stops_at_its_target_accuracy_evaluating_as_asked(tmp_path: Path) -> None:
+    path = tmp_path / "run.nc"
+    argv = ["train", "--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "400",
+            "--target-accuracy", "0.6", "--eval-every", "2", "--optimizer", "adam",
+            "--workers", "1", "--no-progress", "--output", str(path)]
+    assert main(argv) == 0
+    with _open(path) as ds:
+        acc = ds["accuracy"].values
+        assert ds.attrs["optimizer"] == "adam"
+        assert np.isfinite(acc[1::2]).all() and np.isnan(acc[0::2]).all()  # every 2nd step
+        assert acc[-1] >= 0.6 and (acc[:-1][np.isfinite(acc[:-1])] < 0.6).all()  # stopped there
+        assert ds.sizes["step"] < 400
+
+
 def test_train_with_tls_on_its_own_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from daskpri.training import trainer as trainer_module
 

@@ -720,3 +720,14 @@ def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh
     ):
         with pytest.raises(NoPlugin, match="the scheduler has no daskpri table yet"):
             client.sync(run_strategies, client.scheduler)
+
+
+def test_a_trainers_dashboard_outside_jupyter_is_the_pages_address(trained, small_data, capsys):
+    _, client, url, _ = trained
+    train, _ = small_data
+    with daskpri.Trainer(build_model("mlp", train, seed=0), client=client) as trainer:
+        address = trainer.dashboard()
+    assert address == f"{url}/daskpri"
+    assert f"daskpri dashboard: {url}/daskpri" in capsys.readouterr().out
+    status, _, body = get(address)
+    assert status == 200 and "Bokeh.embed.embed_items" in body
