@@ -342,3 +342,32 @@ def test_a_write_removes_what_writers_killed_mid_write_left(tmp_path):
     checkpoint.write(_whole(step=1), path)
     assert sorted(os.listdir(tmp_path)) == sorted([".c.ckpt.4567ef01.tmp", ".d.ckpt.89ab.tmp",
                                                    "c.ckpt"])
+
+
+def test_a_resumed_run_checkpoints_to_the_file_it_resumed_never_a_path_stored_in_it(
+    gpu_client, small_data, tmp_path
+):
+    train, _ = small_data
+    original = tmp_path / "run.ckpt"
+    a = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                        checkpoint_path=original, checkpoint_every=5)
+    try:
+        a.fit(train, max_steps=5, progress=False)
+    finally:
+        a.close()
+    # a copy whose stored path names a file of the user's (as a shared checkpoint could)
+    victim = tmp_path / "notes.txt"
+    victim.write_text("precious")
+    state = torch.load(original, weights_only=True)
+    state["trainer"]["checkpoint_path"] = str(victim)
+    copy = tmp_path / "copy.ckpt"
+    torch.save(state, copy)
+    before = original.read_bytes()
+    b = daskpri.Trainer.resume(copy, client=gpu_client)
+    try:
+        assert b.checkpoint_path == str(copy) and b.checkpoint_every == 5
+        b.fit(train, max_steps=10, progress=False)
+    finally:
+        b.close()
+    assert victim.read_text() == "precious" and original.read_bytes() == before
+    assert checkpoint.read(copy)["step"] == 10

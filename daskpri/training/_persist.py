@@ -106,12 +106,14 @@ class PersistMixin(StepMixin):
             Where and how the run goes on, which may change: ``n_workers``,
             ``resources``, ``device``, ``transport``, ``eval_every``,
             ``on_nonfinite``, ``security``, ``checkpoint_path`` and
-            ``checkpoint_every`` (given alone, the run's own
-            ``checkpoint_path`` is kept), and ``schedule_steps``, to go on
+            ``checkpoint_every``, and ``schedule_steps``, to go on
             past the end of a decaying schedule. What the run computes
             otherwise comes from the checkpoint: its strategy and options,
             seed, batch size, optimizer, learning rate and its schedule,
-            local steps, partitions and staleness model.
+            local steps, partitions and staleness model. A run that wrote
+            checkpoints as it ran goes on writing them, every
+            ``checkpoint_every`` steps, to ``path`` unless ``checkpoint_path``
+            names another file: never to the path stored in the checkpoint.
 
         Returns
         -------

@@ -94,6 +94,11 @@ def resume_trainer(
     except RuntimeError as e:
         raise ValueError(f"model does not match the checkpoint's architecture: {e}") from None
     params = dict(state["trainer"], **overrides)
+    if "checkpoint_path" not in overrides and params.get("checkpoint_path") is not None:
+        # A run that checkpointed goes on checkpointing, to the file the user named
+        # here: never to a path the file itself names (a copied or downloaded
+        # checkpoint would otherwise write over whatever that path holds).
+        params["checkpoint_path"] = os.fspath(path)
     name = state["strategy"]["name"]
     if name not in STRATEGIES:
         raise ValueError(
