@@ -7,9 +7,12 @@ a cluster. No test asserts that any strategy is faster than another.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -997,6 +1000,34 @@ def test_ddp_trains_on_two_processes():
     assert r.samples == 2 * 32 * r.curve.step[-1]
     # rank 0 holds class 0 only: it learns class 1 from rank 1's gradients
     assert r.curve.accuracy[-1] > 0.9
+
+
+def test_ddp_processes_listen_on_loopback_only():
+    import psutil
+
+    data, model = _halves()
+    listening: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        me = psutil.Process()
+        while not done.is_set():
+            for child in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    for c in child.net_connections(kind="inet"):
+                        if c.status == psutil.CONN_LISTEN:
+                            listening.add(c.laddr.ip)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        train_ddp(model, data, data, processes=2, batch_size=32, learning_rate=0.05,
+                  momentum=0.9, budget=1.0, eval_seconds=0.2, seed=0, timeout=120)
+    finally:
+        done.set()
+        watcher.join(5)
+    assert listening and listening <= {"127.0.0.1", "::1"}, listening
 
 
 def test_plain_loops_train_at_once_and_add_up_their_samples():

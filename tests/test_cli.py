@@ -914,8 +914,8 @@ def test_trainer_resume_refuses_overrides_its_checkpoint_fixes(checkpointed: Pat
 
 
 @contextlib.contextmanager
-def _silent_server() -> Iterator[str]:
-    """A TCP server on loopback that accepts connections and never answers."""
+def _silent_server(greeting: bytes = b"") -> Iterator[str]:
+    """A TCP server on loopback that accepts connections and never answers (but ``greeting``)."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.1)  # a blocked accept() would not see the server closed
     accepted: list[socket.socket] = []
@@ -924,7 +924,10 @@ def _silent_server() -> Iterator[str]:
     def accept() -> None:
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
-                accepted.append(server.accept()[0])
+                conn = server.accept()[0]
+                accepted.append(conn)
+                if greeting:
+                    conn.sendall(greeting)
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
@@ -956,8 +959,14 @@ def _http_server() -> Iterator[str]:
         _stop([proc])
 
 
+def _http_400_server() -> contextlib.AbstractContextManager[str]:
+    """A server that answers any connection with HTTP 400, as a proxy in the way would."""
+    return _silent_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n"
+                          b"Connection: close\r\n\r\n")
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("server", [_silent_server, _http_server])
+@pytest.mark.parametrize("server", [_silent_server, _http_server, _http_400_server])
 def test_a_server_that_is_no_scheduler_fails_within_the_connect_timeout(server: Any) -> None:
     from daskpri.training.cluster import SchedulerUnreachable, connect
 

@@ -15,8 +15,9 @@ import dataclasses
 import math
 import os
 import queue as queue_module
-import socket
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -182,13 +183,7 @@ def train_plain(
         return _loop(job)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _process(rank: int, world: int, port: int, job: _Job, queue: Any, barrier: Any,
+def _process(rank: int, world: int, rendezvous: str, job: _Job, queue: Any, barrier: Any,
              communicate: bool) -> None:
     """One of ``world`` processes: under DDP (gloo on 127.0.0.1), or on its own.
 
@@ -210,7 +205,7 @@ def _process(rank: int, world: int, port: int, job: _Job, queue: Any, barrier: A
         import torch.distributed as dist
 
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+            "gloo", init_method=rendezvous, rank=rank, world_size=world
         )
         try:
             result = _loop(job, rank=rank, world=world)
@@ -300,7 +295,10 @@ def _spawn(
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     barrier = ctx.Barrier(processes)
-    port = _free_port()
+    # The processes meet through a file: a tcp:// rendezvous starts torch's
+    # store server on every interface, whatever address it is given.
+    rendezvous_dir = tempfile.mkdtemp(prefix="daskpri-ddp-")
+    rendezvous = "file://" + os.path.join(rendezvous_dir, "store")
     x, y = train
     bounds = np.linspace(0, len(y), processes + 1).astype(int)
     procs = []
@@ -314,7 +312,8 @@ def _spawn(
                        test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
                        budget, eval_seconds, seed, max_grad_norm=max_grad_norm)
             p = ctx.Process(target=_process,
-                            args=(rank, processes, port, job, queue, barrier, communicate))
+                            args=(rank, processes, rendezvous, job, queue, barrier,
+                                  communicate))
             p.start()
             procs.append(p)
     finally:
@@ -348,5 +347,6 @@ def _spawn(
             if p.is_alive():
                 p.terminate()
                 p.join()
+        shutil.rmtree(rendezvous_dir, ignore_errors=True)
     assert curve is not None
     return BaselineResult(Curve.from_dict(curve), samples)

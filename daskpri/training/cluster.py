@@ -253,6 +253,18 @@ def connect(address: str, security: Any = None, timeout: float = CONNECT_TIMEOUT
         raise SchedulerUnreachable(
             f"could not connect to the scheduler at {address}: {error}"
         ) from error
+    if isinstance(error, MemoryError):
+        # what answered is not a Dask scheduler (an HTTP server, a proxy): its
+        # first bytes, read as a frame's length, asked for exabytes; the client
+        # that failed so leaves its event loop running unless closed
+        for half_made in made:
+            with contextlib.suppress(Exception):
+                half_made.close(timeout=_CONNECT_GRACE)
+        raise SchedulerUnreachable(
+            f"could not connect to the scheduler at {address}: what answered there does "
+            f"not speak Dask's protocol (a Dask scheduler's address is wanted, not a web "
+            f"server's or a proxy's)"
+        ) from error
     if error is not None:
         raise error
     client: Client = outcome["client"]
