@@ -371,3 +371,21 @@ def test_a_resumed_run_checkpoints_to_the_file_it_resumed_never_a_path_stored_in
         b.close()
     assert victim.read_text() == "precious" and original.read_bytes() == before
     assert checkpoint.read(copy)["step"] == 10
+
+
+def test_a_checkpoint_never_replaces_a_file_that_is_not_one(gpu_client, small_data, tmp_path):
+    train, _ = small_data
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    message = re.escape(f"checkpoint_path names {str(notes)!r}, a file that is not a daskpri "
+                        "checkpoint: writing the checkpoint would replace it")
+    with pytest.raises(ValueError, match=message):
+        daskpri.Trainer(build_model("mlp", train), client=gpu_client, checkpoint_path=notes)
+    t = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        t.fit(train, max_steps=2, progress=False)
+        with pytest.raises(ValueError, match="a file that is not a daskpri checkpoint"):
+            t.save(notes)
+    finally:
+        t.close()
+    assert notes.read_text() == "precious"

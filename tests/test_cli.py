@@ -994,3 +994,19 @@ def test_bench_on_a_server_that_is_no_scheduler_fails_rather_than_waits(tmp_path
         assert code == 1 and time.monotonic() - start < 40
     assert f"could not connect to the scheduler at {address}: no answer within" in (
         capsys.readouterr().err)
+
+
+def test_train_refuses_to_write_over_a_file_that_is_not_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes.md"
+    notes.write_text("# mine")
+    assert main(["train", *SMALL, "--checkpoint", str(notes)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"daskpri: error: --checkpoint names {str(notes)!r}, a file that is not a daskpri "
+        "checkpoint: writing the checkpoint would replace it")
+    same = str(tmp_path / "run.nc")
+    assert main(["train", *SMALL, "--checkpoint", same, "--output", same]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"daskpri: error: --output and --checkpoint name the same file, {same!r}")
+    assert notes.read_text() == "# mine" and sorted(os.listdir(tmp_path)) == ["notes.md"]

@@ -202,11 +202,21 @@ def test_report_of_a_run_never_evaluated(tmp_path: Path) -> None:
 
 def test_report_replaces_the_file_atomically(tmp_path: Path) -> None:
     out = tmp_path / "report.html"
-    out.write_text("old")
+    out.write_text("<!DOCTYPE html><p>an older report</p>")
     write_report(hand_made([0.5]), out)
     write_report(hand_made([0.6]), out)
     assert os.listdir(tmp_path) == ["report.html"]
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_never_replaces_a_file_that_is_not_a_page(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.md"
+    notes.write_text("# mine")
+    with pytest.raises(ValueError, match=re.escape(
+        f"output_html {str(notes)!r} holds a file that is not an HTML page: writing the "
+        "report would replace it")):
+        write_report(hand_made([0.5]), notes)
+    assert notes.read_text() == "# mine"
 
 
 @pytest.mark.parametrize("missing", ["loss", "accuracy", "communication_time"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from typing import Any
 
@@ -45,6 +46,14 @@ def _train(args: argparse.Namespace) -> int:
         _check_destination("--output", args.output, kind="store")
     if args.checkpoint is not None:
         _check_destination("--checkpoint", args.checkpoint)
+        checkpoint.check_replaceable(args.checkpoint, "--checkpoint")
+    for flag, other in (("--checkpoint", args.checkpoint), ("--resume", args.resume)):
+        if (args.output is not None and other is not None
+                and os.path.abspath(args.output) == os.path.abspath(other)):
+            raise ValueError(
+                f"--output and {flag} name the same file, {args.output!r}: the history "
+                "would replace the checkpoint; give them different paths"
+            )
     if args.resume is None:
         settings = _new_run(args, options, max_steps)
         seed, model_name = settings["seed"], args.model or "mlp"

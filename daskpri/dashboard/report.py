@@ -184,6 +184,10 @@ def write_report(
         if isinstance(source, (str, os.PathLike)) and _same_path(source, output_html):
             raise ValueError(f"output_html {os.fspath(output_html)!r} is the {name} itself: "
                              "writing the page there would replace it; give another path")
+    if os.path.isfile(output_html) and not _is_html(output_html):
+        raise ValueError(f"output_html {os.fspath(output_html)!r} holds a file that is not an "
+                         "HTML page: writing the report would replace it; give another path, "
+                         "or remove the file first")
     run = load_history(history, name="history")
     base = None if baseline is None else load_history(baseline, name="baseline")
     if base is not None:
@@ -202,6 +206,13 @@ def write_report(
     root = column(*_layout(run, run_name, base, base_name, page_title))
     document = file_html(root, INLINE, title=page_title)
     return _write_atomic(os.fspath(output_html), document)
+
+
+def _is_html(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at ``path`` starts as an HTML page does (empty counts)."""
+    with open(path, "rb") as f:
+        head = f.read(512).lstrip().lower()
+    return head == b"" or head.startswith((b"<!doctype html", b"<html"))
 
 
 def _same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -23,6 +23,7 @@ from daskpri._warnings import warn
 from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
+from daskpri.training import checkpoint
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
@@ -157,6 +158,7 @@ def check_checkpoint(
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"checkpoint_path should be a path this process may write, but got "
                          f"{path!r}, and {parent!r} is not writable")
+    checkpoint.check_replaceable(path)
     return path
 
 

@@ -14,6 +14,7 @@ import pickle
 import re
 import time
 import uuid
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -66,14 +67,40 @@ def from_storable(obj: Any) -> Any:
     return obj
 
 
+def check_replaceable(path: str | os.PathLike[str], name: str = "checkpoint_path") -> None:
+    """Refuse ``path`` if it holds a file that is not a checkpoint, which a write would replace.
+
+    Checkpoints are zip archives (torch's format); anything else there (a
+    notes file, a history, a typo'd path) is the user's and is kept.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> notes = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"
+    >>> _ = notes.write_text("mine")
+    >>> check_replaceable(notes)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: checkpoint_path names ..., a file that is not a daskpri checkpoint: ...
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{name} names {path!r}, a file that is not a daskpri checkpoint: writing the "
+            f"checkpoint would replace it; give another path, or remove the file first"
+        )
+
+
 def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
     """Write ``state`` to ``path`` atomically.
 
     The file is written beside ``path`` under a temporary name, flushed and
     fsynced, then renamed over ``path``: a reader sees the previous complete
-    checkpoint or the new one, never a part of one.
+    checkpoint or the new one, never a part of one. A file at ``path`` that
+    is not a checkpoint is refused (:func:`check_replaceable`).
     """
     path = os.fspath(path)
+    check_replaceable(path, "the checkpoint's path")
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
