@@ -71,7 +71,8 @@ def test_trainer_parameters(field, value):
     [("momentum", -0.1, r"a number in \[0, 1\)"), ("momentum", 1.5, r"a number in \[0, 1\)"),
      ("momentum", "0.9", r"a number in \[0, 1\)"),
      ("learning_rate", 0, "a positive finite number"),
-     ("weight_decay", -1.0, r"a number in \[0, inf\)")],
+     ("weight_decay", -1.0, r"a number in \[0, inf\)"),
+     ("seed", 2**32, r"an integer in \[0, 4294967295\]")],
 )
 def test_trainer_refuses_numbers_out_of_their_range(field, value, allowed):
     with pytest.raises(ValueError, match=f"^{field} should be {allowed}, but got {field}="):

@@ -141,6 +141,11 @@ def test_bad_input_gives_clear_errors(gpu_client, small_data):
         finally:
             t.close()
 
+    big = train.assign(x=train["x"].astype(np.float64))
+    big["x"].values[1500, 2] = 1e39  # finite in float64, infinite in the float32 trained
+    attempt(big, r"x in partition \d+ \(samples .*\) should hold numbers float32 can hold "
+                 r"\(daskpri trains in float32\), but got 1e\+39 at sample 1500$")
+
     x = train["x"].values.copy()
     x[1234, 3] = np.nan
     attempt(

@@ -296,7 +296,8 @@ def check_values(
     Raises
     ------
     ValueError
-        If ``x`` holds NaN or infinite values, or a label is out of range. The
+        If ``x`` holds NaN or infinite values, or values beyond float32's
+        range (daskpri trains in float32), or a label is out of range. The
         message gives how many values are bad and the first bad sample's index
         within ``x`` and ``y``.
 
@@ -320,6 +321,15 @@ def check_values(
                 f"x in {where} should hold finite numbers, but got {n_bad} NaN or infinite "
                 f"value{'s' if n_bad != 1 else ''}, the first at sample {first}"
             )
+        if x.dtype.itemsize > 4 and x.dtype.kind == "f" and x.size:
+            # trained in float32: a larger value becomes infinite there
+            big = np.abs(x) > np.finfo(np.float32).max
+            if big.any():
+                row = int(np.argmax(big.reshape(len(x), -1).any(axis=1)))
+                raise ValueError(
+                    f"x in {where} should hold numbers float32 can hold (daskpri trains in "
+                    f"float32), but got {float(x[big].flat[0]):g} at sample {offset + row}"
+                )
     upper = np.inf if n_classes is None else n_classes
     bad = (y < 0) | (y >= upper)
     n_bad = int(bad.sum())

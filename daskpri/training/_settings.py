@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 #: torch's own.
 LEARNING_RATES = {"sgd": 0.1, "adam": 0.001}
 
+#: the largest seed: it travels to the scheduler and workers in msgpack
+#: messages, and the command line and the datasets take no larger one
+MAX_SEED = 2**32 - 1
+
 
 def set_arguments(
     trainer: Trainer,
@@ -89,6 +93,8 @@ def set_arguments(
             )
     trainer.strategy = get_strategy(strategy, **strategy_options)
     trainer.seed = check_int("seed", seed, minimum=0)
+    if trainer.seed > MAX_SEED:  # as the command line's and the datasets' seeds
+        raise ValueError(f"seed should be an integer in [0, {MAX_SEED}], but got seed={seed!r}")
     trainer.n_workers = (
         None if n_workers is None else check_int("n_workers", n_workers, minimum=1)
     )
