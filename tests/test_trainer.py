@@ -141,6 +141,11 @@ def test_bad_input_gives_clear_errors(gpu_client, small_data):
         finally:
             t.close()
 
+    attempt(train, r"^batch_size=801 is more than a worker's share of the data \(800 "
+                   r"samples, of 1600 on 2 workers\): .*give a batch_size of at most 800",
+            batch_size=801)
+    attempt(train, r"^batch_size=5000 is more than a worker's share",
+            strategy=daskpri.get_strategy("loss", batch_size=5000))  # the strategy's own
     big = train.assign(x=train["x"].astype(np.float64))
     big["x"].values[1500, 2] = 1e39  # finite in float64, infinite in the float32 trained
     attempt(big, r"x in partition \d+ \(samples .*\) should hold numbers float32 can hold "

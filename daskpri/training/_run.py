@@ -167,6 +167,7 @@ class RunMixin:
         self._n_classes = check_model(self.model, ds, info)
         sizes = np.diff(bounds)
         owner = assign_owners(sizes, len(addrs))
+        self._check_batch_fits(sizes, owner, len(addrs))
         self._warn_unequal_shares(sizes, owner, len(addrs))
         self._plugin = ReplicaPlugin(
             self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
@@ -228,6 +229,19 @@ class RunMixin:
             )
             self._resume_state = None
         self._next_rescan = time.monotonic() + rescan_interval()
+
+    def _check_batch_fits(self, sizes: np.ndarray, owner: np.ndarray, n_slots: int) -> None:
+        """Refuse a batch larger than a worker's share: each trains one a step from its own."""
+        batch = getattr(self.strategy, "batch_size", None) or self.batch_size
+        shares = np.bincount(owner, weights=sizes, minlength=n_slots)
+        least = int(shares.min())
+        if batch > least:
+            raise ValueError(
+                f"batch_size={batch} is more than a worker's share of the data ({least} "
+                f"samples, of {int(sizes.sum())} on {n_slots} workers): each worker trains "
+                f"a batch a step from its own share; give a batch_size of at most {least}, "
+                "or fewer workers"
+            )
 
     def _warn_unequal_shares(self, sizes: np.ndarray, owner: np.ndarray, n_slots: int) -> None:
         """Warn where one worker's share of the data is over 1.25 times another's.
