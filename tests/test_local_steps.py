@@ -28,7 +28,7 @@ from daskpri.table.plugin import RemoteTable, _in_process
 def inproc_worker():
     """A real Dask worker in this process, for a replica's plugin set up by hand."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster:
+                      dashboard_address="127.0.0.1:0") as cluster:
         yield next(iter(cluster.workers.values()))
 
 
