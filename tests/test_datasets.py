@@ -6,6 +6,7 @@ import gzip
 import os
 import pickle
 import random
+import re
 import struct
 import sys
 
@@ -634,3 +635,14 @@ def test_a_store_written_again_has_another_fingerprint(tmp_path, suffix):
     time.sleep(0.01)
     to_store(ds.assign(x=ds["x"] + 1), path)  # new values, same path
     assert fingerprint(path) != first
+
+
+def test_opening_a_directory_that_holds_no_zarr_store_says_so(tmp_path):
+    from daskpri.data.io import open_dataset
+
+    empty = tmp_path / "empty.zarr"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=re.escape(
+        f"data names {str(empty)!r}, which holds no zarr store: no zarr.json or .zgroup at its "
+        "top")):
+        open_dataset(str(empty))

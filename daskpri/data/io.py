@@ -20,6 +20,7 @@ import dask.config
 import h5py
 import numpy as np
 import xarray as xr
+import zarr.errors
 
 __all__ = [
     "check_destination",
@@ -98,7 +99,13 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
         # Local stores hold a handful of arrays, so reading their metadata one
         # by one is cheap; consolidated metadata is not part of zarr format 3
         # and asking for it warns on every store that lacks it.
-        ds = xr.open_zarr(path, consolidated=False)
+        try:
+            ds = xr.open_zarr(path, consolidated=False)
+        except zarr.errors.NodeNotFoundError:
+            raise ValueError(
+                f"{name} names {path!r}, which holds no zarr store: no zarr.json or .zgroup "
+                f"at its top (write one with daskpri.data.to_store, or xarray's to_zarr)"
+            ) from None
     else:
         ds = _open_netcdf(path, name=name)
     validate_dataset(ds, name=name)
