@@ -345,9 +345,20 @@ def test_cifar10_pickle_that_runs_code_is_refused(tmp_path, func, refused):
         payload = RunsCode(eval, f"open({str(marker)!r}, 'w').close()")
     evil = {b"data": payload, b"labels": [0]}
     (tmp_path / "data_batch_3").write_bytes(pickle.dumps(evil, protocol=4))
-    with pytest.raises(pickle.UnpicklingError, match=refused + r", which daskpri refuses"):
+    with pytest.raises(ValueError, match=r"^the CIFAR-10 files in .* could not be read: .*"
+                       + refused + r", which daskpri refuses") as info:
         load("cifar10", root=tmp_path)
+    assert isinstance(info.value.__cause__, pickle.UnpicklingError)
     assert not marker.exists()
+
+
+def test_a_truncated_mnist_download_is_a_clear_error(mnist_dir):
+    root, _ = mnist_dir
+    gz = root / (MNIST_FILES["train_images"] + ".gz")
+    gz.write_bytes(gz.read_bytes()[:100])
+    with pytest.raises(ValueError, match=rf"^the MNIST files in {re.escape(repr(str(root)))} "
+                       r"could not be read: .*fetch them again\)$"):
+        load("mnist", root=root)
 
 
 # --- open_dataset / to_store ------------------------------------------------

@@ -16,11 +16,14 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.resources
 import os
+import pickle
 import random
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from operator import index
 from typing import Any, cast
 
@@ -198,11 +201,24 @@ def _read_mnist5k() -> Arrays:
     return table[:, :-1], table[:, -1].astype(np.int64)
 
 
+@contextlib.contextmanager
+def _damaged_files_refused(name: str, root: str) -> Iterator[None]:
+    """A damaged or refused dataset file under ``root`` as a ``ValueError`` naming it."""
+    try:
+        yield
+    except (pickle.UnpicklingError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ValueError(
+            f"the {name} files in {root!r} could not be read: {e or type(e).__name__} (a "
+            "truncated download or a file of another kind: fetch them again)"
+        ) from e
+
+
 def _mnist(
     *, root: str | None, seed: int, n_samples: int | None, cache: bool
 ) -> tuple[xr.Dataset, xr.Dataset]:
     root = cast(str, root)  # load() made sure this dataset got one
-    x_train, y_train, x_test, y_test = _readers.read_mnist(root)
+    with _damaged_files_refused("MNIST", root):
+        x_train, y_train, x_test, y_test = _readers.read_mnist(root)
     meta = {"name": "mnist", "n_classes": 10, "source": f"MNIST IDX files in {root}"}
     return _fixed_split(
         (x_train[:, None], y_train),
@@ -219,7 +235,8 @@ def _cifar10(
     *, root: str | None, seed: int, n_samples: int | None, cache: bool
 ) -> tuple[xr.Dataset, xr.Dataset]:
     root = cast(str, root)  # load() made sure this dataset got one
-    x_train, y_train, x_test, y_test = _readers.read_cifar10(root)
+    with _damaged_files_refused("CIFAR-10", root):
+        x_train, y_train, x_test, y_test = _readers.read_cifar10(root)
     meta = {"name": "cifar10", "n_classes": 10, "source": f"CIFAR-10 python batches in {root}"}
     return _fixed_split(
         (x_train, y_train),
