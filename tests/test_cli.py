@@ -220,6 +220,20 @@ def test_bench_strategy_option_that_would_be_lost_exits_2(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--scheduler", "garbage"], "--scheduler should be a scheduler's address such as "
+      "tcp://127.0.0.1:8786, but got --scheduler 'garbage'"),
+     (["--scheduler", "tcp://127.0.0.1:1", "--port", "99999"],
+      "--port should be in [0, 65536), but got --port 99999")],
+)
+def test_dashboard_arguments_are_checked_before_it_serves(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["dashboard", *args]) == 2
+    assert capsys.readouterr().err.startswith(f"daskpri: error: {message}")
+
+
 def test_dashboard_on_a_port_in_use_is_a_one_line_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

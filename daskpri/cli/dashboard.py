@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import errno
 
+from distributed.comm.addressing import get_address_host_port
+
 from daskpri import _config
 
 
@@ -12,7 +14,14 @@ def _dashboard_command(args: argparse.Namespace) -> int:
     from daskpri.dashboard.remote import ROUTE, make_server
 
     if not 0 <= args.port < 65536:
-        raise ValueError(f"port should be in [0, 65536), but got port={args.port}")
+        raise ValueError(f"--port should be in [0, 65536), but got --port {args.port}")
+    try:  # the page connects later, on its first refresh: a typo is told now
+        get_address_host_port(args.scheduler)
+    except ValueError as e:
+        raise ValueError(
+            f"--scheduler should be a scheduler's address such as tcp://127.0.0.1:8786, but "
+            f"got --scheduler {args.scheduler!r} ({e})"
+        ) from None
     try:
         server = make_server(args.scheduler, address=args.address, port=args.port)
     except OSError as e:
