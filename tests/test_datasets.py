@@ -9,6 +9,7 @@ import random
 import re
 import struct
 import sys
+import time
 
 import dask.config
 import numpy as np
@@ -657,3 +658,23 @@ def test_opening_a_directory_that_holds_no_zarr_store_says_so(tmp_path):
         f"data names {str(empty)!r}, which holds no zarr store: no zarr.json or .zgroup at its "
         "top")):
         open_dataset(str(empty))
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_a_write_removes_what_killed_writes_left_but_not_a_fresh_one(tmp_path, suffix):
+    name = f"data{suffix}"
+    stale_file = tmp_path / f".{name}.tmp-0000"  # a netCDF write killed midway
+    stale_file.write_bytes(b"x" * 1000)
+    stale_store = tmp_path / f".{name}.tmp-1111"  # a zarr write killed midway
+    stale_store.mkdir()
+    (stale_store / "zarr.json").write_text("{}")
+    fresh = tmp_path / f".{name}.tmp-2222"  # another writer's, still writing
+    fresh.write_bytes(b"y")
+    other = tmp_path / ".other.nc.tmp-3333"  # not this path's
+    other.write_bytes(b"z")
+    old = time.time() - 120
+    for p in (stale_file, stale_store, other):
+        os.utime(p, (old, old))
+    to_store(small(n=10), tmp_path / name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [name, fresh.name, other.name])

@@ -8,11 +8,14 @@ that asks for one partition reads only that partition's chunks.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
+import time
 import uuid
 import warnings
+from collections.abc import Callable
 from operator import index
 from typing import Any
 
@@ -437,7 +440,26 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     except BaseException:
         _remove(tmp)
         raise
+    remove_stale(parent, lambda name: name.startswith((f".{base}.tmp-", f".{base}.old-")))
     return os.fspath(path)
+
+
+def remove_stale(directory: str, ours: Callable[[str], bool], age: float = 60.0) -> None:
+    """Remove the temporary files (or stores) in ``directory`` left by writes killed midway.
+
+    A write killed (``kill -9``, a power cut) leaves its temporary sibling,
+    as large as what it wrote, which no later write reuses. Those whose
+    names ``ours`` recognises and which are older than ``age`` seconds go
+    once a write has succeeded; a younger one may be another writer's.
+    """
+    now = time.time()
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not ours(entry.name):
+                continue
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+                if now - entry.stat(follow_symlinks=False).st_mtime > age:
+                    _remove(entry.path)
 
 
 def _to_zarr(ds: xr.Dataset, path: str) -> None:

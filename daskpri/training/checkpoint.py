@@ -8,17 +8,17 @@ a file that carries code is refused, not run.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import re
-import time
 import uuid
 import zipfile
 from typing import Any
 
 import numpy as np
 import torch
+
+from daskpri.data.io import remove_stale
 
 #: Version of the checkpoint layout.
 FORMAT = 1
@@ -119,26 +119,9 @@ def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
         os.fsync(fd)  # make the rename itself durable
     finally:
         os.close(fd)
-    _remove_stale(directory, os.path.basename(path))
+    prefix = f".{os.path.basename(path)}."
+    remove_stale(directory, lambda name: name.startswith(prefix) and name.endswith(".tmp"))
     return path
-
-
-def _remove_stale(directory: str, name: str, age: float = 60.0) -> None:
-    """Remove temporary files of ``name`` left by writers killed mid-write.
-
-    A write killed (``kill -9``, a power cut) leaves its temporary file,
-    as large as a checkpoint, which no later write reuses. Those older than
-    ``age`` seconds go once a write has succeeded; a younger one may be
-    another writer's still writing.
-    """
-    prefix, now = f".{name}.", time.time()
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
-                continue
-            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
-                if now - entry.stat().st_mtime > age:
-                    os.unlink(entry.path)
 
 
 def _why(e: Exception) -> str:
