@@ -1024,3 +1024,22 @@ def test_train_refuses_to_write_over_a_file_that_is_not_its_own(
     assert capsys.readouterr().err.startswith(
         f"daskpri: error: --output and --checkpoint name the same file, {same!r}")
     assert notes.read_text() == "# mine" and sorted(os.listdir(tmp_path)) == ["notes.md"]
+
+
+def test_a_checkpoint_the_disk_cannot_take_ends_the_run_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def full_disk(*args: Any, **kwargs: Any) -> None:  # torch's writer on a full disk
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
+                           "failed writing file data/0: file write failed\nmore lines")
+
+    monkeypatch.setattr(checkpoint, "_save", full_disk)
+    path = tmp_path / "run.ckpt"
+    argv = ["train", *SMALL, "--workers", "1", "--no-progress", "--checkpoint", str(path),
+            "--checkpoint-every", "5"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == (f"daskpri: error: could not write the checkpoint {str(path)!r}: [enforce "
+                   "fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
+                   "data/0: file write failed\n")
+    assert os.listdir(tmp_path) == []  # its temporary file removed

@@ -75,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the last two: a run that stopped, saying why and what was checkpointed
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the machine's: a full disk, a failing device
+        where = "" if e.filename is None else f"{e.filename}: "
+        print(f"{_PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted", file=sys.stderr)
         return 130

@@ -20,6 +20,9 @@ import torch
 
 from daskpri.data.io import remove_stale
 
+#: torch's writer, by a name of this module's (a test makes it fail as on a full disk)
+_save = torch.save
+
 #: Version of the checkpoint layout.
 FORMAT = 1
 
@@ -106,7 +109,14 @@ def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(dict(state, format=FORMAT), f)
+            try:
+                _save(dict(state, format=FORMAT), f)
+            except RuntimeError as e:
+                if "failed writing" not in str(e):  # not the file's: let it be
+                    raise
+                # torch's writer says so when the file takes no more (a full disk)
+                raise OSError(f"could not write the checkpoint {path!r}: "
+                              f"{str(e).splitlines()[0]}") from e
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
