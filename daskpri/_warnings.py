@@ -10,6 +10,11 @@ import warnings
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def in_package(filename: str) -> bool:
+    """Whether ``filename`` (a frame's) is one of daskpri's own files."""
+    return os.path.abspath(filename).startswith(_PACKAGE)
+
+
 class DaskpriWarning(UserWarning):
     """A warning issued by daskpri itself.
 
@@ -46,8 +51,6 @@ def warn(message: str, category: type[Warning] = DaskpriWarning) -> None:
         warnings.warn(message, category, skip_file_prefixes=(_PACKAGE,))
         return
     level, frame = 2, sys._getframe(1)  # 2: warn's caller
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-        _PACKAGE
-    ):
+    while frame.f_back is not None and in_package(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

@@ -23,11 +23,11 @@ or with rounds of 16 local steps, keeping a third of the candidates::
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from collections.abc import Sequence
 
+from daskpri._warnings import in_package
 from daskpri.cli._arguments import _parser
 from daskpri.cli._paths import _PATH_ERRORS
 from daskpri.cli._prog import _PROG
@@ -84,9 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 def _raised_outside(error: BaseException) -> str:
     """Where ``error`` was raised, when not by daskpri's own checks: a hint to report it.
 
@@ -95,7 +92,7 @@ def _raised_outside(error: BaseException) -> str:
     a bug, and its line alone does not say where it came from.
     """
     frames = traceback.extract_tb(error.__traceback__)
-    if not frames or os.path.abspath(frames[-1].filename).startswith(_PACKAGE + os.sep):
+    if not frames or in_package(frames[-1].filename):
         return ""
     last = frames[-1]
     return (
