@@ -2,8 +2,10 @@
 # The CUDA path on a machine with a GPU, in one go (about 7 minutes on an
 # H100): the CUDA tests, then `daskpri bench` on a `dask scheduler` with two
 # `dask worker --resources GPU=1` processes on loopback (both on the machine's
-# one GPU). What comes back in $OUT: env.txt, pytest.log, and each benchmark's
-# log, results.json and results.md (11 files).
+# one GPU). What comes back in $OUT: device_run.tar.gz, which holds env.txt,
+# pytest.log, and each benchmark's log, results.json and results.md (11 files;
+# the device tool returns at most 8, so they travel as one, written on exit, a
+# run stopped at its limit included).
 #
 #   OUT=/some/dir bash benchmarks/device_run.sh
 #
@@ -12,16 +14,18 @@
 # OVERHEAD_BUDGET, SEEDS, OVERHEAD_SEEDS
 # and the *_LIMIT seconds (560 s in all) let a short rehearsal run on a CPU machine.
 set -u
-# the scheduler and workers started below stop with the script
-trap 'kill $(jobs -p) 2>/dev/null' EXIT
 OUT=${OUT:-/tmp/device_out}
+FILES=$(mktemp -d /tmp/device_files.XXXX)
+# the scheduler and workers started below stop with the script, and what it wrote
+# is packed into one file
+trap 'kill $(jobs -p) 2>/dev/null; tar czf "$OUT/device_run.tar.gz" -C "$FILES" .' EXIT
 BUDGET=${BUDGET:-6}
 SHORT_BUDGET=${SHORT_BUDGET:-1.5}
 SEEDS=${SEEDS:-5}
 TEST_LIMIT=${TEST_LIMIT:-80}
 CNN_LIMIT=${CNN_LIMIT:-210}
 SHORT_LIMIT=${SHORT_LIMIT:-160}
-OVERHEAD_LIMIT=${OVERHEAD_LIMIT:-90}
+OVERHEAD_LIMIT=${OVERHEAD_LIMIT:-110}
 OVERHEAD_BUDGET=${OVERHEAD_BUDGET:-4}
 OVERHEAD_SEEDS=${OVERHEAD_SEEDS:-3}
 PY=${PY:-python3}
@@ -41,15 +45,15 @@ export PYTHONUNBUFFERED=1
 {
   date -u; nvidia-smi -L 2>&1; nproc
   $PY -c "import torch, numpy, pandas, xarray, dask, distributed; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'numpy', numpy.__version__, 'pandas', pandas.__version__, 'xarray', xarray.__version__, 'dask', dask.__version__, 'distributed', distributed.__version__)"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+} > "$FILES/env.txt" 2>&1
+cat "$FILES/env.txt"
 
 echo "== tests"
 timeout "$TEST_LIMIT" $PY -m pytest -q -p no:cacheprovider --timeout 120 -rs \
   tests/test_cuda.py tests/test_evaluation.py tests/test_strategies_extra.py \
   -k "cuda or gpu or end_to_end or bfloat16 or eval" \
-  > "$OUT/pytest.log" 2>&1
-echo "pytest rc $?"; tail -n 15 "$OUT/pytest.log"
+  > "$FILES/pytest.log" 2>&1
+echo "pytest rc $?"; tail -n 15 "$FILES/pytest.log"
 
 echo "== cluster"
 PORT=8786
@@ -58,7 +62,7 @@ $PY -m distributed.cli.dask_scheduler --host 127.0.0.1 --port $PORT --dashboard-
 sleep 3
 for i in 1 2; do
   $PY -m distributed.cli.dask_worker tcp://127.0.0.1:$PORT --host 127.0.0.1 --nthreads 1 \
-    --resources GPU=1 --dashboard-address 127.0.0.1:0 > /tmp/worker$i.log 2>&1 &
+    --resources GPU=1 --death-timeout 60 --dashboard-address 127.0.0.1:0 > /tmp/worker$i.log 2>&1 &
 done
 sleep 8
 
@@ -69,12 +73,12 @@ bench() {  # NAME LIMIT WORKERS ARGS...
   local name=$1 limit=$2 workers=$3; shift 3
   echo "== bench $name"
   timeout "$limit" $PY -m daskpri bench --scheduler tcp://127.0.0.1:$PORT --workers $workers --no-ddp \
-    --no-progress --first-seed 10 --out $BENCH_ROOT/$name $RESUME "$@" > "$OUT/$name.log" 2>&1
-  echo "bench $name rc $?"; tail -n 30 "$OUT/$name.log"
+    --no-progress --first-seed 10 --out $BENCH_ROOT/$name $RESUME "$@" > "$FILES/$name.log" 2>&1
+  echo "bench $name rc $?"; tail -n 30 "$FILES/$name.log"
   # a benchmark stopped at its limit still gets its report, of the runs it made
   [ -f $BENCH_ROOT/$name/results.md ] || $PY -m daskpri bench --out $BENCH_ROOT/$name --report-only
   for f in results.json results.md; do
-    [ -f $BENCH_ROOT/$name/$f ] && cp $BENCH_ROOT/$name/$f "$OUT/${name}_$f"
+    [ -f $BENCH_ROOT/$name/$f ] && cp $BENCH_ROOT/$name/$f "$FILES/${name}_$f"
   done
 }
 # the MNIST-1D CNN as the thirtieth and thirty-first sessions ran it on an H200 and an H100
