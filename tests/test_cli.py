@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,36 @@ def test_own_local_cluster_starts_under_daskpri_settings_which_a_user_can_drop(
         with pytest.raises(ValueError, match="should be a mapping of Dask settings.*'fast'"):
             local_cluster(1)
 
+
+
+def test_more_local_workers_than_cores_warn_before_any_starts() -> None:
+    from daskpri.training.cluster import available_cores, local_cluster
+
+    cores = available_cores()
+    # the suite turns daskpri's warnings into errors: raised before any process starts
+    with pytest.raises(daskpri.DaskpriWarning,
+                       match=rf"^{cores + 1} local workers on {cores} cores: they share the cores"):
+        local_cluster(cores + 1)
+
+
+def test_train_shows_daskpri_warnings_as_one_line_of_its_own(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daskpri.training.cluster import available_cores
+
+    cores = available_cores()
+    argv = ["train", *SMALL, "--workers", str(cores + 1), "--max-steps", "1", "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", daskpri.DaskpriWarning)
+        assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"daskpri: warning: {cores + 1} local workers on {cores} cores: they share the cores, so "
+        f"they train no faster than {cores} would, and each process holds its own torch and "
+        "model; start fewer, or connect to a cluster with more machines"
+    )
+    # the formatting is main's alone: Python's own is back after it
+    assert warnings.showwarning is not daskpri.cli._show_warning
 
 
 @pytest.mark.parametrize("name", ["run.nc", "run.zarr"])

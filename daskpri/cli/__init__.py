@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
+from typing import Any, TextIO
 
-from daskpri._warnings import in_package
+from daskpri._warnings import DaskpriWarning, in_package
 from daskpri.cli._arguments import _parser
 from daskpri.cli._paths import _PATH_ERRORS
 from daskpri.cli._prog import _PROG
@@ -60,6 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ...
     """
     args = _parser().parse_args(argv)
+    with warnings.catch_warnings():  # restores showwarning for a caller's code after
+        warnings.showwarning = _show_warning
+        return _run(args)
+
+
+def _run(args: Any) -> int:
+    """Run the parsed command, an error as one line on stderr and its exit status."""
     if args.traceback:  # the errors below as Python shows them
         return int(args.run(args))
     try:
@@ -82,6 +91,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+_show_python_warning = warnings.showwarning
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Show daskpri's own warnings as one line of the command's, others as Python does.
+
+    A command's warning has no user's line to point at (the frame walk of
+    :func:`daskpri._warnings.warn` ends in ``runpy``), so its place is left out.
+    """
+    if issubclass(category, DaskpriWarning):
+        print(f"{_PROG}: warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        _show_python_warning(message, category, filename, lineno, file, line)
 
 
 def _raised_outside(error: BaseException) -> str:

@@ -15,6 +15,8 @@ from distributed import Client, LocalCluster
 from distributed.client import AllExit
 from distributed.security import Security
 
+from daskpri._warnings import warn
+
 
 def local_cluster(
     n_workers: int,
@@ -30,7 +32,16 @@ def local_cluster(
     settings of ``daskpri.local-cluster`` (:func:`cluster_config`). Its
     workers ignore Ctrl-C (:mod:`daskpri.training.worker_signals`): a
     terminal's reaches the driver, which ends the run and closes them.
+    More workers than this process's cores (:func:`available_cores`) start
+    with a :class:`~daskpri.DaskpriWarning`: they would only share them.
     """
+    cores = available_cores()
+    if n_workers > cores:
+        warn(
+            f"{n_workers} local workers on {cores} cores: they share the cores, so they "
+            f"train no faster than {cores} would, and each process holds its own torch and "
+            "model; start fewer, or connect to a cluster with more machines"
+        )
     tls: dict[str, Any] = {}
     if security not in (None, False):
         tls = {"security": security, "protocol": "tls://"}
@@ -47,6 +58,19 @@ def local_cluster(
             preload=["daskpri.training.worker_signals"],
             **tls,
         )
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells).
+
+    Examples
+    --------
+    >>> available_cores() >= 1
+    True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @contextlib.contextmanager
