@@ -75,8 +75,9 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
         If the path does not exist.
     ValueError
         If the file's format is not one of those above (a netCDF3 file where
-        scipy is not installed included), or the dataset's layout is not that
-        of a training dataset (see `validate_dataset`).
+        scipy is not installed included), a netCDF4 file keeps values in
+        other files (see `check_self_contained`), or the dataset's layout is
+        not that of a training dataset (see `validate_dataset`).
 
     Examples
     --------
@@ -123,6 +124,7 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
             f"{name}={path!r}, which is a directory"
         )
     if h5py.is_hdf5(path):
+        check_self_contained(path, name=name)
         return xr.open_dataset(path, engine="h5netcdf", chunks={})
     with open(path, "rb") as f:
         head = f.read(4)
@@ -141,6 +143,72 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
             "(Dataset.to_netcdf(path, engine='h5netcdf')) or as a zarr store"
         ) from None
     return xr.open_dataset(path, engine="scipy", chunks={})
+
+
+def check_self_contained(path: str, *, name: str = "data") -> None:
+    """Refuse the HDF5 (netCDF4) file at ``path`` if reading it would read other files.
+
+    HDF5 lets a dataset keep its values in raw files the file names
+    (external storage), a link point into another file (an external link),
+    and a dataset be assembled from datasets of other files (a virtual
+    dataset). None of these is netCDF, and a crafted file could use them to
+    make daskpri, on the driver or on a worker, read any file of the machine
+    and hand its bytes to training. Every link below the root is looked at,
+    from the file's metadata alone; no values are read.
+
+    Parameters
+    ----------
+    path : str
+        An HDF5 file.
+    name : str, default "data"
+        The parameter's name, used in error messages.
+
+    Raises
+    ------
+    ValueError
+        If a link is an external or user-defined one, or a dataset has
+        external storage or is virtual.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, xarray as xr
+    >>> ds = xr.Dataset({"x": (("sample", "feature"), np.zeros((4, 3), "float32")),
+    ...                  "y": ("sample", np.arange(4))})
+    >>> path = to_store(ds, os.path.join(tempfile.mkdtemp(), "train.nc"))
+    >>> check_self_contained(path)
+    """
+    with h5py.File(path, "r") as f:
+
+        def why_not(raw: bytes) -> str | None:
+            # H5Lvisit reaches groups through hard links only, each once, so
+            # neither a cycle nor a link into another file is followed here.
+            var = raw.decode("utf-8", "replace")
+            kind = f.id.links.get_info(raw).type
+            if kind == h5py.h5l.TYPE_SOFT:  # a path within this file, walked in its own place
+                return None
+            if kind == h5py.h5l.TYPE_EXTERNAL:
+                file, target = (b.decode("utf-8", "replace") for b in f.id.links.get_val(raw))
+                return f"variable {var!r} is an external link to {target!r} in {file!r}"
+            if kind != h5py.h5l.TYPE_HARD:
+                return f"entry {var!r} is a user-defined HDF5 link (link type {kind})"
+            obj = f[raw]
+            if not isinstance(obj, h5py.Dataset):
+                return None
+            if obj.external:
+                files = sorted({entry[0] for entry in obj.external})
+                return f"variable {var!r} keeps its values in external files {files}"
+            if obj.is_virtual:
+                files = sorted({source.file_name for source in obj.virtual_sources()})
+                return f"variable {var!r} is a virtual dataset mapped from the files {files}"
+            return None
+
+        problem = f.id.links.visit(why_not)
+    if problem is not None:
+        raise ValueError(
+            f"{name} should be a netCDF file that holds all its values itself, with no HDF5 "
+            f"external storage, external links or virtual datasets, but in {path!r} {problem} "
+            "(where you trust those files, copy the values into a new file with xarray)"
+        )
 
 
 #: OSErrors about a file itself (missing, forbidden, of the wrong kind): a

@@ -1,0 +1,140 @@
+"""Data files that point outside themselves."""
+
+from __future__ import annotations
+
+import re
+
+import dask.config
+import h5py
+import numpy as np
+import pytest
+
+from daskpri.data import open_dataset
+
+N = 6
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Every test caches into its own directory, never into ~/.cache."""
+    path = tmp_path_factory.mktemp("cache")
+    with dask.config.set({"daskpri.cache-dir": str(path)}):
+        yield path
+
+
+# --- HDF5 files whose values live in other files ------------------------------
+
+
+@pytest.fixture
+def secret(tmp_path):
+    """A file of the machine that a crafted data file should not reach: N x 3 float32."""
+    path = tmp_path / "secret.bin"
+    np.arange(N * 3, dtype="<f4").tofile(path)
+    return path
+
+
+@pytest.fixture
+def other(tmp_path):
+    """Another HDF5 file, with a dataset ``/x`` of the shape daskpri would read."""
+    path = tmp_path / "other.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.ones((N, 3), "f4"))
+    return path
+
+
+def write_netcdf(path, make_x=None, group=None):
+    """A netCDF4 file built with h5py as xarray writes one: dimension scales, x and y.
+
+    ``make_x(f)`` puts ``x`` in place (a plain dataset by default); ``group``
+    moves ``x``'s link into a subgroup of that name, for walks below the root.
+    """
+    with h5py.File(path, "w") as f:
+        for dim, size in (("sample", N), ("feature", 3)):
+            f.create_dataset(dim, data=np.arange(size))
+            f[dim].make_scale(dim)
+        y = f.create_dataset("y", data=np.arange(N) % 2)
+        y.dims[0].attach_scale(f["sample"])
+        where = f if group is None else f.create_group(group)
+        if make_x is None:
+            x = where.create_dataset("x", data=np.zeros((N, 3), "f4"))
+        else:
+            x = make_x(where)
+        if isinstance(x, h5py.Dataset):
+            x.dims[0].attach_scale(f["sample"])
+            x.dims[1].attach_scale(f["feature"])
+    return path
+
+
+def refusal(path, problem: str) -> str:
+    return re.escape(
+        "data should be a netCDF file that holds all its values itself, with no HDF5 external "
+        f"storage, external links or virtual datasets, but in {str(path)!r} {problem} "
+        "(where you trust those files, copy the values into a new file with xarray)"
+    )
+
+
+def test_a_netcdf_file_built_with_h5py_opens(tmp_path):
+    # the files below differ from this one only in where x's values live
+    ds = open_dataset(write_netcdf(tmp_path / "data.nc"))
+    assert ds["x"].dims == ("sample", "feature")
+    np.testing.assert_array_equal(ds["x"].values, np.zeros((N, 3), "f4"))
+
+
+def test_a_variable_in_external_raw_files_is_refused(tmp_path, secret):
+    def make_x(f):
+        return f.create_dataset("x", shape=(N, 3), dtype="<f4", external=[(str(secret), 0, N * 12)])
+
+    path = write_netcdf(tmp_path / "data.nc", make_x)
+    with pytest.raises(ValueError, match="^" + refusal(
+            path, f"variable 'x' keeps its values in external files {[str(secret)]}") + "$"):
+        open_dataset(path)
+
+
+def test_an_external_link_is_refused(tmp_path, other):
+    def make_x(f):
+        f["x"] = h5py.ExternalLink(str(other), "/x")
+
+    path = write_netcdf(tmp_path / "data.nc", make_x)
+    with pytest.raises(ValueError, match=refusal(
+            path, f"variable 'x' is an external link to '/x' in {str(other)!r}")):
+        open_dataset(path)
+
+
+def test_an_external_link_in_a_subgroup_is_refused(tmp_path, other):
+    def make_x(g):
+        g["x"] = h5py.ExternalLink(str(other), "/x")
+
+    path = write_netcdf(tmp_path / "data.nc", make_x, group="extra")
+    with pytest.raises(ValueError, match="variable 'extra/x' is an external link"):
+        open_dataset(path)
+
+
+def test_an_external_link_to_a_missing_file_is_refused(tmp_path):
+    def make_x(f):
+        f["x"] = h5py.ExternalLink(str(tmp_path / "gone.h5"), "/x")
+
+    path = write_netcdf(tmp_path / "data.nc", make_x)
+    with pytest.raises(ValueError, match="variable 'x' is an external link to '/x' in"):
+        open_dataset(path)
+
+
+def test_a_virtual_dataset_is_refused(tmp_path, other):
+    def make_x(f):
+        layout = h5py.VirtualLayout(shape=(N, 3), dtype="f4")
+        layout[:] = h5py.VirtualSource(str(other), "x", shape=(N, 3))
+        return f.create_virtual_dataset("x", layout)
+
+    path = write_netcdf(tmp_path / "data.nc", make_x)
+    with pytest.raises(ValueError, match=refusal(
+            path, f"variable 'x' is a virtual dataset mapped from the files {[str(other)]}")):
+        open_dataset(path)
+
+
+def test_a_soft_link_within_the_file_is_read(tmp_path):
+    def make_x(f):
+        f.create_dataset("values", data=np.full((N, 3), 2, "f4"))
+        f["x"] = h5py.SoftLink("/values")
+        return f["x"]
+
+    ds = open_dataset(write_netcdf(tmp_path / "data.nc", make_x))
+    np.testing.assert_array_equal(ds["x"].values, np.full((N, 3), 2, "f4"))
