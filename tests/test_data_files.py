@@ -1,15 +1,22 @@
-"""Data files that point outside themselves."""
+"""Data files that point outside themselves, and a damaged or unwritable dataset cache."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import textwrap
 
 import dask.config
 import h5py
 import numpy as np
 import pytest
+import xarray as xr
 
-from daskpri.data import open_dataset
+from daskpri import DaskpriWarning
+from daskpri.data import load, open_dataset
 
 N = 6
 
@@ -138,3 +145,98 @@ def test_a_soft_link_within_the_file_is_read(tmp_path):
 
     ds = open_dataset(write_netcdf(tmp_path / "data.nc", make_x))
     np.testing.assert_array_equal(ds["x"].values, np.full((N, 3), 2, "f4"))
+
+
+# --- the dataset cache ------------------------------------------------------
+
+
+def fresh() -> tuple[xr.Dataset, xr.Dataset]:
+    return load("mnist5k", n_samples=50, cache=False)
+
+
+def damage_garbage(path):
+    path.write_bytes(b"not a netCDF file at all\n" * 10)
+
+
+def damage_truncated(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def damage_empty(path):
+    path.write_bytes(b"")
+
+
+def damage_values(path):
+    # the file's structure intact, some of its values not: what a crash can
+    # leave where the data had not reached the disk
+    with h5py.File(path, "r+") as f:
+        f["x"][:10] = 0
+
+
+@pytest.mark.parametrize(
+    "damage", [damage_garbage, damage_truncated, damage_empty, damage_values],
+    ids=["garbage", "truncated", "empty", "values"],
+)
+def test_a_damaged_cache_is_rebuilt_with_a_warning(cache_dir, damage):
+    load("mnist5k", n_samples=50)
+    path = cache_dir / "mnist5k.nc"
+    damage(path)
+    with pytest.warns(DaskpriWarning, match=re.escape(
+            f"the dataset cache at {path} was damaged (") + r".+\) and was rebuilt$"):
+        train, test = load("mnist5k", n_samples=50)
+    expected = fresh()
+    xr.testing.assert_identical(train, expected[0])
+    xr.testing.assert_identical(test, expected[1])
+    again, _ = load("mnist5k", n_samples=50)  # the rebuilt cache is read without a warning
+    xr.testing.assert_identical(again, expected[0])
+
+
+def test_a_cache_without_a_checksum_is_rebuilt_silently(cache_dir):
+    path = cache_dir / "mnist5k.nc"
+    load("mnist5k", n_samples=50)
+    with h5py.File(path, "r+") as f:  # as an earlier daskpri wrote it
+        del f.attrs["daskpri_sha256"]
+    train, _ = load("mnist5k", n_samples=50)
+    xr.testing.assert_identical(train, fresh()[0])
+    with h5py.File(path, "r") as f:
+        assert "daskpri_sha256" in f.attrs
+
+
+def test_an_unwritable_cache_directory_loads_without_caching(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    where = blocker / "cache"  # cannot be made, even by root
+    with (
+        dask.config.set({"daskpri.cache-dir": str(where)}),
+        pytest.warns(DaskpriWarning, match=re.escape(
+            f"the dataset could not be cached at {where / 'mnist5k.nc'} (") + r".*Not a directory\)"
+            r", so it is made again at each load: set daskpri.cache-dir to a writable directory, "
+            r"or pass cache=False$"),
+    ):
+        train, _ = load("mnist5k", n_samples=50)
+    xr.testing.assert_identical(train, fresh()[0])
+    assert sorted(os.listdir(tmp_path)) == ["a-file"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_cache_write_killed_midway_leaves_no_file_under_the_cache_name(cache_dir):
+    # The child may write 100 kB per file: the cache (3.9 MB) passes it and the
+    # kernel kills the child with SIGXFSZ (which Python ignores unless told
+    # otherwise), midway through writing.
+    script = textwrap.dedent(f"""
+        import resource, signal
+        import dask.config
+        from daskpri.data import load
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+        with dask.config.set({{"daskpri.cache-dir": {str(cache_dir)!r}}}):
+            load("mnist5k", n_samples=50)
+    """)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGXFSZ, proc.stderr.decode()[-2000:]
+    assert not (cache_dir / "mnist5k.nc").exists()
+    assert [p.name for p in cache_dir.iterdir()] != []  # the temporary file it was writing
+    train, _ = load("mnist5k", n_samples=50)  # no warning: there is no damaged cache to find
+    xr.testing.assert_identical(train, fresh()[0])
+    assert (cache_dir / "mnist5k.nc").exists()

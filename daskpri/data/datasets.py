@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import importlib.resources
 import os
 import pickle
@@ -31,8 +32,9 @@ import numpy as np
 import xarray as xr
 
 from daskpri._config import cache_dir
+from daskpri._warnings import warn
 from daskpri.data import _readers
-from daskpri.data.io import check_values, to_store
+from daskpri.data.io import check_self_contained, check_values, to_store
 
 __all__ = ["DATASETS", "load"]
 
@@ -87,7 +89,9 @@ def load(
         seeded shuffle (for ``"mnist"`` and ``"cifar10"``, of each split in
         the standard split's proportion).
     cache : bool, default True
-        Whether to read and write the cache of generated or parsed data.
+        Whether to read and write the cache of generated or parsed data. A
+        damaged cache file is made again, with a warning; so is the data
+        where the cache cannot be written, with a warning, each load.
 
     Returns
     -------
@@ -375,16 +379,86 @@ def _dataset(
 
 
 def _cached(path: str, make: Callable[[], Arrays], *, cache: bool) -> Arrays:
-    """Arrays ``x`` and ``y`` from the netCDF cache at ``path``, else ``make()`` them."""
-    if cache and os.path.exists(path):
-        with xr.open_dataset(path, engine="h5netcdf") as ds:
-            ds.load()
-            return ds["x"].values, ds["y"].values
+    """Arrays ``x`` and ``y`` from the netCDF cache at ``path``, else ``make()`` them.
+
+    A cache that cannot be read back whole, or whose checksum does not match
+    its values (a file damaged on disk, one left by a crash before the data
+    reached the disk), is removed and made again, with a warning; one
+    without a checksum (an earlier daskpri's) is made again silently. A
+    cache that cannot be written (a read-only or full disk) leaves the data
+    loaded, uncached, with a warning. `to_store` writes the file under a
+    temporary name and renames it, so a write killed midway never leaves a
+    half file at ``path``.
+    """
+    if cache and os.path.isfile(path):
+        try:
+            arrays = _read_cache(path)
+        except FileNotFoundError:  # removed by another process since: made again below
+            arrays = None
+        except (OSError, ValueError, KeyError) as e:
+            arrays = None
+            with contextlib.suppress(OSError):  # a read-only cache: left, and replaced below
+                os.remove(path)
+            warn(f"the dataset cache at {path} was damaged ({_reason(e)}) and was rebuilt")
+        if arrays is not None:
+            return arrays
     x, y = make()
     if cache:
         dims = ("sample", *(f"dim_{i}" for i in range(1, x.ndim)))
-        to_store(xr.Dataset({"x": (dims, x), "y": ("sample", y)}), path)
+        ds = xr.Dataset({"x": (dims, x), "y": ("sample", y)}, attrs={_CHECKSUM: _checksum(x, y)})
+        try:
+            to_store(ds, path)
+        except (OSError, RuntimeError) as e:
+            # h5py reports a write that fails on closing the file (a full
+            # disk) as a RuntimeError raised while handling the OSError
+            if not isinstance(e, OSError) and not isinstance(e.__context__, OSError):
+                raise
+            warn(
+                f"the dataset could not be cached at {path} ({_reason(e)}), so it is made "
+                "again at each load: set daskpri.cache-dir to a writable directory, or pass "
+                "cache=False"
+            )
     return x, y
+
+
+#: The attribute of a cache file that holds the checksum of its values.
+_CHECKSUM = "daskpri_sha256"
+
+
+def _read_cache(path: str) -> Arrays | None:
+    """The arrays of the cache at ``path``, checked against the checksum written with them.
+
+    None where the file has no checksum, as an earlier daskpri wrote them.
+    """
+    # daskpri wrote it, but the directory is the user's to choose and may be
+    # shared: a file found there is opened with the care a user's file gets
+    check_self_contained(path, name="the dataset cache")
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        ds.load()
+        x, y = ds["x"].values, ds["y"].values
+        stored = ds.attrs.get(_CHECKSUM)
+    if stored is None:
+        return None
+    if stored != _checksum(x, y):
+        raise ValueError("its values do not match the checksum stored with them")
+    return x, y
+
+
+def _checksum(x: np.ndarray, y: np.ndarray) -> str:
+    digest = hashlib.sha256()
+    for a in (x, y):
+        digest.update(f"{a.dtype.str}{a.shape}".encode())
+        digest.update(np.ascontiguousarray(a).tobytes())
+    return digest.hexdigest()
+
+
+def _reason(error: BaseException) -> str:
+    """An error's message on one line, for a warning."""
+    if isinstance(error, OSError) and error.strerror:
+        text = error.strerror if error.filename is None else f"{error.filename}: {error.strerror}"
+    else:
+        text = str(error) or type(error).__name__
+    return text.splitlines()[0]  # HDF5's messages go on over several lines
 
 
 def _check_int(value: Any, what: str, *, low: int, high: int | None = None) -> int:
