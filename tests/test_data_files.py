@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import types
 
 import dask.config
 import h5py
@@ -216,6 +218,20 @@ def test_an_unwritable_cache_directory_loads_without_caching(tmp_path):
         train, _ = load("mnist5k", n_samples=50)
     xr.testing.assert_identical(train, fresh()[0])
     assert sorted(os.listdir(tmp_path)) == ["a-file"]
+
+
+def test_a_disk_without_room_for_the_cache_is_not_written_to(cache_dir, monkeypatch):
+    # A real full disk cannot be had in a test: its free space is what is faked.
+    # A write that ran out of room midway could crash the process (h5py/h5py#914).
+    full = types.SimpleNamespace(total=10**9, used=10**9 - 4096, free=4096)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: full)
+    with pytest.warns(DaskpriWarning, match=re.escape(
+            f"the dataset could not be cached at {cache_dir / 'mnist5k.nc'} (the disk has "
+            "0.0 MiB free and the cache needs about 4.8), so it is made again at each load")):
+        train, _ = load("mnist5k", n_samples=50)
+    monkeypatch.undo()
+    xr.testing.assert_identical(train, fresh()[0])
+    assert os.listdir(cache_dir) == []
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")

@@ -23,6 +23,7 @@ import importlib.resources
 import os
 import pickle
 import random
+import shutil
 import zlib
 from collections.abc import Callable, Iterator
 from operator import index
@@ -385,8 +386,9 @@ def _cached(path: str, make: Callable[[], Arrays], *, cache: bool) -> Arrays:
     its values (a file damaged on disk, one left by a crash before the data
     reached the disk), is removed and made again, with a warning; one
     without a checksum (an earlier daskpri's) is made again silently. A
-    cache that cannot be written (a read-only or full disk) leaves the data
-    loaded, uncached, with a warning. `to_store` writes the file under a
+    cache that cannot be written (a directory that cannot be made or written
+    to, a disk without the room) leaves the data loaded, uncached, with a
+    warning. `to_store` writes the file under a
     temporary name and renames it, so a write killed midway never leaves a
     half file at ``path``.
     """
@@ -406,19 +408,43 @@ def _cached(path: str, make: Callable[[], Arrays], *, cache: bool) -> Arrays:
     if cache:
         dims = ("sample", *(f"dim_{i}" for i in range(1, x.ndim)))
         ds = xr.Dataset({"x": (dims, x), "y": ("sample", y)}, attrs={_CHECKSUM: _checksum(x, y)})
+        # A write that runs out of disk midway can crash the process, not
+        # only fail (h5py/h5py#914: HDF5 cannot close such a file, and
+        # h5netcdf tries again when it is collected), so a disk that has
+        # not the room is not written to at all.
+        why_not = _no_room(path, x.nbytes + y.nbytes)
         try:
-            to_store(ds, path)
+            if why_not is None:
+                to_store(ds, path)
         except (OSError, RuntimeError) as e:
-            # h5py reports a write that fails on closing the file (a full
-            # disk) as a RuntimeError raised while handling the OSError
+            # h5py reports a write that fails on closing the file as a
+            # RuntimeError raised while handling the OSError
             if not isinstance(e, OSError) and not isinstance(e.__context__, OSError):
                 raise
+            why_not = _reason(e)
+        if why_not is not None:
             warn(
-                f"the dataset could not be cached at {path} ({_reason(e)}), so it is made "
+                f"the dataset could not be cached at {path} ({why_not}), so it is made "
                 "again at each load: set daskpri.cache-dir to a writable directory, or pass "
                 "cache=False"
             )
     return x, y
+
+
+def _no_room(path: str, size: int) -> str | None:
+    """Why a file of about ``size`` bytes will not fit at ``path``, or None if it should."""
+    where = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)  # the directory may not exist yet
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:  # unknown: the write finds out
+        return None
+    needed = size + 2**20  # HDF5's metadata, generously
+    if free >= needed:
+        return None
+    mib = 2**20
+    return f"the disk has {free / mib:.1f} MiB free and the cache needs about {needed / mib:.1f}"
 
 
 #: The attribute of a cache file that holds the checksum of its values.
