@@ -252,6 +252,25 @@ def test_history_that_is_not_a_history_is_refused(tmp_path: Path) -> None:
         load_history(42)  # type: ignore[arg-type]
 
 
+def test_history_reading_another_file_is_refused(tmp_path: Path) -> None:
+    import h5py
+
+    secret = tmp_path / "secret.nc"
+    to_store(xr.Dataset({"loss": ("step", [9.0, 9.0])}), secret)
+    path = to_store(hand_made([0.5, 0.6]), tmp_path / "h.nc")
+    load_history(path)  # as written, read
+    with h5py.File(path, "a") as f:  # a crafted history: one variable from another file
+        f["stolen"] = h5py.ExternalLink(str(secret), "/loss")
+    with pytest.raises(ValueError, match=re.escape(
+            f"history should be a netCDF file that holds all its values itself, with no HDF5 "
+            f"external storage, external links or virtual datasets, but in {str(path)!r} variable "
+            f"'stolen' is an external link to '/loss' in {str(secret)!r}")):
+        load_history(path)
+    with pytest.raises(ValueError, match="variable 'stolen' is an external link"):
+        write_report(path, tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_required_variables_are_those_the_recorder_writes() -> None:
     from daskpri.training.history import STEP_VARIABLES
 

@@ -37,7 +37,7 @@ import xarray as xr
 from daskpri.dashboard._plotting import BASELINE_COLOR, RUN_COLOR
 from daskpri.dashboard.measures import speedup_curve
 from daskpri.dashboard.snapshot import METRIC_COLUMNS, WORKER_COLUMNS
-from daskpri.data.io import format_of
+from daskpri.data.io import check_self_contained, format_of
 from daskpri.training.history import TIME_PARTS
 
 __all__ = ["REQUIRED_VARIABLES", "load_history", "write_report"]
@@ -230,6 +230,11 @@ def _read(path: str, *, name: str) -> xr.Dataset:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{name} names {path!r}, but there is no such file or directory")
     fmt = format_of(path, name=name)
+    if fmt != "zarr":
+        try:  # a crafted history could pull another file's bytes into the page
+            check_self_contained(path, name=name)
+        except OSError:  # not HDF5 at all: xarray's error below says so
+            pass
     try:
         if fmt == "zarr":
             with xr.open_zarr(path, consolidated=False) as ds:
