@@ -9,8 +9,10 @@ that asks for one partition reads only that partition's chunks.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
+import re
 import shutil
 import time
 import uuid
@@ -456,6 +458,12 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     ValueError
         If ``path`` has none of the suffixes above, or something that is not a
         store of that format is in its place.
+    OSError
+        If the disk cannot take the data (full, over quota, read-only,
+        failing): ``could not write 'PATH': No space left on device``, in one
+        line, with the error's ``errno`` (``errno.ENOSPC`` there). The
+        temporary sibling is removed and what was at ``path`` is left as it
+        was.
 
     Examples
     --------
@@ -498,13 +506,20 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
             if fmt == "zarr":
                 _to_zarr(out, tmp)
             else:
-                out.to_netcdf(tmp, engine="h5netcdf")
+                _to_netcdf(out, tmp)
         # again: something may have taken the path while the data was written
         _check_target(target, fmt, name="path")
         if fmt == "zarr":
             _replace_dir(tmp, target)
         else:
             os.replace(tmp, target)
+    except OSError as e:
+        _remove(tmp)
+        if e.errno not in _DISK_FULL:  # not the disk's (a lazy dataset's source, unread)
+            raise
+        # the writers' own words name the temporary file, and HDF5's run to
+        # several lines with the time and a buffer's address in them
+        raise write_error(e, f"could not write {os.fspath(path)!r}") from e
     except BaseException:
         _remove(tmp)
         raise
@@ -546,6 +561,61 @@ def _to_zarr(ds: xr.Dataset, path: str) -> None:
             "ignore", message="Consolidated metadata is currently not part", category=UserWarning
         )
         ds.to_zarr(path, mode="w", consolidated=True)
+
+
+#: The errors of a disk that takes no more: full, over quota, a file too large for
+#: it, read-only, failing
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+#: netCDF files up to this size are made in memory, then written (see `_to_netcdf`)
+_NETCDF_IN_MEMORY = 256 * 2**20
+#: room left for what HDF5 adds to a netCDF file's values (its metadata), for `_to_netcdf`
+_HDF5_OVERHEAD = 2**20
+#: xarray makes netCDF4 files in memory (with h5netcdf) from 2025.8 on
+_XARRAY_NETCDF4_BYTES = tuple(int(n) for n in re.findall(r"\d+", xr.__version__)[:2]) >= (2025, 8)
+
+
+def _to_netcdf(ds: xr.Dataset, path: str) -> None:
+    """Write ``ds`` as a netCDF4 file (h5netcdf) at ``path``.
+
+    HDF5 takes a full disk badly: where its metadata cannot be written as
+    the file closes, h5py raises "Can't close file", prints an "Exception
+    ignored" for each object it frees, and crashes the process (a
+    segmentation fault, then or at exit: h5py 3.16, a 67 KiB file on a
+    tmpfs with 4 to 64 KiB left, at each 4 KiB step). So the file is made
+    in memory and written with Python's own writes, whose full disk is an
+    ``OSError`` like any other.
+    A dataset larger than ``_NETCDF_IN_MEMORY`` (or an xarray older than
+    2025.8, which makes netCDF4 files in memory only with scipy) is written
+    by HDF5 itself, once the disk is seen to have room for its values: a
+    disk that another writer fills meanwhile can still crash it.
+    """
+    if _XARRAY_NETCDF4_BYTES and ds.nbytes <= _NETCDF_IN_MEMORY:
+        data = ds.to_netcdf(engine="h5netcdf")
+        with open(path, "wb") as f:
+            f.write(data)
+        return
+    need = ds.nbytes + _HDF5_OVERHEAD
+    if shutil.disk_usage(os.path.dirname(path)).free < need:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    ds.to_netcdf(path, engine="h5netcdf")
+
+
+def write_error(error: OSError, what: str) -> OSError:
+    """``error`` in one line that says what could not be written: ``"{what}: {reason}"``.
+
+    The reason is the error code's standard text where it has one
+    ("No space left on device"); the ``errno`` is kept, so the error is of
+    the same class (a ``PermissionError`` stays one).
+
+    Examples
+    --------
+    >>> e = OSError(28, "Can't synchronously write data (file write failed: ...)")
+    >>> write_error(e, "could not write 'run.nc'")
+    OSError(28, "could not write 'run.nc': No space left on device")
+    """
+    if error.errno is None:
+        return OSError(f"{what}: {(str(error) or type(error).__name__).splitlines()[0]}")
+    return OSError(error.errno, f"{what}: {os.strerror(error.errno)}")
 
 
 def format_of(path: str | os.PathLike[str], *, name: str = "path") -> str:
