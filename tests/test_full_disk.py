@@ -1,4 +1,4 @@
-"""A disk that fills as daskpri writes: one line, nothing half-written.
+"""A disk that fills as daskpri writes: one line, nothing half-written, the history kept.
 
 On a real filesystem that fills: a 200 KiB tmpfs mounted for each test (Linux,
 as root; skipped where it cannot be mounted).
@@ -20,8 +20,10 @@ import pytest
 import xarray as xr
 from test_history import _record
 
+from daskpri.cli import main
 from daskpri.data import io
 from daskpri.data.io import to_store
+from daskpri.training import checkpoint
 from daskpri.training.history import HistoryRecorder
 
 NO_SPACE = os.strerror(errno.ENOSPC)
@@ -132,3 +134,31 @@ def test_a_netcdf_file_too_large_to_make_in_memory_is_refused_before_it_is_writt
     monkeypatch.setattr(io, "_HDF5_OVERHEAD", 0)
     with xr.open_dataset(to_store(small, path), engine="h5netcdf") as back:
         assert back["loss"].values.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_checkpoint_the_disk_cannot_take_ends_the_run_with_its_history_written(
+    disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, out = disk / "run.ckpt", tmp_path / "run.nc"
+    argv = ["train", "--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "20",
+            "--workers", "1", "--no-progress", "--checkpoint", str(ckpt),
+            "--checkpoint-every", "5", "--output", str(out)]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"daskpri: error: could not write the checkpoint {str(ckpt)!r}: {NO_SPACE}\n")
+    said = re.search(rf"^stopped by an error at step (\d+): the history so far written to "
+                     rf"{re.escape(str(out))}$", captured.out, re.M)
+    assert said is not None, captured.out
+    step = int(said.group(1))
+    with xr.open_dataset(out, engine="h5netcdf") as history:
+        assert history.sizes["step"] == step > 0
+        assert history.attrs["dataset"] == "synthetic"
+    # what the disk took before is the last checkpoint, whole; no temporary is left
+    if os.listdir(disk):
+        assert os.listdir(disk) == [ckpt.name]
+        kept = checkpoint.read(ckpt)["step"]
+        assert 0 < kept < step
+        assert f"the checkpoint in {ckpt} is of step {kept}" in captured.out
+    else:
+        assert f"no checkpoint written to {ckpt}" in captured.out

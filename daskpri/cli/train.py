@@ -91,13 +91,18 @@ def _train(args: argparse.Namespace) -> int:
                     train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
                     target_accuracy=args.target_accuracy, progress=not args.no_progress,
                 )
-        except (KeyboardInterrupt, SchedulerLostError) as e:
-            interrupted = isinstance(e, KeyboardInterrupt)
+        except (KeyboardInterrupt, SchedulerLostError, OSError) as e:
+            # an OSError after the first step is the machine's (a checkpoint the disk
+            # cannot take); before it, a path found bad, which leaves nothing to keep
+            if isinstance(e, OSError) and not trainer.step_:
+                raise
+            lost = isinstance(e, SchedulerLostError)
+            why = ("interrupted" if isinstance(e, KeyboardInterrupt)
+                   else "the scheduler lost" if lost else "stopped by an error")
             if args.output is not None:  # the history so far is the driver's: kept
-                _write_interrupted(trainer, args.output, args.dataset, model_name,
-                                   "interrupted" if interrupted else "the scheduler lost")
+                _write_interrupted(trainer, args.output, args.dataset, model_name, why)
             path = trainer.checkpoint_path  # --checkpoint's, or a resumed run's own
-            if path is not None and interrupted:  # a lost scheduler's error names it
+            if path is not None and not lost:  # a lost scheduler's error names it
                 step = trainer.checkpointed_step_
                 print(f"no checkpoint written to {path}" if step is None else
                       f"the checkpoint in {path} is of step {step}", flush=True)
@@ -295,6 +300,8 @@ def _write_interrupted(
     try:
         to_store(history, path)
     except Exception as e:  # the interrupt goes on; its history is what is lost
-        print(f"{_PROG}: could not write the history to {path}: {e}", file=sys.stderr)
+        # to_store's OSError names the path already ("could not write 'PATH': ...")
+        reason = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else e
+        print(f"{_PROG}: could not write the history to {path}: {reason}", file=sys.stderr)
         return
     print(f"{why} at step {trainer.step_}: the history so far written to {path}", flush=True)

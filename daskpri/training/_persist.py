@@ -62,6 +62,12 @@ class PersistMixin(StepMixin):
         RuntimeError
             Before the first :meth:`fit`, or while a fit runs in another
             thread (:meth:`fit_in_background`).
+        OSError
+            If the file cannot be written (a full disk): ``could not write
+            the checkpoint 'PATH': No space left on device``, in one line.
+            The file at ``path``, if any, is left as it was. A fit that
+            checkpoints as it runs raises it, its history kept in
+            :attr:`history_`.
 
         Examples
         --------
@@ -143,7 +149,9 @@ class PersistMixin(StepMixin):
         """The metrics of every step so far, as an ``xarray.Dataset``.
 
         Built anew at each access (see the class's ``Attributes``); its
-        ``attrs`` hold the run's settings.
+        ``attrs`` hold the run's settings. A fit that raised (a checkpoint
+        the disk could not take, a lost scheduler) leaves in it the steps it
+        took: write it with :func:`daskpri.data.to_store` to keep them.
 
         Examples
         --------

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskpri.data.io import remove_stale
+from daskpri.data.io import remove_stale, write_error
 
 #: torch's writer, by a name of this module's (a test makes it fail as on a full disk)
 _save = torch.save
@@ -112,14 +112,22 @@ def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
             try:
                 _save(dict(state, format=FORMAT), f)
             except RuntimeError as e:
+                # torch's writer, on a file that takes no more (a full disk), says
+                # 'failed writing', or lets the file's OSError through, which the
+                # end of its archive, written on the way out, hides behind
+                # 'unexpected pos 31232 vs 31168' (torch 2.13, a full tmpfs)
+                if isinstance(e.__context__, OSError):
+                    raise OSError(e.__context__.errno, e.__context__.strerror) from e
                 if "failed writing" not in str(e):  # not the file's: let it be
                     raise
-                # torch's writer says so when the file takes no more (a full disk)
-                raise OSError(f"could not write the checkpoint {path!r}: "
-                              f"{str(e).splitlines()[0]}") from e
+                raise OSError(str(e).splitlines()[0]) from e
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # in a line, naming the checkpoint rather than its temporary
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise write_error(e, f"could not write the checkpoint {path!r}") from e
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
