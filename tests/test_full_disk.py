@@ -21,7 +21,7 @@ import xarray as xr
 from test_history import _record
 
 from daskpri.cli import main
-from daskpri.data import io
+from daskpri.data import store
 from daskpri.data.io import to_store
 from daskpri.training import checkpoint
 from daskpri.training.history import HistoryRecorder
@@ -125,13 +125,13 @@ def test_a_netcdf_file_too_large_to_make_in_memory_is_refused_before_it_is_writt
     disk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # written by HDF5 itself then, it is not begun on a disk that lacks room for its values
-    monkeypatch.setattr(io, "_NETCDF_IN_MEMORY", 0)
+    monkeypatch.setattr(store, "_NETCDF_IN_MEMORY", 0)
     path = disk / "run.nc"
     with pytest.raises(OSError, match=re.escape(f"could not write {str(path)!r}: {NO_SPACE}")):
         to_store(_history(2000), path)
     assert os.listdir(disk) == []
     small = xr.Dataset({"loss": ("step", np.arange(3.0))})
-    monkeypatch.setattr(io, "_HDF5_OVERHEAD", 0)
+    monkeypatch.setattr(store, "_HDF5_OVERHEAD", 0)
     with xr.open_dataset(to_store(small, path), engine="h5netcdf") as back:
         assert back["loss"].values.tolist() == [0.0, 1.0, 2.0]
 

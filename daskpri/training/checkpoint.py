@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskpri.data.io import remove_stale, write_error
+from daskpri.data.store import remove_stale, write_error
 
 #: torch's writer, by a name of this module's (a test makes it fail as on a full disk)
 _save = torch.save

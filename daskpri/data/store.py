@@ -1,0 +1,295 @@
+"""Write a dataset to a zarr store or a netCDF file: atomically, and a full disk in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+
+import dask.config
+import xarray as xr
+
+from daskpri.data._formats import _is_zarr_store, format_of
+
+__all__ = ["check_destination", "remove_stale", "to_store", "write_error"]
+
+
+def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
+    """Write ``ds`` to a zarr store or a netCDF file, atomically.
+
+    The data is written to a temporary sibling of ``path`` first and then
+    renamed into place, so readers see either the old store or the complete
+    new one, never a half-written file.
+
+    Only what ``to_store`` could have written is replaced: at a zarr path, an
+    existing zarr store (a directory with ``zarr.json``, ``.zgroup``,
+    ``.zattrs`` or ``.zarray`` at its top) or an empty directory; at a netCDF
+    path, an existing file. Anything else there (a directory of other files,
+    a file where a zarr store would go, a directory where a netCDF file would
+    go) is left as it is and refused before anything is written.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        What to write. Its chunks, where it has dask chunks, become the zarr
+        store's chunks.
+    path : str or os.PathLike
+        A path ending in ``.zarr`` or an existing directory (zarr), or a path
+        ending in ``.nc``, ``.nc4``, ``.netcdf`` or ``.h5`` (netCDF, h5netcdf).
+
+    Returns
+    -------
+    str
+        ``path``.
+
+    Raises
+    ------
+    TypeError
+        If ``ds`` is not a Dataset.
+    ValueError
+        If ``path`` has none of the suffixes above, or something that is not a
+        store of that format is in its place.
+    OSError
+        If the disk cannot take the data (full, over quota, read-only,
+        failing): ``could not write 'PATH': No space left on device``, in one
+        line, with the error's ``errno`` (``errno.ENOSPC`` there). The
+        temporary sibling is removed and what was at ``path`` is left as it
+        was.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, xarray as xr
+    >>> from daskpri.data.io import open_dataset
+    >>> ds = xr.Dataset({"x": (("sample", "feature"), np.zeros((4, 3), "float32")),
+    ...                  "y": ("sample", np.arange(4))})
+    >>> root = tempfile.mkdtemp()
+    >>> path = to_store(ds, os.path.join(root, "train.zarr"))
+    >>> open_dataset(path).sizes["sample"]
+    4
+
+    A directory that holds something else is not replaced:
+
+    >>> os.mkdir(os.path.join(root, "notes"))
+    >>> with open(os.path.join(root, "notes", "todo.txt"), "w") as f:
+    ...     _ = f.write("keep me")
+    >>> to_store(ds, os.path.join(root, "notes"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: path should be a new path, an empty directory or a zarr store to replace, ...
+    """
+    if not isinstance(ds, xr.Dataset):
+        raise TypeError(f"ds should be an xarray.Dataset, but got {type(ds).__name__}")
+    target = os.path.abspath(os.fspath(path))
+    fmt = check_destination(target, name="path")
+    parent, base = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
+    out = ds.copy()
+    # Encodings carried over from another format (zarr compressors, netCDF
+    # chunksizes) do not apply to the new one; let the writer choose.
+    for var in out.variables.values():
+        var.encoding = {}
+    try:
+        # written by this process: with a Client as Dask's default scheduler,
+        # xarray would take a lock of the cluster's for each variable (a round trip
+        # to the scheduler), and fail where the scheduler is gone, as the
+        # history of a run that lost it is written
+        with dask.config.set(scheduler="synchronous"):
+            if fmt == "zarr":
+                _to_zarr(out, tmp)
+            else:
+                _to_netcdf(out, tmp)
+        # again: something may have taken the path while the data was written
+        _check_target(target, fmt, name="path")
+        if fmt == "zarr":
+            _replace_dir(tmp, target)
+        else:
+            os.replace(tmp, target)
+    except OSError as e:
+        _remove(tmp)
+        if e.errno not in _DISK_FULL:  # not the disk's (a lazy dataset's source, unread)
+            raise
+        # the writers' own words name the temporary file, and HDF5's run to
+        # several lines with the time and a buffer's address in them
+        raise write_error(e, f"could not write {os.fspath(path)!r}") from e
+    except BaseException:
+        _remove(tmp)
+        raise
+    remove_stale(parent, lambda name: name.startswith((f".{base}.tmp-", f".{base}.old-")))
+    return os.fspath(path)
+
+
+def remove_stale(directory: str, ours: Callable[[str], bool], age: float = 60.0) -> None:
+    """Remove the temporary files (or stores) in ``directory`` left by writes killed midway.
+
+    A write killed (``kill -9``, a power cut) leaves its temporary sibling,
+    as large as what it wrote, which no later write reuses. Those whose
+    names ``ours`` recognises and which are older than ``age`` seconds go
+    once a write has succeeded; a younger one may be another writer's.
+    """
+    now = time.time()
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not ours(entry.name):
+                continue
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+                if now - entry.stat(follow_symlinks=False).st_mtime > age:
+                    _remove(entry.path)
+
+
+def _to_zarr(ds: xr.Dataset, path: str) -> None:
+    """Write ``ds`` as a zarr store with consolidated metadata.
+
+    Consolidated, so that ``xarray.open_zarr(path)`` with its defaults reads
+    it without warning that it fell back to reading each array's metadata.
+    zarr 3 warns at writing them in format 3, where they are its extension to
+    the specification (xarray and zarr-python read them; a reader that does
+    not ignores them): that warning, and only it, is left out here.
+    """
+    # zarr warns from its own thread: this relies on warning filters being
+    # process-wide, as they are unless Python runs with context-aware warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Consolidated metadata is currently not part", category=UserWarning
+        )
+        ds.to_zarr(path, mode="w", consolidated=True)
+
+
+#: The errors of a disk that takes no more: full, over quota, a file too large for
+#: it, read-only, failing
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+#: netCDF files up to this size are made in memory, then written (see `_to_netcdf`)
+_NETCDF_IN_MEMORY = 256 * 2**20
+#: room left for what HDF5 adds to a netCDF file's values (its metadata), for `_to_netcdf`
+_HDF5_OVERHEAD = 2**20
+#: xarray makes netCDF4 files in memory (with h5netcdf) from 2025.8 on
+_XARRAY_NETCDF4_BYTES = tuple(int(n) for n in re.findall(r"\d+", xr.__version__)[:2]) >= (2025, 8)
+
+
+def _to_netcdf(ds: xr.Dataset, path: str) -> None:
+    """Write ``ds`` as a netCDF4 file (h5netcdf) at ``path``.
+
+    HDF5 takes a full disk badly: where its metadata cannot be written as
+    the file closes, h5py raises "Can't close file", prints an "Exception
+    ignored" for each object it frees, and crashes the process (a
+    segmentation fault, then or at exit: h5py 3.16, a 67 KiB file on a
+    tmpfs with 4 to 64 KiB left, at each 4 KiB step). So the file is made
+    in memory and written with Python's own writes, whose full disk is an
+    ``OSError`` like any other.
+    A dataset larger than ``_NETCDF_IN_MEMORY`` (or an xarray older than
+    2025.8, which makes netCDF4 files in memory only with scipy) is written
+    by HDF5 itself, once the disk is seen to have room for its values: a
+    disk that another writer fills meanwhile can still crash it.
+    """
+    if _XARRAY_NETCDF4_BYTES and ds.nbytes <= _NETCDF_IN_MEMORY:
+        data = ds.to_netcdf(engine="h5netcdf")
+        with open(path, "wb") as f:
+            f.write(data)
+        return
+    need = ds.nbytes + _HDF5_OVERHEAD
+    if shutil.disk_usage(os.path.dirname(path)).free < need:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    ds.to_netcdf(path, engine="h5netcdf")
+
+
+def write_error(error: OSError, what: str) -> OSError:
+    """``error`` in one line that says what could not be written: ``"{what}: {reason}"``.
+
+    The reason is the error code's standard text where it has one
+    ("No space left on device"); the ``errno`` is kept, so the error is of
+    the same class (a ``PermissionError`` stays one).
+
+    Examples
+    --------
+    >>> e = OSError(28, "Can't synchronously write data (file write failed: ...)")
+    >>> write_error(e, "could not write 'run.nc'")
+    OSError(28, "could not write 'run.nc': No space left on device")
+    """
+    if error.errno is None:
+        return OSError(f"{what}: {(str(error) or type(error).__name__).splitlines()[0]}")
+    return OSError(error.errno, f"{what}: {os.strerror(error.errno)}")
+
+
+def check_destination(path: str | os.PathLike[str], *, name: str = "path") -> str:
+    """The format :func:`to_store` would write ``path`` in, once sure it may write there.
+
+    For a caller that checks where its results go before the work that
+    makes them (``daskpri train --output``): the suffix should name a
+    format, and what is at ``path`` should be something ``to_store``
+    replaces (see there). ``name`` names the parameter in errors.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> check_destination(os.path.join(tempfile.mkdtemp(), "run.zarr"))
+    'zarr'
+    """
+    target = os.path.abspath(os.fspath(path))
+    fmt = format_of(target, name=name)
+    _check_target(target, fmt, name=name)
+    return fmt
+
+
+def _check_target(target: str, fmt: str, *, name: str) -> None:
+    """Refuse ``target`` unless a ``fmt`` store written there loses nothing.
+
+    ``fmt`` is ``"zarr"`` or ``"netcdf"`` (see `format_of`). `to_store`
+    calls it before it writes anything; a caller that writes only at the end
+    of a long computation can call it first too, so that a bad path fails
+    before the work rather than after it.
+    """
+    if fmt == "zarr":
+        if os.path.isdir(target):
+            if os.listdir(target) and not _is_zarr_store(target):
+                raise ValueError(
+                    f"{name} should be a new path, an empty directory or a zarr store to "
+                    f"replace, but got {name}={target!r}, a directory that holds other files "
+                    "(no zarr.json, .zgroup, .zattrs or .zarray at its top); "
+                    "choose another path or move its contents away"
+                )
+        elif os.path.lexists(target):
+            raise ValueError(
+                f"{name} should be a new path, an empty directory or a zarr store to replace, "
+                f"but got {name}={target!r}, which is a file; choose another path or move the "
+                "file away"
+            )
+    elif os.path.isdir(target):
+        raise ValueError(
+            f"{name} should be a new path or a netCDF file to replace, but got "
+            f"{name}={target!r}, which is a directory; choose another path or move the "
+            "directory away"
+        )
+
+
+def _replace_dir(tmp: str, target: str) -> None:
+    """Rename ``tmp`` to ``target``, moving an existing ``target`` aside first.
+
+    ``os.replace`` cannot put a directory over a non-empty one, so the old
+    store is renamed to a backup, the new one moved in, and the backup deleted
+    only once the new one is in place (or moved back if that fails).
+    """
+    if not os.path.lexists(target):
+        os.replace(tmp, target)
+        return
+    parent, base = os.path.split(target)
+    backup = os.path.join(parent, f".{base}.old-{uuid.uuid4().hex}")
+    os.replace(target, backup)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        os.replace(backup, target)
+        raise
+    _remove(backup)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
