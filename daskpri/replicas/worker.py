@@ -133,7 +133,9 @@ class ReplicaPlugin(WorkerPlugin):
         worker.handlers["daskpri_train"] = _train_handler(worker)
 
     def teardown(self, worker: Any) -> None:
-        self.partitions.clear()
+        # a setup that failed (a device the worker lacks) may not have made them
+        if hasattr(self, "partitions"):
+            self.partitions.clear()
         self.stacked = None
 
     def partition(self, pid: int, ref: PartitionRef | str) -> tuple[torch.Tensor, torch.Tensor]:

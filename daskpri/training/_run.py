@@ -17,7 +17,7 @@ as they are at each step, and update its counters (``step_``, the history).
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
 import time
 import weakref
@@ -172,7 +172,14 @@ class RunMixin:
         self._plugin = ReplicaPlugin(
             self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
         )
-        client.register_plugin(self._plugin)
+        try:
+            client.register_plugin(self._plugin)
+        except Exception:
+            # its setup failed on a worker (a device the worker lacks): the scheduler
+            # keeps the plugin all the same, and would set it up on each worker that joins
+            with contextlib.suppress(Exception):
+                self._unregister_replicas()
+            raise
         RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)
         self._deployment = Deployment(
@@ -323,8 +330,7 @@ class RunMixin:
             # partitions (GPU memory among them) on the workers
             for what, release in (
                 ("the table", self._table.close),
-                ("the replicas",
-                 functools.partial(self._client.unregister_worker_plugin, self._plugin.name)),
+                ("the replicas", self._unregister_replicas),
             ):
                 try:
                     release()
@@ -334,6 +340,18 @@ class RunMixin:
         self._table = None
         if self._deployment is not None:
             self._deployment.release()  # the layout stays, for the history's n_workers
+
+    def _unregister_replicas(self) -> None:
+        """Drop the run's replicas from the workers, waiting at most the scheduler timeout.
+
+        The scheduler answers once every worker has: a worker that never
+        does (one stuck in a step, for which a second Ctrl-C stops the run
+        at once) would hold the close, and the interrupt, forever.
+        """
+        assert self._client is not None
+        client = self._client
+        client.sync(client.scheduler.unregister_worker_plugin, name=self._plugin.name,
+                    callback_timeout=_config.get_seconds("trainer.scheduler-timeout"))
 
     def _restore(self, state: dict[str, Any], owner: np.ndarray) -> None:
         assert self._opt is not None

@@ -15,6 +15,7 @@ from distributed import Client, LocalCluster
 from distributed.client import AllExit
 from distributed.security import Security
 
+from daskpri import _config
 from daskpri._warnings import warn
 
 
@@ -151,10 +152,15 @@ def stop_heartbeats(client: Client) -> None:
     run with a worker's traceback. Stopping the periodic heartbeat leaves one
     already sent, so the workers also stop logging that one message (and
     only it) from then on: call this only for a cluster about to close.
-    Best effort: a cluster already gone is closed as it is.
+    Best effort: a cluster already gone is closed as it is, and a worker
+    that does not answer within ``daskpri.trainer.scheduler-timeout`` (one
+    stuck in a step, for which a second Ctrl-C stops the run) is not waited
+    for longer.
     """
     with contextlib.suppress(Exception):
-        client.run(_stop_heartbeat)
+        # Client.run hands callback_timeout on to Client.sync, as it does asynchronous
+        client.run(_stop_heartbeat,
+                   callback_timeout=_config.get_seconds("trainer.scheduler-timeout"))
 
 
 def cluster_config() -> dict[str, Any]:

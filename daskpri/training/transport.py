@@ -83,20 +83,28 @@ def run_direct(
             await asyncio.sleep(0)  # the calls start (and send) first
             then()
         deadline = time.monotonic() + timeout
-        while True:
-            wait = max(0.0, min(WATCH_INTERVAL, deadline - time.monotonic()))
-            done, pending = await asyncio.wait(
-                tasks, timeout=wait, return_when=asyncio.FIRST_EXCEPTION
-            )
-            failed = any(t.exception() is not None for t in done)
-            if not pending or failed or time.monotonic() >= deadline:
-                break
-            listed = await listed_workers(client)
-            gone = [a for a in outstanding(tasks, done) if a not in listed]
-            if gone:
-                for task in pending:
-                    task.cancel()
-                raise WorkersGone(gone)
+        try:
+            while True:
+                wait = max(0.0, min(WATCH_INTERVAL, deadline - time.monotonic()))
+                done, pending = await asyncio.wait(
+                    tasks, timeout=wait, return_when=asyncio.FIRST_EXCEPTION
+                )
+                failed = any(t.exception() is not None for t in done)
+                if not pending or failed or time.monotonic() >= deadline:
+                    break
+                listed = await listed_workers(client)
+                gone = [a for a in outstanding(tasks, done) if a not in listed]
+                if gone:
+                    for task in pending:
+                        task.cancel()
+                    raise WorkersGone(gone)
+        except asyncio.CancelledError:
+            # the caller gave up (a second Ctrl-C in client.sync): the calls go with
+            # it, rather than fail unretrieved when the client's connections close,
+            # which asyncio would report with a traceback after the interrupt's line
+            for task in tasks:
+                task.cancel()
+            raise
         for task in pending:
             task.cancel()
         for task in tasks:
