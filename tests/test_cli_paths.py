@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import html
 import json
@@ -208,6 +209,57 @@ def test_dashboard_listens_on_the_address_asked_for_and_on_loopback_by_default()
                 assert not _answers(other, port)  # bound to that address alone
         finally:
             _stop([proc for proc, _ in started])
+
+
+def test_dashboard_open_to_the_network_takes_the_websocket_of_a_page_opened_by_name() -> None:
+    """A browser elsewhere opens the page by this machine's name: its websocket is taken."""
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    from daskpri.dashboard.remote import make_server
+
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        # no scheduler needed: the page says it has none
+        box["server"] = server = make_server("tcp://127.0.0.1:1", address="0.0.0.0", port=0)
+        server.start()
+        ready.set()
+        server.io_loop.start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    server = box["server"]
+    url = f"http://127.0.0.1:{server.port}/daskpri"
+
+    async def websocket(origin: str) -> int:
+        """The status of the websocket handshake of a page from ``origin``, as a browser's."""
+        with urllib.request.urlopen(url, timeout=30) as r:  # a session, and its token
+            token = re.search(r'"token":\s*"([^"]+)"', r.read().decode())
+        assert token is not None
+        request = HTTPRequest(url.replace("http", "ws") + "/ws", headers={"Origin": origin})
+        try:
+            conn = await websocket_connect(request, subprotocols=["bokeh", token.group(1)])
+        except HTTPClientError as e:
+            return e.code
+        conn.close()
+        return 101
+
+    try:
+        for host in (socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1"):
+            assert asyncio.run(websocket(f"http://{host}:{server.port}")) == 101, host
+        # a page of another site is still refused
+        assert asyncio.run(websocket("http://example.com")) == 403
+    finally:
+        def stop() -> None:
+            server.stop()
+            server.io_loop.stop()
+
+        server.io_loop.add_callback(stop)
+        thread.join(10)
 
 
 # -- bench --pick final ------------------------------------------------------------------

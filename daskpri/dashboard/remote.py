@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -144,9 +145,28 @@ def make_server(
     address = _config.get("dashboard.address", address)
     if port == 0:  # the websocket origins below need the port before Bokeh binds it
         port = open_port(address)
-    kwargs.setdefault("allow_websocket_origin", [f"{address}:{port}", f"localhost:{port}"])
+    kwargs.setdefault("allow_websocket_origin", _origins(address, port))
     app = Application(FunctionHandler(partial(remote_doc, scheduler_address)))
     return Server({ROUTE: app}, address=address, port=port, **kwargs)
+
+
+def _origins(address: str, port: int) -> list[str]:
+    """The pages' origins whose websocket the server takes: the names it is reached by.
+
+    Bokeh refuses a websocket from any other origin: the page would load,
+    then stay empty. Listening on every interface (``0.0.0.0``, ``::``), the
+    server is reached by this machine's names and the IPv4 addresses its
+    name resolves to too.
+    """
+    hosts = {address, "localhost"}
+    if address in ("0.0.0.0", "::", ""):
+        hosts |= {"127.0.0.1", socket.gethostname(), socket.getfqdn()}
+        try:
+            found = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+        except OSError:  # a name that does not resolve: reached by the others
+            found = []
+        hosts |= {str(info[4][0]) for info in found}
+    return sorted(f"{host}:{port}" for host in hosts if host)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
