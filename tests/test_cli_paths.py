@@ -352,8 +352,9 @@ def test_a_second_ctrl_c_stops_a_run_whose_step_does_not_end(tmp_path: Path) -> 
     argv = [sys.executable, "-c", _FOREGROUND, "train", "--workers", "1", "--dataset",
             "synthetic", "--n-samples", "2000", "--max-time", "60", "--output", str(out),
             "--checkpoint", str(ckpt), "--checkpoint-every", "5"]
-    # a stuck worker answers nothing: closing the run waits that long for it
-    env = {**os.environ, "DASK_DASKPRI__TRAINER__SCHEDULER_TIMEOUT": "1s"}
+    # a stuck worker answers nothing: a close after the second Ctrl-C does not wait the
+    # scheduler timeout for it (here longer than the wait below)
+    env = {**os.environ, "DASK_DASKPRI__TRAINER__SCHEDULER_TIMEOUT": "300s"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     said, err = _Pipe(proc.stdout), _Pipe(proc.stderr)
     worker = None

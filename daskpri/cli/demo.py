@@ -12,7 +12,7 @@ from distributed import Client
 import daskpri
 from daskpri import _config
 from daskpri.cli._argtypes import _strategy_options
-from daskpri.cli._interrupt import _interruptible
+from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
 from daskpri.cli._summary import _dashboard, _summary
 from daskpri.strategies import check_strategy_options, get_strategy
 from daskpri.training._checks import check_eval_every, check_float, check_int
@@ -49,12 +49,19 @@ def _demo(args: argparse.Namespace) -> int:
                 for strategy in (_DEMO_STRATEGY, "uniform"):
                     # The same initial weights for both runs: only the sampling differs.
                     model = daskpri.models.build_model(args.model, train, seed=args.seed)
-                    with daskpri.Trainer(model, strategy=strategy, client=client,
-                                         seed=args.seed, local_steps=args.local_steps,
-                                         **(options if strategy == _DEMO_STRATEGY else {}),
-                                         ) as trainer, _interruptible(trainer):
-                        histories[strategy] = trainer.fit(train, eval_data=test,
-                                                          max_time=args.max_time)
+                    trainer = daskpri.Trainer(model, strategy=strategy, client=client,
+                                              seed=args.seed, local_steps=args.local_steps,
+                                              **(options if strategy == _DEMO_STRATEGY else {}))
+                    at_once = False
+                    try:
+                        with _interruptible(trainer):
+                            histories[strategy] = trainer.fit(train, eval_data=test,
+                                                              max_time=args.max_time)
+                    except StopAtOnce:
+                        at_once = True
+                        raise
+                    finally:
+                        _close(trainer, at_once=at_once)
                     print(_summary(histories[strategy]), flush=True)
             finally:
                 stop_heartbeats(client)

@@ -13,7 +13,7 @@ import xarray as xr
 
 import daskpri
 from daskpri.cli._argtypes import _strategy_options
-from daskpri.cli._interrupt import _interruptible
+from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
 from daskpri.cli._paths import _check_destination
 from daskpri.cli._prog import _PROG
 from daskpri.cli._summary import _dashboard, _summary
@@ -75,6 +75,7 @@ def _train(args: argparse.Namespace) -> int:
         _check_resumed_data(args, state, train)
     client = None if args.scheduler is None else connect(args.scheduler, security)
     trainer = None
+    at_once = False  # a second Ctrl-C: the close waits for no worker long
     try:
         if args.resume is None:
             model = daskpri.models.build_model(model_name, train, seed=seed)
@@ -96,6 +97,7 @@ def _train(args: argparse.Namespace) -> int:
             # cannot take); before it, a path found bad, which leaves nothing to keep
             if isinstance(e, OSError) and not trainer.step_:
                 raise
+            at_once = isinstance(e, StopAtOnce)
             lost = isinstance(e, SchedulerLostError)
             why = ("interrupted" if isinstance(e, KeyboardInterrupt)
                    else "the scheduler lost" if lost else "stopped by an error")
@@ -114,7 +116,7 @@ def _train(args: argparse.Namespace) -> int:
             print(f"history written to {args.output}", flush=True)
     finally:
         if trainer is not None:
-            trainer.close()
+            _close(trainer, at_once=at_once)
         if client is not None:
             client.close()
     return 0
