@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import socket
 
 from distributed.comm.addressing import get_address_host_port
 
@@ -11,7 +12,7 @@ from daskpri import _config
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:
-    from daskpri.dashboard.remote import ROUTE, make_server
+    from daskpri.dashboard.remote import make_server
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port should be in [0, 65536), but got --port {args.port}")
@@ -33,9 +34,29 @@ def _dashboard_command(args: argparse.Namespace) -> int:
             "another --port, or --port 0 for any free one"
         ) from None
     server.start()
-    print(f"daskpri dashboard: http://{server.address}:{server.port}{ROUTE}", flush=True)
+    print(f"daskpri dashboard: {_page_url(server.address, server.port)}", flush=True)
     try:
         server.io_loop.start()
     finally:
         server.stop()
     return 0
+
+
+def _page_url(address: str, port: int) -> str:
+    """The page's URL on a server listening on ``address``: by this machine's name on all.
+
+    Examples
+    --------
+    >>> _page_url("127.0.0.1", 5006)
+    'http://127.0.0.1:5006/daskpri'
+    >>> _page_url("::1", 5006)
+    'http://[::1]:5006/daskpri'
+    >>> _page_url("0.0.0.0", 5006) == f"http://{socket.gethostname()}:5006/daskpri"
+    True
+    """
+    from daskpri.dashboard.remote import ROUTE
+
+    host = socket.gethostname() if address in ("0.0.0.0", "::", "") else address
+    if ":" in host:  # an IPv6 address, bracketed in a URL
+        host = f"[{host}]"
+    return f"http://{host}:{port}{ROUTE}"
