@@ -1,16 +1,53 @@
-"""Helpers for tests that start processes: free ports, stopping."""
+"""Helpers for tests that start processes: schedulers on free ports, stopping."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 
-def _free_port() -> int:
+def start_scheduler(
+    directory: Path, *args: str, output: Any = subprocess.DEVNULL
+) -> tuple[str, subprocess.Popen[Any]]:
+    """A ``dask scheduler`` on a loopback port of its own choosing: its address and process.
+
+    It listens on port 0 and writes the port it got to a scheduler file, so
+    no other process can take the port between a choice and the listening
+    (as with a port found free beforehand). ``args`` are more of its options.
+    """
+    file = directory / "scheduler.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", "0", "--scheduler-file", str(file), *args],
+        stdout=output, stderr=subprocess.STDOUT if output is not subprocess.DEVNULL else output,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError, ValueError, KeyError):  # not there, or half-written
+            return json.loads(file.read_text())["address"], proc
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop([proc])
+            raise RuntimeError(f"dask scheduler did not start (exit status {proc.returncode})")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses connections for as long as the block runs.
+
+    Bound, not listening: no other process can listen on it meanwhile, as
+    it could on a port found free and let go.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])
 
 
 def _stop(procs: list[subprocess.Popen[Any]]) -> None:

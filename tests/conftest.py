@@ -9,7 +9,7 @@ from typing import Any
 
 import dask
 import pytest
-from _procs import _free_port, _stop
+from _procs import _stop, start_scheduler
 from distributed import Client, LocalCluster
 from distributed.utils import get_mp_context
 
@@ -70,21 +70,19 @@ def gpu_client():
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The address of a scheduler with two one-thread workers that have ``GPU=1``."""
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    log = (tmp_path_factory.mktemp("cluster") / "cluster.log").open("wb")
-    commands = [
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard", "--dashboard-address", "127.0.0.1:0"],
-    ] + [
-        [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-         "--resources", "GPU=1", "--host", "127.0.0.1", "--no-dashboard",
-         "--dashboard-address", "127.0.0.1:0"],
-    ] * 2
+    directory = tmp_path_factory.mktemp("cluster")
+    log = (directory / "cluster.log").open("wb")
     procs: list[subprocess.Popen[Any]] = []
     try:
-        for command in commands:
-            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+        address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
+        procs.append(scheduler)
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                 "--resources", "GPU=1", "--host", "127.0.0.1", "--no-dashboard",
+                 "--dashboard-address", "127.0.0.1:0"],
+                stdout=log, stderr=subprocess.STDOUT,
+            ))
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=60)
         yield address

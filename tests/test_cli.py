@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from _procs import _free_port, _stop
+from _procs import _stop, refusing_port
 
 import daskpri
 from daskpri import STRATEGIES
@@ -740,8 +740,9 @@ def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_
 
 
 def test_unreachable_scheduler_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    address = f"tcp://127.0.0.1:{_free_port()}"
-    assert main(["train", *SMALL, "--scheduler", address]) == 1
+    with refusing_port() as port:
+        address = f"tcp://127.0.0.1:{port}"
+        assert main(["train", *SMALL, "--scheduler", address]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"daskpri: error: could not connect to the scheduler at {address}: ")
 
@@ -781,15 +782,16 @@ def test_resource_no_worker_has_fails_fast(gpu_cluster: str) -> None:
 def test_dashboard_command_serves_the_page_on_loopback(gpu_cluster: str, tmp_path: Path) -> None:
     import urllib.request
 
-    port = _free_port()
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # --port 0: a free port, which it prints
         [sys.executable, "-m", "daskpri", "dashboard", "--scheduler", gpu_cluster,
-         "--port", str(port)],
+         "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         line = proc.stdout.readline()
-        assert line.strip() == f"daskpri dashboard: http://127.0.0.1:{port}/daskpri"
+        said = re.fullmatch(r"daskpri dashboard: http://127\.0\.0\.1:(\d+)/daskpri", line.strip())
+        assert said is not None, line
+        port = int(said.group(1))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/daskpri", timeout=30) as r:
             assert r.status == 200 and b"bokeh" in r.read().lower()
     finally:
@@ -989,17 +991,14 @@ def _silent_server(greeting: bytes = b"") -> Iterator[str]:
 @contextlib.contextmanager
 def _http_server() -> Iterator[str]:
     """``python -m http.server`` on loopback, as a dashboard's port answers HTTP."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # port 0: the server takes a free one, and says which once it listens
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1",
+                             "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            assert time.monotonic() < deadline, "http.server did not start"
-            time.sleep(0.1)
-        yield f"tcp://127.0.0.1:{port}"
+        assert proc.stdout is not None
+        said = re.search(r"port (\d+)", proc.stdout.readline())
+        assert said is not None, "http.server did not start"
+        yield f"tcp://127.0.0.1:{said.group(1)}"
     finally:
         _stop([proc])
 

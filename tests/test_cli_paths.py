@@ -30,7 +30,7 @@ import psutil
 import pytest
 import torch
 import xarray as xr
-from _procs import _free_port, _stop
+from _procs import _stop
 from distributed import Client, LocalCluster
 
 import daskpri
@@ -169,14 +169,13 @@ def _can_bind(host: str) -> bool:
     return True
 
 
-def _dashboard(scheduler: str, *args: str) -> tuple[subprocess.Popen[str], int]:
-    port = _free_port()
-    proc = subprocess.Popen(
+def _dashboard(scheduler: str, *args: str) -> subprocess.Popen[str]:
+    """``daskpri dashboard`` on a free port (``--port 0``), which it prints."""
+    return subprocess.Popen(
         [sys.executable, "-m", "daskpri", "dashboard", "--scheduler", scheduler,
-         "--port", str(port), *args],
+         "--port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    return proc, port
 
 
 def _answers(host: str, port: int) -> bool:
@@ -198,17 +197,20 @@ def test_dashboard_listens_on_the_address_asked_for_and_on_loopback_by_default()
         started = [_dashboard(c.scheduler_address, "--address", "127.0.0.2"),
                    _dashboard(c.scheduler_address)]
         try:
-            for (proc, port), host, other in zip(
+            for proc, host, other in zip(
                 started, ("127.0.0.2", "127.0.0.1"), ("127.0.0.1", "127.0.0.2"), strict=True
             ):
-                assert proc.stdout is not None
+                assert proc.stdout is not None and proc.stderr is not None
                 line = proc.stdout.readline()
-                assert line == f"daskpri dashboard: http://{host}:{port}/daskpri\n", (
+                said = re.fullmatch(rf"daskpri dashboard: http://{re.escape(host)}:(\d+)/daskpri\n",
+                                    line)
+                assert said is not None, (
                     line + proc.stderr.read() if proc.poll() is not None else line)
+                port = int(said.group(1))
                 assert _answers(host, port)
                 assert not _answers(other, port)  # bound to that address alone
         finally:
-            _stop([proc for proc, _ in started])
+            _stop(started)
 
 
 def test_dashboard_open_to_the_network_takes_the_websocket_of_a_page_opened_by_name() -> None:

@@ -6,25 +6,20 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import dask.config
 import pytest
-from _procs import _free_port, _stop
+from _procs import _stop, start_scheduler
 from distributed import Client, LocalCluster
 
 import daskpri
 from daskpri.models import build_model
 
 
-def _scheduler_and_worker() -> tuple[str, subprocess.Popen, subprocess.Popen]:
+def _scheduler_and_worker(directory: Path) -> tuple[str, subprocess.Popen, subprocess.Popen]:
     """A `dask scheduler` and one `dask worker` process on loopback: its address and both."""
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    scheduler = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    address, scheduler = start_scheduler(directory, "--no-dashboard")
     worker = subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
          "--host", "127.0.0.1", "--no-dashboard"],
@@ -34,7 +29,7 @@ def _scheduler_and_worker() -> tuple[str, subprocess.Popen, subprocess.Popen]:
 
 
 def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, tmp_path):
-    address, scheduler, worker = _scheduler_and_worker()
+    address, scheduler, worker = _scheduler_and_worker(tmp_path)
     ckpt = tmp_path / "run.ckpt"
     killed_at: list[float] = []
     try:
@@ -99,7 +94,7 @@ def test_train_that_loses_its_scheduler_writes_the_history_so_far(tmp_path):
 
     import xarray as xr
 
-    address, scheduler, worker = _scheduler_and_worker()
+    address, scheduler, worker = _scheduler_and_worker(tmp_path)
     ckpt, out = tmp_path / "run.ckpt", tmp_path / "run.nc"
     env = dict(os.environ, DASK_DASKPRI__TRAINER__SCHEDULER_TIMEOUT="3s")
     train = subprocess.Popen(
