@@ -9,6 +9,7 @@ from typing import Any
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.figures import accuracy_lines, palette, scaling_points, speedup_bars
 from daskpri.bench.records import RunRecord
+from daskpri.data.store import write_atomic
 
 __all__ = ["write_html"]
 
@@ -31,7 +32,7 @@ def write_html(path: Path, config: BenchConfig, records: Sequence[RunRecord],
     if len(config.workers) > 1:
         items.append(_scaling(summary))
     page = file_html(column(*items), INLINE, title="daskpri bench")
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
 
 
 def _accuracy(config: BenchConfig, records: Sequence[RunRecord], summary: Mapping[str, Any],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from daskpri.bench.analysis import CONFIDENCE
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.figures import accuracy_lines, palette, scaling_points, speedup_bars
 from daskpri.bench.records import RunRecord
+from daskpri.data.store import write_atomic
 
 __all__ = ["write_pngs"]
 
@@ -57,7 +59,7 @@ def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
                 near.set_ylim(*band)
             near.set_title("near the targets")
             name = f"accuracy_{dataset}_{model}.png"
-            fig.savefig(out / name, dpi=100, bbox_inches="tight")
+            _save(fig, out / name, bbox_inches="tight")
             names.append(name)
     names.append(_speedups(out, summary))
     if len(config.workers) > 1:
@@ -134,7 +136,7 @@ def _speedups(out: Path, summary: Mapping[str, Any]) -> str:
                title=f"{dataset} / {model} (whiskers: {100 * CONFIDENCE:g}% interval over seeds)")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=100)
+    _save(fig, out / "speedup.png")
     return "speedup.png"
 
 
@@ -155,5 +157,16 @@ def _scaling(out: Path, summary: Mapping[str, Any]) -> str:
     ax.set_xticks(sorted({n for arms in points.values() for w, _ in arms.values() for n in w}))
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.savefig(out / "scaling.png", dpi=100, bbox_inches="tight")
+    _save(fig, out / "scaling.png", bbox_inches="tight")
     return "scaling.png"
+
+
+def _save(fig: Any, path: Path, **options: Any) -> None:
+    """Save ``fig`` as a PNG at ``path``: made in memory, then written atomically.
+
+    So a disk that fills is one error naming ``path`` (see
+    :func:`daskpri.data.store.write_atomic`), not a half-written PNG.
+    """
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, **options)
+    write_atomic(path, buffer.getvalue())

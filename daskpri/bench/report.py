@@ -21,6 +21,7 @@ from daskpri.bench.analysis import (
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import COARSE_RATIO
 from daskpri.bench.records import RunRecord
+from daskpri.data.store import write_atomic
 
 __all__ = ["fmt_ratio", "fmt_spread", "render_markdown", "write_json", "write_report"]
 
@@ -60,9 +61,8 @@ def write_json(
         "summary": summary,
         "runs": [r.to_dict() for r in records],
     }
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_jsonable(doc), allow_nan=False))
-    tmp.replace(path)
+    # atomic: results.json may hold hours of runs, which a half-written one loses
+    write_atomic(path, json.dumps(_jsonable(doc), allow_nan=False))
 
 
 def _paired(s: Spread | None) -> str:
@@ -526,5 +526,5 @@ def write_report(out: Path, config: BenchConfig, machine: dict[str, Any],
     write_json(out / RESULTS_JSON, config, machine, sizes, records, summary)
     pngs = png.write_pngs(out, config, records, summary)
     bokeh_page.write_html(out / "results.html", config, records, summary)
-    (out / "results.md").write_text(render_markdown(config, machine, summary, pngs))
+    write_atomic(out / "results.md", render_markdown(config, machine, summary, pngs))
     return summary

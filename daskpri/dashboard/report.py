@@ -28,7 +28,6 @@ from __future__ import annotations
 import html
 import math
 import os
-import uuid
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from daskpri.dashboard._plotting import BASELINE_COLOR, RUN_COLOR
 from daskpri.dashboard.measures import speedup_curve
 from daskpri.dashboard.snapshot import METRIC_COLUMNS, WORKER_COLUMNS
 from daskpri.data.io import check_self_contained, format_of
+from daskpri.data.store import write_atomic
 from daskpri.training.history import TIME_PARTS
 
 __all__ = ["REQUIRED_VARIABLES", "load_history", "write_report"]
@@ -514,16 +514,8 @@ def _nanmean(values: np.ndarray) -> float:
 
 
 def _write_atomic(path: str, text: str) -> str:
-    """Write ``text`` to a temporary sibling of ``path``, then rename it into place."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+    """Write ``text`` to a temporary sibling of ``path``, then rename it into place.
+
+    An error of the write (a full disk) names ``path`` and leaves no temporary file.
+    """
+    return write_atomic(path, text)

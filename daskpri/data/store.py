@@ -1,4 +1,7 @@
-"""Write a dataset to a zarr store or a netCDF file: atomically, and a full disk in one line."""
+"""Write a dataset (zarr or netCDF) or a file's bytes: atomically, and an error in one line.
+
+The errors of a write name the path written, never its temporary sibling.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ import xarray as xr
 
 from daskpri.data._formats import _is_zarr_store, format_of
 
-__all__ = ["check_destination", "remove_stale", "to_store", "write_error"]
+__all__ = [
+    "check_destination", "remove_stale", "to_store", "write_atomic", "write_error"
+]
 
 
 def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
@@ -57,10 +62,11 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
         store of that format is in its place.
     OSError
         If the disk cannot take the data (full, over quota, read-only,
-        failing): ``could not write 'PATH': No space left on device``, in one
-        line, with the error's ``errno`` (``errno.ENOSPC`` there). The
+        failing), or the file cannot be made there (a directory that takes
+        no file): ``could not write 'PATH': No space left on device``, in
+        one line, with the error's ``errno`` (``errno.ENOSPC`` there). The
         temporary sibling is removed and what was at ``path`` is left as it
-        was.
+        was. An error reading ``ds``'s own source is raised as it is.
 
     Examples
     --------
@@ -86,7 +92,8 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"ds should be an xarray.Dataset, but got {type(ds).__name__}")
     target = os.path.abspath(os.fspath(path))
-    fmt = check_destination(target, name="path")
+    fmt = format_of(target, name="path")
+    _check_target(target, fmt, name="path")
     parent, base = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
@@ -113,7 +120,8 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
             os.replace(tmp, target)
     except OSError as e:
         _remove(tmp)
-        if e.errno not in _DISK_FULL:  # not the disk's (a lazy dataset's source, unread)
+        # neither the disk's nor our files' (a lazy dataset's source, unread): its own words
+        if e.errno not in _DISK_FULL and not _names(e, tmp, target):
             raise
         # the writers' own words name the temporary file, and HDF5's run to
         # several lines with the time and a buffer's address in them
@@ -123,6 +131,52 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
         raise
     remove_stale(parent, lambda name: name.startswith((f".{base}.tmp-", f".{base}.old-")))
     return os.fspath(path)
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> str:
+    """Write ``data`` (text as UTF-8) to the file ``path``, atomically.
+
+    As :func:`to_store` does: to a temporary sibling, flushed to the disk,
+    then renamed over ``path``, so a reader sees the old file or the whole
+    new one. An error of the write is one line naming ``path`` (``could
+    not write 'PATH': No space left on device``), and leaves no temporary
+    file behind and ``path`` as it was. Missing directories are made.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> path = write_atomic(os.path.join(tempfile.mkdtemp(), "out", "notes.md"), "# notes")
+    >>> open(path).read(), os.listdir(os.path.dirname(path))
+    ('# notes', ['notes.md'])
+    """
+    target = os.path.abspath(os.fspath(path))
+    parent, base = os.path.split(target)
+    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        _remove(tmp)
+        raise write_error(e, f"could not write {os.fspath(path)!r}") from e
+    except BaseException:
+        _remove(tmp)
+        raise
+    remove_stale(parent, lambda name: name.startswith(f".{base}.tmp-"))
+    return os.fspath(path)
+
+
+def _names(error: OSError, *paths: str) -> bool:
+    """Whether ``error`` is about one of ``paths`` or a file inside one (a zarr store's)."""
+    return any(
+        isinstance(name, str)
+        and any(name == p or name.startswith(p + os.sep) for p in paths)
+        for name in (error.filename, error.filename2)
+    )
 
 
 def remove_stale(directory: str, ours: Callable[[str], bool], age: float = 60.0) -> None:

@@ -1,0 +1,161 @@
+"""Where a command writes its results: refused before the work if it would lose something.
+
+``train --output`` replaces only a daskpri history; a directory that takes
+no file is found before any training; a write that fails (a full disk, on a
+64 KiB tmpfs mounted for the test: Linux, as root) names the path written
+and leaves no temporary file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import xarray as xr
+from test_bench import MACHINE, SIZES, _config, _simulate
+from test_history import _record
+
+from daskpri.bench.analysis import summarize
+from daskpri.bench.bokeh_page import write_html
+from daskpri.bench.png import write_pngs
+from daskpri.bench.report import write_json
+from daskpri.bench.report import write_report as write_bench_report
+from daskpri.cli import main
+from daskpri.data.io import to_store
+from daskpri.data.store import write_atomic
+from daskpri.training.history import HistoryRecorder
+
+SMALL = ["train", "--dataset", "synthetic", "--n-samples", "1000", "--max-steps", "4",
+         "--no-progress"]
+NO_SPACE = os.strerror(errno.ENOSPC)
+
+
+def _history(steps: int = 3) -> xr.Dataset:
+    """A history as ``train --output`` writes it: its run's settings among the attributes."""
+    recorder = HistoryRecorder()
+    for step in range(steps):
+        recorder.append(_record(step, 2))
+    return recorder.to_dataset({"strategy": "uniform", "seed": 0, "dataset": "synthetic",
+                                "model": "mlp"})
+
+
+def _contents(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` (or ``path`` itself), by its relative name, with its bytes."""
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+def _takes_no_file(directory: str) -> None:
+    try:
+        with open(os.path.join(directory, "daskpri-probe"), "w"):
+            pass
+    except OSError:
+        return
+    os.remove(os.path.join(directory, "daskpri-probe"))
+    pytest.skip(f"{directory} takes files here")
+
+
+@pytest.mark.parametrize("name", ["x.nc", "x.zarr"])
+def test_a_write_that_fails_names_its_path_not_its_temporary(name: str) -> None:
+    _takes_no_file("/proc")
+    for write in (lambda p: to_store(_history(), p), lambda p: write_atomic(p, "text")):
+        with pytest.raises(FileNotFoundError) as info:
+            write(f"/proc/{name}")
+        assert str(info.value) == (
+            f"[Errno 2] could not write '/proc/{name}': No such file or directory")
+
+
+# -- a full disk: the path named, no temporary left --------------------------------------
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a 64 KiB tmpfs of its own, unmounted after the test."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("a full disk is made by mounting a small tmpfs, which takes root on Linux")
+    path = tmp_path / "disk"
+    path.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)],
+                              capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("a full disk is made by mounting a small tmpfs: there is no mount command")
+    if done.returncode:
+        pytest.skip(f"a full disk is made by mounting a small tmpfs, which failed here: "
+                    f"{done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode:
+            subprocess.run(["umount", "--lazy", str(path)], capture_output=True)
+
+
+def test_a_bench_report_the_disk_cannot_take_names_its_file_and_leaves_no_temporary(
+    disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _config(seeds=1)
+    write_bench_report(tmp_path / "made", cfg, MACHINE, SIZES, _simulate(cfg))
+    out = disk / "bb"
+    out.mkdir()
+    shutil.copy(tmp_path / "made" / "results.json", out / "results.json")
+    results = (out / "results.json").read_bytes()
+    assert main(["bench", "--out", str(out), "--report-only"]) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"daskpri: error: could not write '{out}/[^'/]+': {NO_SPACE}\n", err)
+    assert not [p for p in os.listdir(out) if ".tmp" in p]
+    # what was written is whole: results.json the earlier one, or the new one with its tables
+    doc = json.loads((out / "results.json").read_text())
+    assert (out / "results.json").read_bytes() == results or doc["summary"]
+
+
+def _fill(disk: Path) -> None:
+    """Take every byte the disk has left."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(OSError) as info:
+            while True:
+                os.write(fd, b"\0" * 4096)
+    finally:
+        os.close(fd)
+    assert info.value.errno == errno.ENOSPC
+
+
+@pytest.mark.parametrize("writer", ["results.json", "png", "results.html"])
+def test_each_bench_writer_on_a_full_disk_names_its_file_and_leaves_nothing(
+    writer: str, disk: Path
+) -> None:
+    cfg = _config(seeds=1)
+    records = _simulate(cfg)
+    summary = summarize(cfg, records, dict(SIZES))
+    _fill(disk)
+    with pytest.raises(OSError) as info:
+        if writer == "results.json":
+            write_json(disk / "results.json", cfg, MACHINE, SIZES, records, summary)
+        elif writer == "png":
+            write_pngs(disk, cfg, records, summary)
+        else:
+            write_html(disk / "results.html", cfg, records, summary)
+    name = "accuracy_mnist1d_mlp.png" if writer == "png" else writer
+    assert str(info.value) == f"[Errno 28] could not write {str(disk / name)!r}: {NO_SPACE}"
+    assert os.listdir(disk) == ["filler"]
+
+
+def test_a_report_the_disk_cannot_take_names_its_file_and_leaves_no_temporary(
+    disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = to_store(_history(), tmp_path / "run.nc")
+    page = disk / "r.html"
+    assert main(["report", run, "-o", str(page)]) == 1
+    assert capsys.readouterr().err == (
+        f"daskpri: error: could not write {str(page)!r}: {NO_SPACE}\n")
+    assert os.listdir(disk) == []
