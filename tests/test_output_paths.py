@@ -30,7 +30,7 @@ from daskpri.bench.report import write_json
 from daskpri.bench.report import write_report as write_bench_report
 from daskpri.cli import main
 from daskpri.data.io import to_store
-from daskpri.data.store import write_atomic
+from daskpri.data.store import check_destination, write_atomic
 from daskpri.training.history import HistoryRecorder
 
 SMALL = ["train", "--dataset", "synthetic", "--n-samples", "1000", "--max-steps", "4",
@@ -55,6 +55,9 @@ def _contents(path: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
+# -- a directory that takes no file: found before the work -------------------------------
+
+
 def _takes_no_file(directory: str) -> None:
     try:
         with open(os.path.join(directory, "daskpri-probe"), "w"):
@@ -63,6 +66,36 @@ def _takes_no_file(directory: str) -> None:
         return
     os.remove(os.path.join(directory, "daskpri-probe"))
     pytest.skip(f"{directory} takes files here")
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "path"),
+    [
+        ([*SMALL, "--output", "/proc/x.nc"], "--output", "/proc/x.nc"),
+        ([*SMALL, "--output", "/proc/runs/x.zarr"], "--output", "/proc/runs/x.zarr"),
+        ([*SMALL, "--checkpoint", "/proc/run.ckpt"], "--checkpoint", "/proc/run.ckpt"),
+        (["report", "run.nc", "-o", "/proc/r.html"], "--output", "/proc/r.html"),
+        (["bench", "--quick", "--out", "/proc/bb"], "--out", "/proc/bb"),
+    ],
+)
+def test_a_directory_that_takes_no_file_is_refused_before_any_work(
+    argv: list[str], flag: str, path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _takes_no_file("/proc")  # root may write anywhere os.access looks at: not in /proc
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "dashboard:" not in captured.out
+    assert captured.err == (
+        f"daskpri: error: {flag} should be a path this process may write, but got {flag} "
+        f"{path!r}, and '/proc' takes no new file: No such file or directory\n"
+    )
+
+
+def test_check_destination_refuses_a_directory_that_takes_no_file() -> None:
+    _takes_no_file("/proc")
+    with pytest.raises(ValueError, match=r"\Aoutput should be a path this process may write, "
+                       r"but got output '/proc/x\.zarr', and '/proc' takes no new file: "):
+        check_destination("/proc/x.zarr", name="output")
 
 
 @pytest.mark.parametrize("name", ["x.nc", "x.zarr"])

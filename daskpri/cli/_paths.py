@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from daskpri.data.io import check_destination
+from daskpri.data.store import check_destination, check_writable
 
 #: The file system's refusals of a path the user gave (for example a file
 #: where a directory should be), told in one line rather than a traceback.
@@ -17,12 +17,14 @@ def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:
     """Refuse ``path`` (a ``"file"``, ``"store"`` or ``"directory"``) before the work it is for.
 
     Its directories may be missing (they are made), but those that exist
-    should be directories.
+    should be directories, and the nearest should take a file (one is made
+    there and removed).
     """
     target = os.path.abspath(path)
-    if kind == "store":
-        check_destination(target, name=flag)
-    elif kind == "file" and os.path.isdir(target):
+    if kind == "store":  # check_destination makes the probe below too
+        check_destination(path, name=flag)
+        return
+    if kind == "file" and os.path.isdir(target):
         raise ValueError(
             f"{flag} should be a file's path, but got {flag} {path!r}, which is a directory"
         )
@@ -30,16 +32,4 @@ def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:
         raise ValueError(
             f"{flag} should be a directory, but got {flag} {path!r}, which is a file"
         )
-    parent = os.path.dirname(target)
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(
-            f"{flag} should be a path under directories, but got {flag} {path!r}, "
-            f"and {parent!r} is a file"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"{flag} should be a path this process may write, but got {flag} {path!r}, "
-            f"and {parent!r} is not writable"
-        )
+    check_writable(path, name=flag, directory=kind == "directory")

@@ -1,6 +1,8 @@
 """Write a dataset (zarr or netCDF) or a file's bytes: atomically, and an error in one line.
 
-The errors of a write name the path written, never its temporary sibling.
+The errors of a write name the path written, never its temporary sibling;
+:func:`check_destination` and :func:`check_writable` find a path that cannot
+be written before the work whose results go there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import xarray as xr
 from daskpri.data._formats import _is_zarr_store, format_of
 
 __all__ = [
-    "check_destination", "remove_stale", "to_store", "write_atomic", "write_error"
+    "check_destination", "check_writable", "remove_stale", "to_store", "write_atomic", "write_error"
 ]
 
 
@@ -275,8 +277,9 @@ def check_destination(path: str | os.PathLike[str], *, name: str = "path") -> st
 
     For a caller that checks where its results go before the work that
     makes them (``daskpri train --output``): the suffix should name a
-    format, and what is at ``path`` should be something ``to_store``
-    replaces (see there). ``name`` names the parameter in errors.
+    format, what is at ``path`` should be something ``to_store`` replaces
+    (see there), and its directory should take a file
+    (:func:`check_writable`). ``name`` names the parameter in errors.
 
     Examples
     --------
@@ -287,7 +290,54 @@ def check_destination(path: str | os.PathLike[str], *, name: str = "path") -> st
     target = os.path.abspath(os.fspath(path))
     fmt = format_of(target, name=name)
     _check_target(target, fmt, name=name)
+    check_writable(path, name=name)
     return fmt
+
+
+def check_writable(
+    path: str | os.PathLike[str], *, name: str = "path", directory: bool = False
+) -> None:
+    """Refuse ``path`` unless this process can make a file where ``path`` goes.
+
+    The nearest existing directory above ``path`` (``path`` itself with
+    ``directory=True``, where the files go into it) should take a file: one
+    is made there and removed again. ``os.access`` would not do: it says
+    yes to root on a read-only file system, and on ``/proc``, where no file
+    can be made. Missing directories on the way are fine (writers make them).
+
+    Raises
+    ------
+    ValueError
+        If a file stands where a directory of the path should, or no file
+        can be made there (the message names ``name``, ``path`` and why).
+
+    Examples
+    --------
+    >>> check_writable("/proc/run.nc", name="--output")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --output should be a path this process may write, but got --output '/proc/...
+    """
+    given = os.fspath(path)
+    target = os.path.abspath(given)
+    parent = target if directory else os.path.dirname(target)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"{name} should be a path under directories, but got {name} {given!r}, "
+            f"and {parent!r} is a file"
+        )
+    probe = os.path.join(parent, f".{os.path.basename(target)}.probe-{uuid.uuid4().hex}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:
+        raise ValueError(
+            f"{name} should be a path this process may write, but got {name} {given!r}, "
+            f"and {parent!r} takes no new file: "
+            f"{os.strerror(e.errno) if e.errno else e}"
+        ) from None
+    os.remove(probe)
 
 
 def _check_target(target: str, fmt: str, *, name: str) -> None:
