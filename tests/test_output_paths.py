@@ -18,7 +18,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import xarray as xr
 from test_bench import MACHINE, SIZES, _config, _simulate
 from test_history import _record
@@ -29,6 +31,7 @@ from daskpri.bench.png import write_pngs
 from daskpri.bench.report import write_json
 from daskpri.bench.report import write_report as write_bench_report
 from daskpri.cli import main
+from daskpri.cli._paths import _check_destination
 from daskpri.data.io import to_store
 from daskpri.data.store import check_destination, write_atomic
 from daskpri.training.history import HistoryRecorder
@@ -53,6 +56,82 @@ def _contents(path: Path) -> dict[str, bytes]:
         return {"": path.read_bytes()}
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
             if p.is_file()}
+
+
+# -- train --output replaces a history only ----------------------------------------------
+
+
+def _dataset_store(d: Path) -> Path:
+    path = d / "mydata.zarr"
+    xr.Dataset({"x": (("sample", "feature"), np.zeros((8, 3), "float32")),
+                "y": ("sample", np.arange(8))}).to_zarr(path, consolidated=False)
+    return path
+
+
+def _text(d: Path) -> Path:
+    path = d / "bad_copy.nc"
+    path.write_text("a user's notes\n")
+    return path
+
+
+def _netcdf(d: Path) -> Path:
+    path = d / "data.nc"
+    xr.Dataset({"x": ("sample", np.arange(5.0))}).to_netcdf(path, engine="h5netcdf")
+    return path
+
+
+def _checkpoint(d: Path) -> Path:
+    path = d / "run.nc"
+    torch.save({"format": 1, "step": 3}, path)
+    return path
+
+
+def _unattributed(d: Path) -> Path:
+    """A training log of another tool's: steps, time and loss, but no run of daskpri's."""
+    path = d / "log.nc"
+    log = _history()
+    log.attrs = {}
+    to_store(log, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "what", "why"),
+    [
+        (_dataset_store, "a zarr store", "it has no 'step' dimension"),
+        (_text, "a file", "it is not a readable netCDF file"),
+        (_netcdf, "a file", "it has no 'step' dimension"),
+        (_checkpoint, "a file", "it is not a readable netCDF file"),
+        (_unattributed, "a file", "it has no 'strategy' attribute"),
+    ],
+)
+def test_train_output_refuses_what_is_not_a_history_before_a_cluster_starts(
+    make, what: str, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make(tmp_path)
+    before = _contents(path)
+    assert main([*SMALL, "--output", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "dashboard:" not in captured.out  # no cluster was started
+    assert captured.err == (
+        f"daskpri: error: --output names {str(path)!r}, {what} that is not a daskpri history "
+        f"({why}): writing the history would replace it; give another path, or remove it "
+        "first\n"
+    )
+    assert _contents(path) == before
+
+
+@pytest.mark.parametrize("name", ["run.nc", "run.zarr", "empty.zarr", "new.nc", "sub/new.zarr"])
+def test_train_output_may_replace_a_history_an_empty_directory_or_a_new_path(
+    name: str, tmp_path: Path
+) -> None:
+    path = tmp_path / name
+    if name.startswith("run"):
+        to_store(_history(), path)
+    elif name.startswith("empty"):
+        path.mkdir()
+    _check_destination("--output", str(path), kind="store")  # no error
+    assert not [p for p in tmp_path.rglob("*") if ".probe-" in p.name]  # the probe removed
 
 
 # -- a directory that takes no file: found before the work -------------------------------
