@@ -28,7 +28,7 @@ from test_history import _record
 from daskpri.bench.analysis import summarize
 from daskpri.bench.bokeh_page import write_html
 from daskpri.bench.png import write_pngs
-from daskpri.bench.report import write_json
+from daskpri.bench.report import report_files, write_json
 from daskpri.bench.report import write_report as write_bench_report
 from daskpri.cli import main
 from daskpri.cli._paths import _check_destination
@@ -132,6 +132,51 @@ def test_train_output_may_replace_a_history_an_empty_directory_or_a_new_path(
         path.mkdir()
     _check_destination("--output", str(path), kind="store")  # no error
     assert not [p for p in tmp_path.rglob("*") if ".probe-" in p.name]  # the probe removed
+
+
+# -- bench --out: the report's files replace only a benchmark's ---------------------------
+
+
+@pytest.mark.parametrize("name", ["speedup.png", "accuracy_mnist1d_mlp.png"])
+def test_bench_refuses_a_directory_with_a_file_its_report_would_replace(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / name).write_bytes(b"a user's plot")
+    (tmp_path / "notes.txt").write_text("other files are left alone, and no reason to refuse")
+    argv = ["bench", "--quick", "--datasets", "mnist1d", "--models", "mlp", "--out",
+            str(tmp_path)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"daskpri: error: --out {str(tmp_path)!r} holds files the benchmark's report would "
+        f"replace ({name}), without a results.json beside them; give another --out (or "
+        "remove those files)\n")
+    assert (tmp_path / name).read_bytes() == b"a user's plot"
+    assert sorted(os.listdir(tmp_path)) == sorted([name, "notes.txt"])
+
+
+def test_bench_merge_refuses_a_directory_with_a_file_its_report_would_replace(
+    tmp_path: Path
+) -> None:
+    from test_bench_merge import _config as _merge_config
+    from test_bench_merge import _part
+
+    from daskpri.bench.runner import merge_results
+
+    a = _part(tmp_path / "a", _merge_config(first_seed=0))
+    b = _part(tmp_path / "b", _merge_config(first_seed=2))
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "speedup.png").write_bytes(b"a user's plot")
+    with pytest.raises(ValueError, match=r"holds files the benchmark's report would replace "
+                       r"\(speedup\.png\)"):
+        merge_results([a, b], out, command="daskpri bench --merge a,b")
+    assert os.listdir(out) == ["speedup.png"]
+
+
+def test_report_files_are_the_files_the_bench_report_writes(tmp_path: Path) -> None:
+    cfg = _config(seeds=1, workers=(1, 2))
+    write_bench_report(tmp_path, cfg, MACHINE, SIZES, _simulate(cfg))
+    assert sorted(report_files(cfg)) == sorted(os.listdir(tmp_path))
 
 
 # -- a directory that takes no file: found before the work -------------------------------

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from daskpri.bench.config import FULL_DEFAULTS, QUICK_DEFAULTS, BenchConfig
+from daskpri.bench.report import check_report_files
 from daskpri.table.staleness import STALENESS_MODELS
 
 __all__ = ["add_arguments", "run"]
@@ -345,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
                       command=_command_line(args))
         return 0
     config = config_from_args(args)
+    check_report_files(args.out, config)  # the report is written after the runs
     check_scheduler(config.scheduler)
     check_root(config.datasets, args.root)
     try:

@@ -11,7 +11,7 @@ from typing import Any
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_done, count_runs, make_arms
 from daskpri.bench.records import RunRecord
-from daskpri.bench.report import RESULTS_JSON, write_report
+from daskpri.bench.report import RESULTS_JSON, check_report_files, write_report
 from daskpri.bench.stored import _read_results
 
 #: What two benchmarks' machines must share for their times to be pooled.
@@ -144,6 +144,7 @@ def merge_results(
     done, planned = count_done(config, sizes, records), count_runs(config, sizes)
     if done < planned:
         machine["partial"] = {"done": done, "planned": planned}
+    check_report_files(out, config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = write_report(out, config, machine, sizes, records)

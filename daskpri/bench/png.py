@@ -16,7 +16,14 @@ from daskpri.bench.figures import accuracy_lines, palette, scaling_points, speed
 from daskpri.bench.records import RunRecord
 from daskpri.data.store import write_atomic
 
-__all__ = ["write_pngs"]
+__all__ = ["png_names", "write_pngs"]
+
+
+def png_names(config: BenchConfig) -> list[str]:
+    """The names of the PNGs :func:`write_pngs` writes for ``config``, in its order."""
+    names = [f"accuracy_{dataset}_{model}.png"
+             for dataset in config.datasets for model in config.models]
+    return names + ["speedup.png"] + (["scaling.png"] if len(config.workers) > 1 else [])
 
 
 def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
@@ -58,7 +65,7 @@ def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
             if band is not None:
                 near.set_ylim(*band)
             near.set_title("near the targets")
-            name = f"accuracy_{dataset}_{model}.png"
+            name = f"accuracy_{dataset}_{model}.png"  # as png_names has it
             _save(fig, out / name, bbox_inches="tight")
             names.append(name)
     names.append(_speedups(out, summary))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ from daskpri.bench.protocol import COARSE_RATIO
 from daskpri.bench.records import RunRecord
 from daskpri.data.store import write_atomic
 
-__all__ = ["fmt_ratio", "fmt_spread", "render_markdown", "write_json", "write_report"]
+__all__ = [
+    "check_report_files", "fmt_ratio", "fmt_spread", "render_markdown", "report_files",
+    "write_json", "write_report",
+]
 
 
 #: the file of every run and the tables, in the output directory
@@ -515,6 +519,36 @@ def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[s
 
 def _num(v: float) -> str:
     return "—" if v is None or not math.isfinite(v) else f"{v:.2f}"
+
+
+def report_files(config: BenchConfig) -> list[str]:
+    """The names of the files :func:`write_report` writes into its directory for ``config``."""
+    from daskpri.bench.png import png_names
+
+    return [RESULTS_JSON, "results.md", "results.html", *png_names(config)]
+
+
+def check_report_files(
+    out: str | os.PathLike[str], config: BenchConfig, flag: str = "--out"
+) -> None:
+    """Refuse ``out`` if it holds a file of :func:`report_files` but no ``results.json``.
+
+    With its results.json, ``out`` is a benchmark's directory and the
+    report's files are that benchmark's; without, a ``speedup.png`` or an
+    ``accuracy_mnist1d_mlp.png`` there is someone else's, which the report
+    would replace after the benchmark ran. ``flag`` names the directory's
+    parameter in the error.
+    """
+    directory = Path(out)
+    if (directory / RESULTS_JSON).exists():
+        return
+    found = [name for name in report_files(config) if (directory / name).exists()]
+    if found:
+        raise ValueError(
+            f"{flag} {os.fspath(out)!r} holds files the benchmark's report would replace "
+            f"({', '.join(found)}), without a {RESULTS_JSON} beside them; give another {flag} "
+            "(or remove those files)"
+        )
 
 
 def write_report(out: Path, config: BenchConfig, machine: dict[str, Any],
