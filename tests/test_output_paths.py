@@ -25,6 +25,7 @@ import xarray as xr
 from test_bench import MACHINE, SIZES, _config, _simulate
 from test_history import _record
 
+import daskpri
 from daskpri.bench.analysis import summarize
 from daskpri.bench.bokeh_page import write_html
 from daskpri.bench.png import write_pngs
@@ -34,6 +35,7 @@ from daskpri.cli import main
 from daskpri.cli._paths import _check_destination
 from daskpri.data.io import to_store
 from daskpri.data.store import check_destination, write_atomic
+from daskpri.models import build_model
 from daskpri.training.history import HistoryRecorder
 
 SMALL = ["train", "--dataset", "synthetic", "--n-samples", "1000", "--max-steps", "4",
@@ -220,6 +222,15 @@ def test_check_destination_refuses_a_directory_that_takes_no_file() -> None:
     with pytest.raises(ValueError, match=r"\Aoutput should be a path this process may write, "
                        r"but got output '/proc/x\.zarr', and '/proc' takes no new file: "):
         check_destination("/proc/x.zarr", name="output")
+
+
+def test_a_trainer_refuses_a_checkpoint_path_where_no_file_can_be_made(small_data) -> None:
+    _takes_no_file("/proc")
+    model = build_model("mlp", small_data[0], seed=0)
+    with pytest.raises(ValueError, match=r"\Acheckpoint_path should be a path this process may "
+                       r"write, but got checkpoint_path '/proc/run\.ckpt', and '/proc' takes "
+                       r"no new file: No such file or directory\Z"):
+        daskpri.Trainer(model, checkpoint_path="/proc/run.ckpt")
 
 
 @pytest.mark.parametrize("name", ["x.nc", "x.zarr"])

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskpri.data.store import remove_stale, write_error
+from daskpri.data.store import check_writable, remove_stale, write_error
 
 #: torch's writer, by a name of this module's (a test makes it fail as on a full disk)
 _save = torch.save
@@ -70,11 +70,16 @@ def from_storable(obj: Any) -> Any:
     return obj
 
 
-def check_replaceable(path: str | os.PathLike[str], name: str = "checkpoint_path") -> None:
+def check_replaceable(
+    path: str | os.PathLike[str], name: str = "checkpoint_path", *, writable: bool = True
+) -> None:
     """Refuse ``path`` if it holds a file that is not a checkpoint, which a write would replace.
 
     Checkpoints are zip archives (torch's format); anything else there (a
-    notes file, a history, a typo'd path) is the user's and is kept.
+    notes file, a history, a typo'd path) is the user's and is kept. With
+    ``writable``, the directory should also take a file
+    (:func:`daskpri.data.store.check_writable`): a trainer, or ``daskpri
+    train``, checks before the run, not at its first checkpoint.
 
     Examples
     --------
@@ -92,6 +97,8 @@ def check_replaceable(path: str | os.PathLike[str], name: str = "checkpoint_path
             f"{name} names {path!r}, a file that is not a daskpri checkpoint: writing the "
             f"checkpoint would replace it; give another path, or remove the file first"
         )
+    if writable:
+        check_writable(path, name=name)
 
 
 def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
@@ -103,7 +110,8 @@ def write(state: dict[str, Any], path: str | os.PathLike[str]) -> str:
     is not a checkpoint is refused (:func:`check_replaceable`).
     """
     path = os.fspath(path)
-    check_replaceable(path, "the checkpoint's path")
+    # no probe: the write itself is one, and its error names the checkpoint
+    check_replaceable(path, "the checkpoint's path", writable=False)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
