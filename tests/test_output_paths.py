@@ -101,9 +101,9 @@ def _unattributed(d: Path) -> Path:
     ("make", "what", "why"),
     [
         (_dataset_store, "a zarr store", "it has no 'step' dimension"),
-        (_text, "a file", "it is not a readable netCDF file"),
+        (_text, "a file", "it is not a netCDF4 file"),
         (_netcdf, "a file", "it has no 'step' dimension"),
-        (_checkpoint, "a file", "it is not a readable netCDF file"),
+        (_checkpoint, "a file", "it is not a netCDF4 file"),
         (_unattributed, "a file", "it has no 'strategy' attribute"),
     ],
 )

@@ -71,8 +71,9 @@ def _not_a_history(path: str) -> str | None:
             else:
                 ds = xr.open_dataset(path, engine="h5netcdf", chunks=None)
     except Exception:  # what is not netCDF or zarr fails anywhere in their readers
+        # (histories are netCDF4, which h5netcdf reads: a netCDF3 file is a user's too)
         return "it is not a readable zarr store" if os.path.isdir(path) else (
-            "it is not a readable netCDF file")
+            "it is not a netCDF4 file")
     with ds:
         if "step" not in ds.dims:
             return "it has no 'step' dimension"

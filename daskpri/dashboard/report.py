@@ -205,7 +205,8 @@ def write_report(
     page_title = title or f"daskpri report: {run.attrs.get('strategy', run_name)}"
     root = column(*_layout(run, run_name, base, base_name, page_title))
     document = file_html(root, INLINE, title=page_title)
-    return _write_atomic(os.fspath(output_html), document)
+    # atomic, and a write that fails (a full disk) names output_html, leaving nothing
+    return write_atomic(os.fspath(output_html), document)
 
 
 def _is_html(path: str | os.PathLike[str]) -> bool:
@@ -508,14 +509,3 @@ def _nanmean(values: np.ndarray) -> float:
     finite = np.asarray(values, dtype=np.float64)
     finite = finite[np.isfinite(finite)]
     return float(finite.mean()) if finite.size else math.nan
-
-
-# -- writing -------------------------------------------------------------------------
-
-
-def _write_atomic(path: str, text: str) -> str:
-    """Write ``text`` to a temporary sibling of ``path``, then rename it into place.
-
-    An error of the write (a full disk) names ``path`` and leaves no temporary file.
-    """
-    return write_atomic(path, text)
