@@ -298,7 +298,8 @@ def test_strategy_options_reach_their_arms_and_the_equal_gradient_baseline():
                        "option fractio"):
         _config(strategies=("selective-backprop",),
                 strategy_options=(("selective-backprop", "fractio", 0.3),))
-    with pytest.raises(ValueError, match="naming a compared strategy"):
+    with pytest.raises(ValueError, match=r"strategy_options entry \('projection', 'k', 3\) names "
+                       r"strategy 'projection', which is not among the strategies compared"):
         _config(strategies=("loss",), strategy_options=(("projection", "k", 3),))
     with pytest.raises(ValueError, match="local_steps should be a positive integer"):
         _config(local_steps=0)
@@ -306,12 +307,13 @@ def test_strategy_options_reach_their_arms_and_the_equal_gradient_baseline():
 
 def test_strategy_options_that_would_be_lost_are_refused():
     # a strategy's batch_size would collide with every arm's (the config's batch_size)
-    with pytest.raises(ValueError, match=r"should not set batch_size, .* give batch_size= "
-                       r"\(daskpri bench --batch-size\), but got \('loss', 'batch_size', 32"):
+    with pytest.raises(ValueError, match=r"strategy_options entry \('loss', 'batch_size', 32\) "
+                       r"sets batch_size, .* give batch_size=32 instead"):
         _config(strategy_options=(("loss", "batch_size", 32),))
     # one option given twice for the same arms: one of them would be dropped
-    with pytest.raises(ValueError, match=r"each option of a strategy \(on a model\) once, but "
-                       r"got \('loss', 'epsilon', 0\.1, None\) and \('loss', 'epsilon', 0\.3"):
+    with pytest.raises(ValueError, match=r"entry \('loss', 'epsilon', 0\.3\) gives option epsilon "
+                       r"of loss a second time, after strategy_options entry \('loss', "
+                       r"'epsilon', 0\.1\): give each option of an arm \(on a model\) once"):
         _config(strategy_options=(("loss", "epsilon", 0.1), ("loss", "epsilon", 0.3)))
     # once for every model and once for one: the one model's wins, as documented
     cfg = _config(strategy_options=(("loss", "epsilon", 0.1), ("loss", "epsilon", 0.3, "mlp")))
@@ -331,7 +333,8 @@ def test_strategy_options_given_for_one_model_reach_only_its_arms():
             for s in next_runs(cfg, {d: 16000 for d in cfg.datasets}, [])}
     assert runs[("cnn", "projection")] == (("k", 16), ("renew", 0.0))
     assert ("cnn", "uniform@32") not in runs and ("mlp", "uniform@16") not in runs
-    with pytest.raises(ValueError, match="should name a compared model .*got .*'resnet'"):
+    with pytest.raises(ValueError, match="names model 'resnet' in its fourth place, which is "
+                       r"not among the models compared \(mlp\)"):
         _config(strategies=("projection",), models=("mlp",),
                 strategy_options=(("projection", "k", 3, "resnet"),))
     with pytest.raises(ValueError, match="k should be a positive integer"):
@@ -365,7 +368,8 @@ def test_a_second_arm_of_a_strategy_runs_it_with_its_own_options():
         with pytest.raises(ValueError, match=match):
             _config(strategies=(bad,))
     # options go to the arm named, not to the other arms of its strategy
-    with pytest.raises(ValueError, match="naming a compared strategy"):
+    with pytest.raises(ValueError, match="names strategy 'loss', which is not among the "
+                       "strategies compared"):
         _config(strategies=("loss+a",), strategy_options=(("loss", "epsilon", 0.1),))
 
 

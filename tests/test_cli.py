@@ -207,10 +207,12 @@ def test_bench_list_with_an_empty_or_repeated_item_exits_2(
     ("option", "message"),
     [
         (["--strategy-option", "selective-backprop:batch_size=32"],
-         "--strategy-option should not set batch_size, the samples per worker per step of every "
-         "arm: give batch_size= (daskpri bench --batch-size)"),
+         "--strategy-option selective-backprop:batch_size=32 sets batch_size, the samples per "
+         "worker per step of every arm, which is the benchmark's own: give --batch-size 32 "
+         "instead"),
         (["--strategy-option", "loss:epsilon=0.1", "--strategy-option", "loss:epsilon=0.3"],
-         "--strategy-option should give each option of a strategy (on a model) once"),
+         "--strategy-option loss:epsilon=0.3 gives option epsilon of loss a second time, after "
+         "--strategy-option loss:epsilon=0.1: give each option of an arm (on a model) once"),
     ],
 )
 def test_bench_strategy_option_that_would_be_lost_exits_2(

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from daskpri.bench.config import FULL_DEFAULTS, QUICK_DEFAULTS, BenchConfig
+from daskpri.bench.config import FULL_DEFAULTS, QUICK_DEFAULTS, BenchConfig, StrategyOptionError
 from daskpri.bench.report import check_report_files
 from daskpri.table.staleness import STALENESS_MODELS
 
@@ -185,6 +185,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """
     try:
         return _config_from_args(args)
+    except StrategyOptionError as e:  # its entry as typed, STRATEGY[@MODEL]:KEY=VALUE
+        raise ValueError(e.as_flags()) from None
     except ValueError as e:
         given = [k for k, v in vars(args).items() if v is not None and v is not False]
         if args.strategy_option:

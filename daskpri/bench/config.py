@@ -12,7 +12,14 @@ from typing import Any
 from daskpri.training._checks import check_float, check_int
 from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
-__all__ = ["FULL_DEFAULTS", "QUICK_DEFAULTS", "BenchConfig", "default_eval_every", "strategy_of"]
+__all__ = [
+    "FULL_DEFAULTS",
+    "QUICK_DEFAULTS",
+    "BenchConfig",
+    "StrategyOptionError",
+    "default_eval_every",
+    "strategy_of",
+]
 
 #: steps between evaluations where none is given, rounded to whole rounds
 EVAL_EVERY = 20
@@ -200,36 +207,7 @@ class BenchConfig:
         from daskpri.table.staleness import validate_staleness
 
         validate_staleness(self.staleness)
-        options: list[tuple[Any, ...]] = []
-        for entry in self.strategy_options:
-            entry = tuple(entry)
-            if len(entry) == 3:
-                entry = (*entry, None)
-            if len(entry) != 4 or entry[0] not in strategies:
-                raise ValueError(
-                    "strategy_options should be (strategy, key, value[, model]) naming a "
-                    f"compared strategy ({', '.join(strategies)}), but got {entry!r}"
-                )
-            if entry[3] is not None and entry[3] not in self.models:
-                raise ValueError(
-                    f"strategy_options should name a compared model ({', '.join(self.models)})"
-                    f" in their fourth place, but got {entry!r}"
-                )
-            if entry[1] == "batch_size":
-                # every arm, uniform's included, runs at the config's batch_size, which
-                # its gradients-per-step accounting and its trainer are given
-                raise ValueError(
-                    "strategy_options should not set batch_size, the samples per worker per "
-                    "step of every arm: give batch_size= (daskpri bench --batch-size), "
-                    f"but got {entry!r}"
-                )
-            repeated = [e for e in options if (e[0], e[1], e[3]) == (entry[0], entry[1], entry[3])]
-            if repeated:
-                raise ValueError(
-                    "strategy_options should give each option of a strategy (on a model) once, "
-                    f"but got {repeated[0]!r} and {entry!r}"
-                )
-            options.append(entry)
+        options = _checked_options(self.strategy_options, strategies, self.models)
         object.__setattr__(self, "strategy_options", tuple(options))
         from daskpri.strategies import check_strategy_options, get_strategy
 
@@ -369,6 +347,122 @@ class BenchConfig:
                 if name == strategy and (only is not None) == scoped and only in (None, model):
                     chosen[k] = v
         return tuple(chosen.items())
+
+
+class StrategyOptionError(ValueError):
+    """A ``strategy_options`` entry refused, said in Python's terms or in the command line's.
+
+    ``str(error)`` names the entry as the tuple given and the other fields as
+    :class:`BenchConfig`'s (``strategies=``); :meth:`as_flags` names it as
+    ``daskpri bench --strategy-option STRATEGY[@MODEL]:KEY=VALUE`` was typed,
+    and the fields as their flags (``--strategies``).
+
+    Examples
+    --------
+    >>> try:
+    ...     BenchConfig(strategies=("loss",), strategy_options=(("projection", "k", 1),))
+    ... except StrategyOptionError as e:
+    ...     print(e.as_flags())  # doctest: +ELLIPSIS
+    --strategy-option projection:k=1 names strategy 'projection', which is not among the ...
+    """
+
+    #: how each placeholder of a message reads, in Python's terms and the command line's
+    _TERMS: dict[str, tuple[str, str]] = {
+        "strategies": ("strategies=", "--strategies"),
+        "models": ("models=", "--models"),
+        "batch_size": ("batch_size=", "--batch-size "),
+        "model_place": ("in its fourth place", "after @"),
+    }
+
+    def __init__(self, template: str, *entries: tuple[Any, ...], **values: Any) -> None:
+        self.template, self.entries, self.values = template, entries, values
+        super().__init__(self._say(flags=False))
+
+    def as_flags(self) -> str:
+        """The message as the command line's user typed the option."""
+        return self._say(flags=True)
+
+    def _say(self, *, flags: bool) -> str:
+        spelled = [_spell_option(e, flags=flags) for e in self.entries]
+        terms = {k: v[flags] for k, v in self._TERMS.items()}
+        return self.template.format(*spelled, **terms, **self.values)
+
+
+def _spell_option(entry: tuple[Any, ...], *, flags: bool) -> str:
+    """A ``strategy_options`` entry as given: the tuple, or the ``--strategy-option`` text.
+
+    Examples
+    --------
+    >>> _spell_option(("loss", "epsilon", 0.1, "mlp"), flags=True)
+    '--strategy-option loss@mlp:epsilon=0.1'
+    >>> _spell_option(("loss", "epsilon", 0.1, None), flags=False)
+    "strategy_options entry ('loss', 'epsilon', 0.1)"
+    """
+    strategy, key, value, model = entry
+    if not flags:
+        return f"strategy_options entry {entry[:3] if model is None else entry!r}"
+    return f"--strategy-option {strategy}{'' if model is None else '@' + str(model)}:{key}={value}"
+
+
+def _checked_options(
+    given: Iterable[Any], strategies: tuple[str, ...], models: tuple[str, ...]
+) -> tuple[tuple[Any, ...], ...]:
+    """``strategy_options`` as 4-tuples, each naming an arm and a model compared, once.
+
+    Raises :class:`StrategyOptionError`, which says what is wrong both in
+    Python's terms and as ``daskpri bench --strategy-option`` was typed.
+    """
+    from daskpri.strategies import STRATEGIES
+
+    options: list[tuple[Any, ...]] = []
+    for raw in given:
+        entry = tuple(raw) if isinstance(raw, Sequence) and not isinstance(raw, str) else (raw,)
+        if len(entry) == 3:
+            entry = (*entry, None)
+        if len(entry) != 4:
+            raise ValueError(
+                "strategy_options should hold (strategy, key, value[, model]) tuples, e.g. "
+                f"('selective-backprop', 'fraction', 0.33), but got {raw!r}"
+            )
+        name, key, _, model = entry
+        # the names go in as values, not into the template: a name may hold braces
+        said = {"name": name, "key": key, "value": entry[2], "model": model,
+                "base": strategy_of(str(name)), "compared": ", ".join(strategies),
+                "known": ", ".join(STRATEGIES), "models_compared": ", ".join(models)}
+        if name not in strategies:
+            if said["base"] not in STRATEGIES:
+                problem = ("which is no strategy of daskpri ({known}) nor an arm NAME+LABEL "
+                           "of one: name one of the strategies compared ({compared})")
+            elif said["base"] != name:
+                problem = ("an arm of {base} that is not among the strategies compared "
+                           "({compared}): list {name} in {strategies} too, as a second arm of "
+                           "{base}")
+            else:
+                problem = ("which is not among the strategies compared ({compared}): add it "
+                           "to {strategies}, or name one of those")
+            raise StrategyOptionError("{0} names strategy {name!r}, " + problem, entry, **said)
+        if model is not None and model not in models:
+            raise StrategyOptionError(
+                "{0} names model {model!r} {model_place}, which is not among the models "
+                "compared ({models_compared}): name one of those, or add {model} to {models}",
+                entry, **said,
+            )
+        if key == "batch_size":
+            # every arm, uniform's included, runs at the config's batch_size, which
+            # its gradients-per-step accounting and its trainer are given
+            raise StrategyOptionError(
+                "{0} sets batch_size, the samples per worker per step of every arm, which "
+                "is the benchmark's own: give {batch_size}{value!r} instead", entry, **said,
+            )
+        for earlier in options:
+            if (earlier[0], earlier[1], earlier[3]) == (name, key, model):
+                on = "" if model is None else " on model {model!r}"
+                raise StrategyOptionError(
+                    "{1} gives option {key} of {name}" + on + " a second time, after {0}: give "
+                    "each option of an arm (on a model) once", earlier, entry, **said,
+                )
+        options.append(entry)
+    return tuple(options)
 
 
 #: the label of an arm ``NAME+LABEL``

@@ -1,0 +1,63 @@
+"""The command line's errors name what the user typed: the flag, its syntax, what to do.
+
+None of these needs a cluster: the errors come before one starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daskpri.bench.config import BenchConfig, StrategyOptionError
+from daskpri.cli import main
+
+# -- bench --strategy-option, in its own syntax ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("foo:k=1", "--strategy-option foo:k=1 names strategy 'foo', which is no strategy of "
+                    "daskpri (uniform, projection, "),
+        ("projection:k=3", "--strategy-option projection:k=3 names strategy 'projection', which "
+                           "is not among the strategies compared (uniform, selective-backprop, "
+                           "loss): add it to --strategies, or name one of those"),
+        ("selective-backprop@rnn:fraction=0.3",
+         "--strategy-option selective-backprop@rnn:fraction=0.3 names model 'rnn' after @, "
+         "which is not among the models compared (mlp): name one of those, or add rnn to "
+         "--models"),
+        ("selective-backprop+stale:fraction=0.3",
+         "--strategy-option selective-backprop+stale:fraction=0.3 names strategy "
+         "'selective-backprop+stale', an arm of selective-backprop that is not among the "
+         "strategies compared (uniform, selective-backprop, loss): list "
+         "selective-backprop+stale in --strategies too"),
+    ],
+)
+def test_bench_strategy_option_error_speaks_its_syntax(
+    option: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--quick", "--out", str(tmp_path / "out"),
+                 "--strategy-option", option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"daskpri: error: {message}")
+    assert "(" not in err.split("--strategy-option ")[1].split(" ")[0]  # no tuple
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_config_strategy_option_error_names_the_entry_as_given() -> None:
+    with pytest.raises(StrategyOptionError) as info:
+        BenchConfig(models=("mlp",), strategies=("loss",),
+                    strategy_options=(("loss", "epsilon", 0.1, "cnn"),))
+    assert str(info.value) == (
+        "strategy_options entry ('loss', 'epsilon', 0.1, 'cnn') names model 'cnn' in its fourth "
+        "place, which is not among the models compared (mlp): name one of those, or add cnn to "
+        "models="
+    )
+    assert info.value.as_flags().startswith("--strategy-option loss@cnn:epsilon=0.1 names model")
+
+
+def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
+    with pytest.raises(ValueError, match=r"strategy_options should hold \(strategy, key, "
+                       r"value\[, model\]\) tuples, .* but got 'loss'"):
+        BenchConfig(strategies=("loss",), strategy_options=("loss",))
