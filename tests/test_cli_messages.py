@@ -1,6 +1,7 @@
 """The command line's errors name what the user typed: the flag, its syntax, what to do.
 
-None of these needs a cluster: the errors come before one starts.
+Parser errors need no cluster; one test starts a LocalCluster of one
+in-process worker, to see the advice for too few workers.
 """
 
 from __future__ import annotations
@@ -8,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from distributed import Client, LocalCluster
 
+import daskpri
 from daskpri.bench.config import BenchConfig, StrategyOptionError
 from daskpri.cli import main
+from daskpri.training._run import _too_few_workers
 
 # -- bench --strategy-option, in its own syntax ------------------------------------
 
@@ -61,3 +65,35 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
     with pytest.raises(ValueError, match=r"strategy_options should hold \(strategy, key, "
                        r"value\[, model\]\) tuples, .* but got 'loss'"):
         BenchConfig(strategies=("loss",), strategy_options=("loss",))
+
+
+
+# -- too few workers: what to do ---------------------------------------------------------
+
+
+def test_too_few_workers_says_to_start_more_or_ask_for_fewer(small_data) -> None:
+    train, _ = small_data
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                     dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+        daskpri.Trainer(daskpri.models.build_model("mlp", train), client=client,
+                        n_workers=3) as trainer,
+    ):
+        address = client.scheduler.address
+        with pytest.raises(ValueError) as info:
+            trainer.fit(train, max_steps=1, progress=False)
+    assert str(info.value) == (
+        f"n_workers=3, but the cluster at {address} has 1 worker: start 2 more (dask worker "
+        f"{address}), or ask for at most 1 (n_workers=1; daskpri train --workers 1)"
+    )
+
+
+def test_too_few_workers_with_resources_names_them() -> None:
+    said = _too_few_workers(3, 1, 4, "tcp://h:8786", {"GPU": 1.0})
+    assert said == (
+        "n_workers=3 with resources={'GPU': 1.0}, but 1 of the 4 workers of the cluster at "
+        "tcp://h:8786 has them: start 2 more with them (dask worker tcp://h:8786 --resources "
+        "GPU=1), or ask for at most 1 (n_workers=1; daskpri train --workers 1), or ask for "
+        "other resources"
+    )

@@ -129,14 +129,14 @@ class RunMixin:
     def _prepare(self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str) -> None:
         client = self.client
         workers = cluster_workers(client)
+        asked = self.resources  # the user's, for the advice below; not the GPUs found
         if self.resources is None and all_have_gpus(workers):
             self.resources = {"GPU": 1.0}
         addrs = eligible_workers(workers, self.resources, client.scheduler.address)
         if self.n_workers is not None and self._own_cluster is None:
             if len(addrs) < self.n_workers:
-                raise ValueError(
-                    f"n_workers={self.n_workers} but the cluster has {len(addrs)} suitable workers"
-                )
+                raise ValueError(_too_few_workers(self.n_workers, len(addrs), len(workers),
+                                                  client.scheduler.address, asked))
             addrs = addrs[: self.n_workers]
         if self._resume_state is not None:
             # the run's own cut, whatever the number of workers now: its table and
@@ -385,3 +385,26 @@ class RunMixin:
             excluded=self._excluded,
             check_scheduler=self._check_scheduler,
         )
+
+
+def _too_few_workers(
+    wanted: int, have: int, total: int, address: str, resources: dict[str, float] | None
+) -> str:
+    """Why a run of ``wanted`` workers cannot start on a cluster with ``have`` that fit it.
+
+    Examples
+    --------
+    >>> print(_too_few_workers(3, 1, 1, "tcp://10.0.0.1:8786", None))  # doctest: +ELLIPSIS
+    n_workers=3, but the cluster at tcp://10.0.0.1:8786 has 1 worker: start 2 more ...
+    """
+    workers = "worker" if total == 1 else "workers"
+    fewer = f"ask for at most {have} (n_workers={have}; daskpri train --workers {have})"
+    more = wanted - have
+    if not resources:
+        return (f"n_workers={wanted}, but the cluster at {address} has {total} {workers}: "
+                f"start {more} more (dask worker {address}), or {fewer}")
+    want = ",".join(f"{k}={v:g}" for k, v in resources.items())
+    return (f"n_workers={wanted} with resources={resources!r}, but {have} of the {total} "
+            f"{workers} of the cluster at {address} {'has' if have == 1 else 'have'} them: "
+            f"start {more} more with them (dask worker {address} --resources {want}), or "
+            f"{fewer}, or ask for other resources")
