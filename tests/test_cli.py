@@ -68,7 +68,8 @@ def _cli(
         (["--resources", "GPU"], r"--resources: resources should look like 'GPU=1'.*but got 'GPU'"),
         (["--output", "run.csv"], r"--output: .*ending in \.nc \(netCDF\) or \.zarr .*'run\.csv'"),
         (["--strategy-option", "k"], r"--strategy-option: .*KEY=VALUE, e\.g\. k=32, but got 'k'"),
-        (["--max-steps", "-1"], r"--max-steps: should be a non-negative integer, but got '-1'"),
+        (["--max-steps", "-1"], r"--max-steps: should be a positive integer, but got '-1'"),
+        (["--max-steps", "0"], r"--max-steps: should be a positive integer, but got '0'"),
         (["--max-time", "0"], r"--max-time: should be a positive finite number .*, but got '0'"),
         (["--max-time", "inf"], r"--max-time: should be a positive finite .*, but got 'inf'"),
         (["--target-accuracy", "1.5"], r"--target-accuracy: should be a number in \(0, 1\], "

@@ -68,6 +68,19 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
 
 
 
+# -- max_steps=0: no run to make ----------------------------------------------------------
+
+
+def test_fit_refuses_max_steps_zero_before_a_cluster_starts() -> None:
+    train, _ = daskpri.datasets.load("synthetic", n_samples=200)
+    trainer = daskpri.Trainer(daskpri.models.build_model("mlp", train))
+    with pytest.raises(ValueError, match=r"^max_steps should be a positive integer, the "
+                       r"trainer's total steps .* but got max_steps=0$"):
+        trainer.fit(train, max_steps=0, progress=False)
+    assert trainer._own_cluster is None
+
+
+
 # -- too few workers: what to do ---------------------------------------------------------
 
 

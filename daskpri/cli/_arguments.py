@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--strategy", choices=list(STRATEGIES), help="default selective-backprop")
     run.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
                      metavar="KEY=VALUE", help="a strategy parameter, e.g. k=32 (repeatable)")
-    run.add_argument("--max-steps", type=_count(0), metavar="N",
+    run.add_argument("--max-steps", type=_count(1), metavar="N",
                      help=f"total steps (default {_DEFAULT_MAX_STEPS} unless --max-time is given)")
     run.add_argument("--max-time", type=_seconds, metavar="S", help="seconds of training")
     run.add_argument("--target-accuracy", type=_accuracy, metavar="A",

@@ -51,6 +51,13 @@ def fit_loop(
 ) -> xr.Dataset:
     """The body of :meth:`Trainer.fit`, its caller holding the trainer's ``_fitting``."""
     check_budget(max_steps, max_time, target_accuracy, eval_data)
+    if max_steps == 0:
+        # a fit of no step is more likely a slip (an unset count) than what was meant, and
+        # would set up a run in the cluster for nothing
+        raise ValueError(
+            "max_steps should be a positive integer, the trainer's total steps (a second fit "
+            f"counts on from step_={trainer.step_}), but got max_steps=0"
+        )
     if isinstance(data, str | os.PathLike):  # the workers open it, from their own directory
         data = os.path.abspath(data)
     ds, info, evalset = open_data(data, eval_data)
@@ -70,9 +77,8 @@ def fit_loop(
     from tqdm.auto import tqdm
 
     warn_past_schedule(trainer, max_steps)
-    if max_steps and trainer.step_ >= max_steps:
+    if max_steps is not None and trainer.step_ >= max_steps:
         # a notebook's fit cell run again: it returns at once, with the same history
-        # (max_steps=0 asks for no step: it sets the run up)
         warn(
             f"max_steps={max_steps} is reached already (step_={trainer.step_}): max_steps "
             f"counts the steps of every fit of this trainer, so this one trains none; "
