@@ -70,6 +70,8 @@ def _cli(
         (["--strategy-option", "k"], r"--strategy-option: .*KEY=VALUE, e\.g\. k=32, but got 'k'"),
         (["--max-steps", "-1"], r"--max-steps: should be a positive integer, but got '-1'"),
         (["--max-steps", "0"], r"--max-steps: should be a positive integer, but got '0'"),
+        (["--batch-size", "0"], r"--batch-size: should be a positive integer, but got '0'"),
+        (["--local-steps", "0"], r"--local-steps: should be a positive integer, but got '0'"),
         (["--max-time", "0"], r"--max-time: should be a positive finite number .*, but got '0'"),
         (["--max-time", "inf"], r"--max-time: should be a positive finite .*, but got 'inf'"),
         (["--target-accuracy", "1.5"], r"--target-accuracy: should be a number in \(0, 1\], "
@@ -93,13 +95,11 @@ def test_bad_argument_exits_2_naming_what_is_allowed(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--batch-size", "0"], "batch_size should be a positive integer, but got batch_size=0"),
         (["--strategy-option", "size=3"],
          "strategy 'selective-backprop' takes the options fraction, beta, batch_size,"),
         (["--root", "/data"], "root is only used by datasets 'mnist', 'cifar10'"),
         (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint PATH"),
         (["--resume", "/nonexistent/run.ckpt"], "no checkpoint at '/nonexistent/run.ckpt'"),
-        (["--local-steps", "0"], "local_steps should be a positive integer, but got local_steps=0"),
         (["--strategy", "projection", "--local-steps", "4"],
          "strategy 'projection' selects by the priorities of the previous"),
         (["--strategy-option", "k=3", "--strategy-option", "k=4"],
@@ -476,7 +476,6 @@ def test_demo_takes_its_options(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--local-steps", "0"], "local_steps should be a positive integer, but got local_steps=0"),
         (["--strategy-option", "fraction=2"],
          "fraction should be a number in (0, 1], but got fraction=2"),
         (["--strategy-option", "k=3"], "strategy 'selective-backprop' takes the options"),

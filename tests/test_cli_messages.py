@@ -67,8 +67,36 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
         BenchConfig(strategies=("loss",), strategy_options=("loss",))
 
 
+# -- numbers checked by the parser, naming the flag -----------------------------------
 
-# -- max_steps=0: no run to make ----------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--batch-size", "0"], "argument --batch-size: should be a positive integer, "
+                                         "but got '0'"),
+        (["train", "--workers", "0"], "argument --workers: should be a positive integer"),
+        (["train", "--local-steps", "-2"], "argument --local-steps: should be a positive integer"),
+        (["train", "--eval-every", "0"], "argument --eval-every: should be a positive integer"),
+        (["train", "--n-samples", "0"], "argument --n-samples: should be a positive integer"),
+        (["train", "--max-steps", "0"], "argument --max-steps: should be a positive integer, "
+                                        "but got '0'"),
+        (["train", "--seed", "-1"], "argument --seed: should be an integer in [0, 4294967295], "
+                                    "but got '-1'"),
+        (["demo", "--workers", "0"], "argument --workers: should be a positive integer"),
+        (["demo", "--local-steps", "0"], "argument --local-steps: should be a positive integer"),
+        (["demo", "--seed", "x"], "argument --seed: should be an integer in [0, 4294967295]"),
+        (["dashboard", "--scheduler", "tcp://127.0.0.1:1", "--address", "999.1.1.1"],
+         "argument --address: '999.1.1.1' is no address or name this machine resolves"),
+    ],
+)
+def test_bad_number_is_refused_by_the_parser_naming_its_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert f"daskpri {argv[0]}: error: {message}" in capsys.readouterr().err
 
 
 def test_fit_refuses_max_steps_zero_before_a_cluster_starts() -> None:
@@ -78,7 +106,6 @@ def test_fit_refuses_max_steps_zero_before_a_cluster_starts() -> None:
                        r"trainer's total steps .* but got max_steps=0$"):
         trainer.fit(train, max_steps=0, progress=False)
     assert trainer._own_cluster is None
-
 
 
 # -- too few workers: what to do ---------------------------------------------------------

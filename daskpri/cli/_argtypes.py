@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,8 +60,8 @@ def _output_path(text: str) -> str:
     return text
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``minimum``.
+def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (and at most ``maximum``).
 
     Examples
     --------
@@ -70,21 +71,65 @@ def _count(minimum: int) -> Callable[[str], int]:
     Traceback (most recent call last):
     ...
     argparse.ArgumentTypeError: should be a positive integer, but got '0'
+    >>> _count(0, 9)("10")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be an integer in [0, 9], but got '10'
     """
-    what = {0: "a non-negative integer", 1: "a positive integer"}.get(
-        minimum, f"an integer of at least {minimum}"
-    )
+    if maximum is not None:
+        what = f"an integer in [{minimum}, {maximum}]"
+    else:
+        what = {0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer of at least {minimum}"
+        )
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"should be {what}, but got {text!r}")
         return value
 
     return parse
+
+
+#: seeds as the trainer takes them (numpy's SeedSequence of one 32-bit word)
+_seed = _count(0, 2**32 - 1)
+
+
+def _host(text: str) -> str:
+    """An argparse type: a host name or address this machine can resolve, kept as given.
+
+    A name that does not resolve is refused here, naming the flag, rather
+    than by the server that would listen on it, whose error names no flag.
+
+    Examples
+    --------
+    >>> _host("127.0.0.1")
+    '127.0.0.1'
+    >>> _host("")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: should be a host name or address, e.g. 127.0.0.1, but got ''
+    """
+    example = "e.g. 127.0.0.1, or 0.0.0.0 for every interface"
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"should be a host name or address, e.g. 127.0.0.1, but got {text!r}"
+        )
+    try:
+        socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as e:
+        why = e.strerror if isinstance(e, socket.gaierror) and e.strerror else str(e)
+        if text.startswith("[") and text.endswith("]"):
+            example = "an IPv6 address without its brackets, e.g. ::1"
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no address or name this machine resolves ({why}); give one of its "
+            f"addresses or its name, {example}"
+        ) from None
+    return text
 
 
 def _number(ok: Callable[[float], bool], what: str) -> Callable[[str], float]:

@@ -8,10 +8,12 @@ from daskpri.bench import command as bench_command
 from daskpri.cli._argtypes import (
     _accuracy,
     _count,
+    _host,
     _norm,
     _output_path,
     _resources,
     _seconds,
+    _seed,
     _strategy_option,
 )
 from daskpri.cli._prog import _PROG
@@ -47,10 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="the data (default mnist1d; mnist and cifar10 read --root)")
     # None defaults, here and below: with --resume, an option given is told from one left out
     data.add_argument("--model", choices=MODELS, help="default mlp")
-    data.add_argument("--n-samples", type=int, metavar="N",
+    data.add_argument("--n-samples", type=_count(1), metavar="N",
                       help="samples of the dataset, train and test together")
     data.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
-    data.add_argument("--seed", type=int,
+    data.add_argument("--seed", type=_seed,
                       help="seeds data, weights and selections (default 0)")
     run = train.add_argument_group("training")
     run.add_argument("--strategy", choices=list(STRATEGIES), help="default selective-backprop")
@@ -61,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-time", type=_seconds, metavar="S", help="seconds of training")
     run.add_argument("--target-accuracy", type=_accuracy, metavar="A",
                      help="stop once the test accuracy reaches A, in (0, 1]")
-    run.add_argument("--batch-size", type=int, metavar="N", help="samples per worker per step")
-    run.add_argument("--local-steps", type=int, metavar="K",
+    run.add_argument("--batch-size", type=_count(1), metavar="N",
+                     help="samples per worker per step")
+    run.add_argument("--local-steps", type=_count(1), metavar="K",
                      help="optimizer steps each worker takes per round trip (local SGD; "
                      "default 1: synchronous)")
     run.add_argument("--staleness", choices=STALENESS_MODELS,
@@ -77,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-grad-norm", type=_norm, metavar="NORM",
                      help="clip each optimizer step's gradient to this L2 norm (default: "
                           "daskpri.trainer.max-grad-norm, null: no clipping)")
-    run.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations")
+    run.add_argument("--eval-every", type=_count(1), metavar="N",
+                     help="steps between evaluations")
     run.add_argument("--lr-schedule", choices=SCHEDULES,
                      help="learning rate: constant (the default), or decaying to zero over "
                      "--max-steps (or --schedule-steps)")
@@ -97,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster = train.add_argument_group("cluster")
     cluster.add_argument("--scheduler", metavar="ADDRESS",
                          help="a running scheduler, e.g. tcp://HOST:8786 (default: a LocalCluster)")
-    cluster.add_argument("--workers", type=int, metavar="N",
+    cluster.add_argument("--workers", type=_count(1), metavar="N",
                          help="LocalCluster workers (2), or the scheduler's workers to use (all)")
     cluster.add_argument("--resources", type=_resources, metavar="NAME=AMOUNT[,...]",
                          help="resources each training task needs, e.g. GPU=1")
@@ -118,15 +122,15 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help=f"{_DEMO_STRATEGY} against uniform sampling for the same time budget"
     )
     demo.set_defaults(run=_demo)
-    demo.add_argument("--workers", type=int, default=2, metavar="N")
+    demo.add_argument("--workers", type=_count(1), default=2, metavar="N")
     demo.add_argument("--max-time", type=_seconds, default=45.0, metavar="S",
                       help="seconds of training for each run (default 45)")
     demo.add_argument("--dataset", choices=DATASETS, default="mnist1d",
                       help="the data (default mnist1d; mnist and cifar10 read --root)")
     demo.add_argument("--model", choices=MODELS, default="mlp")
     demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--local-steps", type=int, default=1, metavar="K",
+    demo.add_argument("--seed", type=_seed, default=0)
+    demo.add_argument("--local-steps", type=_count(1), default=1, metavar="K",
                       help="optimizer steps each worker takes per round trip, for both runs "
                       "(default 1: synchronous)")
     demo.add_argument("--strategy-option", type=_strategy_option, action="append", default=[],
@@ -139,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="the scheduler whose runs to show, e.g. tcp://127.0.0.1:8786")
     dash.add_argument("--port", type=int, default=5006,
                       help="port to listen on (default 5006; 0: any free)")
-    dash.add_argument("--address", metavar="HOST",
+    dash.add_argument("--address", type=_host, metavar="HOST",
                       help="interface to listen on (default 127.0.0.1; 0.0.0.0 opens it to "
                            "the network)")
 
