@@ -108,6 +108,20 @@ def test_fit_refuses_max_steps_zero_before_a_cluster_starts() -> None:
     assert trainer._own_cluster is None
 
 
+# -- report's output, by its flag -----------------------------------------------------
+
+
+def test_report_output_that_is_the_history_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run.nc"
+    run.write_bytes(b"a history")
+    assert main(["report", str(run), "-o", str(run)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"daskpri: error: -o/--output {str(run)!r} is the history itself")
+    assert run.read_bytes() == b"a history"
+
+
 # -- too few workers: what to do ---------------------------------------------------------
 
 
