@@ -6,6 +6,7 @@ in-process worker, to see the advice for too few workers.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,15 @@ from distributed import Client, LocalCluster
 import daskpri
 from daskpri.bench.config import BenchConfig, StrategyOptionError
 from daskpri.cli import main
+from daskpri.cli._arguments import _parser
 from daskpri.training._run import _too_few_workers
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
 
 # -- bench --strategy-option, in its own syntax ------------------------------------
 
@@ -120,6 +129,27 @@ def test_report_output_that_is_the_history_names_the_flag(
     assert capsys.readouterr().err.startswith(
         f"daskpri: error: -o/--output {str(run)!r} is the history itself")
     assert run.read_bytes() == b"a history"
+
+
+# -- --traceback after the command, and help for every flag ------------------------------
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_traceback_is_taken_before_or_after_the_command(before: bool) -> None:
+    bad = ["--strategy-option", "k=3", "--strategy-option", "k=4"]
+    argv = ["--traceback", "train", *bad] if before else ["train", *bad, "--traceback"]
+    with pytest.raises(ValueError, match="--strategy-option k should be given once"):
+        main(argv)
+
+
+def test_traceback_is_off_unless_given() -> None:
+    assert _parser().parse_args(["strategies"]).traceback is False
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_every_flag_has_help(command: str) -> None:
+    bare = [a.option_strings or a.dest for a in _subcommands()[command]._actions if not a.help]
+    assert not bare
 
 
 # -- too few workers: what to do ---------------------------------------------------------

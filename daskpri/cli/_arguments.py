@@ -30,16 +30,14 @@ from daskpri.table.staleness import STALENESS_MODELS
 from daskpri.training.schedule import SCHEDULES
 from daskpri.training.trainer import LEARNING_RATES
 
+_TRACEBACK_HELP = "on an error, show Python's full traceback, not one line (for a bug report)"
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_PROG, description="Prioritized data-parallel SGD for PyTorch on Dask clusters."
     )
-    parser.add_argument(
-        "--traceback",
-        action="store_true",
-        help="on an error, show Python's full traceback, not one line (for a bug report)",
-    )
+    parser.add_argument("--traceback", action="store_true", help=_TRACEBACK_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="train a model and report its history")
@@ -122,14 +120,16 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help=f"{_DEMO_STRATEGY} against uniform sampling for the same time budget"
     )
     demo.set_defaults(run=_demo)
-    demo.add_argument("--workers", type=_count(1), default=2, metavar="N")
+    demo.add_argument("--workers", type=_count(1), default=2, metavar="N",
+                      help="LocalCluster workers (default 2)")
     demo.add_argument("--max-time", type=_seconds, default=45.0, metavar="S",
                       help="seconds of training for each run (default 45)")
     demo.add_argument("--dataset", choices=DATASETS, default="mnist1d",
                       help="the data (default mnist1d; mnist and cifar10 read --root)")
-    demo.add_argument("--model", choices=MODELS, default="mlp")
+    demo.add_argument("--model", choices=MODELS, default="mlp", help="default mlp")
     demo.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
-    demo.add_argument("--seed", type=_seed, default=0)
+    demo.add_argument("--seed", type=_seed, default=0,
+                      help="seeds data, weights and selections of both runs (default 0)")
     demo.add_argument("--local-steps", type=_count(1), default=1, metavar="K",
                       help="optimizer steps each worker takes per round trip, for both runs "
                       "(default 1: synchronous)")
@@ -150,9 +150,11 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="a static HTML report of a run's history")
     report.set_defaults(run=_report)
     report.add_argument("history", help="history from `daskpri train --output` (.nc or .zarr)")
-    report.add_argument("-o", "--output", required=True, metavar="HTML")
+    report.add_argument("-o", "--output", required=True, metavar="HTML",
+                        help="the page to write, e.g. report.html (a self-contained HTML file; "
+                             "an earlier report there is replaced, any other file refused)")
     report.add_argument("--baseline", metavar="PATH", help="another run's history to compare with")
-    report.add_argument("--title")
+    report.add_argument("--title", help="the page's title (default: names the run's strategy)")
 
     strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
     strategies.set_defaults(run=_strategies)
@@ -162,4 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench_command.add_arguments(bench)
     bench.set_defaults(run=_bench)
+    for command in sub.choices.values():
+        # also after the command, where it is as likely typed; SUPPRESS: left out there, it
+        # leaves the value given before the command as it is
+        command.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                             help=_TRACEBACK_HELP)
     return parser
