@@ -90,6 +90,8 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
         (["train", "--n-samples", "0"], "argument --n-samples: should be a positive integer"),
         (["train", "--max-steps", "0"], "argument --max-steps: should be a positive integer, "
                                         "but got '0'"),
+        (["train", "--learning-rate", "0"], "argument --learning-rate: should be a positive "
+                                            "finite number, but got '0'"),
         (["train", "--seed", "-1"], "argument --seed: should be an integer in [0, 4294967295], "
                                     "but got '-1'"),
         (["demo", "--workers", "0"], "argument --workers: should be a positive integer"),

@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="how the priority table estimates priorities not recomputed "
                           "lately (default: daskpri.table.staleness, keep)")
     own_rates = ", ".join(f"{rate:g} for {name}" for name, rate in LEARNING_RATES.items())
-    run.add_argument("--learning-rate", type=float, metavar="LR",
+    run.add_argument("--learning-rate", type=_norm, metavar="LR",
                      help="the optimizer's learning rate (default: daskpri.trainer.learning-rate, "
                           f"null: {own_rates})")
     run.add_argument("--optimizer", choices=tuple(LEARNING_RATES),
