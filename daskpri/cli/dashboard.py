@@ -9,6 +9,7 @@ import socket
 from distributed.comm.addressing import get_address_host_port
 
 from daskpri import _config
+from daskpri.training.cluster import lacks_tls_credentials
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:
@@ -23,6 +24,14 @@ def _dashboard_command(args: argparse.Namespace) -> int:
             f"--scheduler should be a scheduler's address such as tcp://127.0.0.1:8786, but "
             f"got --scheduler {args.scheduler!r} ({e})"
         ) from None
+    if lacks_tls_credentials(args.scheduler):  # the page's Client reads Dask's config
+        raise ValueError(
+            "daskpri dashboard takes a tls:// scheduler's credentials from Dask's config "
+            "only (it has no --tls-* options): set distributed.comm.tls.ca-file, "
+            "distributed.comm.tls.client.cert and distributed.comm.tls.client.key (e.g. "
+            "DASK_DISTRIBUTED__COMM__TLS__CA_FILE=PEM), but they are not set for "
+            f"--scheduler {args.scheduler}"
+        )
     try:
         server = make_server(args.scheduler, address=args.address, port=args.port)
     except OSError as e:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import ssl
 import sys
 from typing import Any
 
 import numpy as np
 import xarray as xr
+from distributed.security import Security
 
 import daskpri
 from daskpri.cli._argtypes import _strategy_options
@@ -20,7 +22,7 @@ from daskpri.cli._summary import _dashboard, _summary
 from daskpri.data.io import to_store
 from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
-from daskpri.training.cluster import connect, one_torch_thread
+from daskpri.training.cluster import connect, lacks_tls_credentials, one_torch_thread
 from daskpri.training.recovery import SchedulerLostError
 from daskpri.training.schedule import SCHEDULES
 
@@ -33,14 +35,7 @@ def _train(args: argparse.Namespace) -> int:
     max_steps = args.max_steps
     if max_steps is None and args.max_time is None:
         max_steps = _DEFAULT_MAX_STEPS
-    tls_files = (args.tls_ca_file, args.tls_cert, args.tls_key)
-    if any(tls_files) and (args.scheduler is None or not all(tls_files)):
-        raise ValueError(
-            "--tls-ca-file, --tls-cert and --tls-key go together, with --scheduler; "
-            "for a LocalCluster with TLS, use --tls"
-        )
-    if args.tls and args.scheduler is not None:
-        raise ValueError("--tls starts a LocalCluster with TLS; with --scheduler, use --tls-*")
+    security = _security(args)
     # where the run's results go: checked before it runs, not found bad after it
     if args.output is not None:
         _check_destination("--output", args.output, kind="store")
@@ -62,12 +57,6 @@ def _train(args: argparse.Namespace) -> int:
         settings = _resumed_run(args, options, max_steps, state)
         # the data of a resumed run is split by the run's own seed
         seed, model_name = state["trainer"]["seed"], state["model_spec"]["name"]
-    security = None
-    if all(tls_files):
-        from distributed.security import Security
-
-        security = Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
-                            tls_client_key=args.tls_key, require_encryption=True)
     train, test = daskpri.datasets.load(
         args.dataset, root=args.root, seed=seed, n_samples=args.n_samples
     )
@@ -120,6 +109,58 @@ def _train(args: argparse.Namespace) -> int:
         if client is not None:
             client.close()
     return 0
+
+
+def _security(args: argparse.Namespace) -> Security | None:
+    """The client's TLS credentials from ``--tls-*``, checked before any connection.
+
+    ``None`` without them: Dask's config then gives a ``tls://`` scheduler's, if it
+    has them; a ``tls://`` scheduler with neither is refused here.
+    """
+    flags = {"--tls-ca-file": args.tls_ca_file, "--tls-cert": args.tls_cert,
+             "--tls-key": args.tls_key}
+    if any(flags.values()) and (args.scheduler is None or not all(flags.values())):
+        raise ValueError(
+            "--tls-ca-file, --tls-cert and --tls-key go together, with --scheduler; "
+            "for a LocalCluster with TLS, use --tls"
+        )
+    if args.tls and args.scheduler is not None:
+        raise ValueError("--tls starts a LocalCluster with TLS; with --scheduler, use --tls-*")
+    if args.scheduler is None:
+        return None
+    if not any(flags.values()):
+        if lacks_tls_credentials(args.scheduler):
+            raise ValueError(
+                "a tls:// scheduler needs --tls-ca-file, --tls-cert and --tls-key (or Dask's "
+                "config distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
+                f"distributed.comm.tls.client.key), but got --scheduler {args.scheduler} "
+                "without them"
+            )
+        return None
+    for flag, path in flags.items():
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
+            why = ("does not exist" if not os.path.lexists(path)
+                   else "is not a file" if not os.path.isfile(path) else "is not readable")
+            raise ValueError(
+                f"{flag} should be a readable PEM file, but got {flag} {path!r}, which {why}"
+            )
+    # loaded now, so that a file ssl cannot read is named rather than told as
+    # a scheduler that cannot be reached
+    try:
+        context = ssl.create_default_context(cafile=args.tls_ca_file)
+    except ssl.SSLError as e:
+        raise ValueError(
+            f"--tls-ca-file {args.tls_ca_file!r} holds no CA certificate ssl can read ({e})"
+        ) from None
+    try:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    except ssl.SSLError as e:
+        raise ValueError(
+            f"--tls-cert {args.tls_cert!r} and --tls-key {args.tls_key!r} are not a "
+            f"certificate and its private key that ssl can load ({e})"
+        ) from None
+    return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
+                    tls_client_key=args.tls_key, require_encryption=True)
 
 
 def _new_run(

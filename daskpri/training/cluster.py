@@ -13,6 +13,7 @@ import dask.config
 import torch
 from distributed import Client, LocalCluster
 from distributed.client import AllExit
+from distributed.comm.addressing import parse_address
 from distributed.security import Security
 
 from daskpri import _config
@@ -242,6 +243,31 @@ class _ClosableClient(Client):
         super().__init__(*args, **kwargs)
 
 
+def lacks_tls_credentials(address: str, security: Security | None = None) -> bool:
+    """Whether ``address`` is a ``tls://`` scheduler that ``security`` gives no credentials for.
+
+    ``security=None`` means Dask's config (``distributed.comm.tls.ca-file``,
+    ``distributed.comm.tls.client.cert`` and ``.key``), as for
+    :class:`distributed.Client`. Without a CA file and a client certificate
+    Dask has no TLS context and fails deep in its TCP connector.
+
+    Examples
+    --------
+    >>> lacks_tls_credentials("tcp://127.0.0.1:8786")
+    False
+    >>> with dask.config.set({"distributed.comm.tls.ca-file": None}):
+    ...     lacks_tls_credentials("tls://127.0.0.1:8786")
+    True
+    """
+    if parse_address(address, strict=False)[0] != "tls":
+        return False
+    if security is None:
+        security = Security()
+    # Security's fields are slots its stubs do not declare
+    return not (getattr(security, "tls_ca_file", None)
+                and getattr(security, "tls_client_cert", None))
+
+
 def connect(address: str, security: Any = None, timeout: float = CONNECT_TIMEOUT) -> Client:
     """A client of the scheduler at ``address``, connected within about ``timeout`` seconds.
 
@@ -250,7 +276,18 @@ def connect(address: str, security: Any = None, timeout: float = CONNECT_TIMEOUT
     answers (an HTTP server, such as a dashboard's port) would hold it for
     good. The client is made in a thread, given ``timeout`` and a little
     more; one that has not connected by then is closed, which ends its wait.
+    A ``tls://`` address without TLS credentials (``security``, or Dask's
+    config when it is ``None``) is refused with a ``ValueError`` first.
     """
+    if (security is None or isinstance(security, Security)) and lacks_tls_credentials(
+        address, security
+    ):
+        raise ValueError(
+            f"the scheduler at {address} speaks TLS, but no TLS credentials were given: "
+            "pass security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...) "
+            "or set Dask's config distributed.comm.tls.ca-file, "
+            "distributed.comm.tls.client.cert and distributed.comm.tls.client.key"
+        )
     made: list[Client] = []
     outcome: dict[str, Any] = {}
 
