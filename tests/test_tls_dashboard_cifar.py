@@ -1,18 +1,30 @@
-"""TLS credentials checked before connecting."""
+"""TLS credentials checked before connecting, and a dashboard that says its scheduler is away."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import queue
 import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import dask
 import pytest
-from _procs import refusing_port
+from _procs import _stop, refusing_port
 from distributed import LocalCluster
 from distributed.security import Security
 
 from daskpri.cli import main
+from daskpri.dashboard.components import RunStatus
+from daskpri.dashboard.remote import make_server, unreachable
+from daskpri.dashboard.snapshot import snapshot_from_run
 from daskpri.training.cluster import lacks_tls_credentials
 
 NO_TLS_CONFIG = {
@@ -122,3 +134,111 @@ def test_dashboard_refuses_a_tls_scheduler_without_dasks_tls_config(capsys):
     assert err.startswith("daskpri: error: daskpri dashboard takes a tls:// scheduler's "
                           "credentials from Dask's config only (it has no --tls-* options)")
     assert err.count("\n") == 1
+
+
+def test_dashboards_probe_reaches_a_tls_scheduler_through_dasks_config(tls_cluster):
+    address, files = tls_cluster
+    with dask.config.set(_tls_config(files)):
+        assert asyncio.run(unreachable(address, timeout=5)) is None
+
+
+def _lines(stream: Any) -> queue.Queue[str]:
+    """The lines ``stream`` gives, read in a thread (a pipe's read would block the test)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def test_dashboard_warns_at_start_that_its_scheduler_is_unreachable_and_keeps_serving():
+    with refusing_port() as port:
+        scheduler = f"tcp://127.0.0.1:{port}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daskpri", "dashboard", "--scheduler", scheduler,
+             "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
+        try:
+            out, err = _lines(proc.stdout), _lines(proc.stderr)
+            url = out.get(timeout=60).strip()
+            assert re.fullmatch(r"daskpri dashboard: http://127\.0\.0\.1:\d+/daskpri", url)
+            warning = err.get(timeout=30).strip()
+            # the cause is Dask's last attempt's: refused, or cut short by the timeout
+            assert re.fullmatch(
+                rf"daskpri: warning: could not reach the scheduler at {scheduler} now \(Timed "
+                rf"out trying to connect to {scheduler} after 3 s: (ConnectionRefusedError: "
+                r"\[Errno 111\] Connection refused|TimeoutError)\); the page will keep trying",
+                warning,
+            ), warning
+            assert proc.poll() is None  # warned, not stopped: the page keeps trying
+            page = url.split(": ", 1)[1]
+            with urllib.request.urlopen(page, timeout=30) as response:
+                assert response.status == 200
+        finally:
+            _stop([proc])
+
+
+@contextlib.contextmanager
+def _page_server(scheduler: str, connect_timeout: float) -> Iterator[Any]:
+    """The page's Bokeh server for ``scheduler``, serving in a thread."""
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        box["server"] = make_server(scheduler, port=0, connect_timeout=connect_timeout)
+        box["server"].start()
+        ready.set()
+        box["server"].io_loop.start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    server = box["server"]
+    try:
+        yield server
+    finally:
+        def stop() -> None:
+            server.stop()
+            server.io_loop.stop()
+
+        server.io_loop.add_callback(stop)
+        thread.join(30)
+
+
+def test_the_page_says_its_scheduler_is_unreachable_rather_than_no_run_yet():
+    with refusing_port() as port, _page_server(f"tcp://127.0.0.1:{port}", 1.0) as server:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/daskpri", timeout=30):
+            pass  # opens a session, whose first refresh connects
+        [session] = server.get_sessions("/daskpri")
+        table = session.document.get_model_by_name("daskpri-status-table")
+        deadline = time.monotonic() + 20
+        while "cannot be reached" not in table.text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (
+            f"the scheduler cannot be reached: Timed out trying to connect to "
+            f"tcp://127.0.0.1:{port} after 1 s: "
+        ) in table.text
+        assert "no daskpri run yet" not in table.text
+
+
+def test_the_status_shows_the_run_again_once_the_scheduler_answers():
+    from test_dashboard import add_step, make_run
+
+    status = RunStatus()
+    status.unreachable("refused")
+    assert status.source.data["value"][0] == "the scheduler cannot be reached: refused"
+    status.unreachable(None)
+    assert status.source.data["value"][0] == "no daskpri run yet"
+    run = make_run("loss")
+    add_step(run, 0, [0, 1], [1.0, 2.0])
+    status.update(snapshot_from_run(run, name="r1"))
+    status.unreachable("refused")
+    assert "cannot be reached: refused" in status.root.text
+    status.unreachable(None)
+    assert status.source.data["value"][0] == "r1" and "cannot be reached" not in status.root.text

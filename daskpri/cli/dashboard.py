@@ -13,7 +13,7 @@ from daskpri.training.cluster import lacks_tls_credentials
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:
-    from daskpri.dashboard.remote import make_server
+    from daskpri.dashboard.remote import make_server, warn_if_unreachable
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port should be in [0, 65536), but got --port {args.port}")
@@ -44,6 +44,8 @@ def _dashboard_command(args: argparse.Namespace) -> int:
         ) from None
     server.start()
     print(f"daskpri dashboard: {_page_url(server.address, server.port)}", flush=True)
+    # told on the terminal too, where the page would say it only once opened
+    server.io_loop.add_callback(warn_if_unreachable, args.scheduler)
     try:
         server.io_loop.start()
     finally:

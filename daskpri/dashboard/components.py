@@ -232,11 +232,14 @@ class RunStatus(DashboardComponent):
         "baseline",
     )
 
+    NO_RUN = "no daskpri run yet"
+
     def __init__(self, **kwargs: Any) -> None:
+        self._run = self.NO_RUN  # the run row's text while the scheduler answers
         self.source = ColumnDataSource(
             {
                 "field": list(self.FIELDS),
-                "value": ["no daskpri run yet"] + [""] * (len(self.FIELDS) - 1),
+                "value": [self.NO_RUN] + [""] * (len(self.FIELDS) - 1),
             },
             name="daskpri-status",
         )
@@ -254,8 +257,20 @@ class RunStatus(DashboardComponent):
         )
         return f"<table style='border-collapse: collapse; width: 100%'>{rows}</table>"
 
+    def unreachable(self, why: str | None) -> None:
+        """Say in the run's row that the scheduler cannot be reached, and ``why``.
+
+        ``None``: it answers again, and the row shows the run (or that there
+        is none yet) as before.
+        """
+        text = self._run if why is None else f"the scheduler cannot be reached: {why}"
+        if self.source.data["value"][0] != text:
+            self.source.patch({"value": [(0, text)]})
+            self.root.text = self._html()
+
     @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
+        self._run = snapshot["run"]
         base = snapshot.get("baseline")
         values = (
             snapshot["run"],

@@ -25,6 +25,7 @@ from bokeh.document import Document, without_document_lock
 from distributed import Client
 
 from daskpri import _config
+from daskpri._warnings import warn
 from daskpri.dashboard.page import INTERVAL, PAGE, ROUTE, DaskpriDashboard
 from daskpri.dashboard.snapshot import NoPlugin, run_strategies, snapshot_from_rpc
 
@@ -32,16 +33,25 @@ logger = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT = 10.0  # seconds to reach the scheduler before a refresh gives up
 _BACKOFF = 5.0  # seconds between attempts while the scheduler or its table is not there
+_PROBE_TIMEOUT = 3.0  # seconds for the scheduler to answer at start before it is said away
+_HANDSHAKE_GRACE = 2.0  # seconds past a connect's timeout for the scheduler's handshake
 
 
-def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) -> None:
+def remote_doc(
+    scheduler_address: str,
+    doc: Document,
+    interval: int = INTERVAL,
+    connect_timeout: float = _CONNECT_TIMEOUT,
+) -> None:
     """Build the page in ``doc``, fed by the scheduler at ``scheduler_address``.
 
     The session connects its own asynchronous Client on its first refresh
     and closes it with the session. A refresh waits on the scheduler
     without the document's lock (connecting can take the whole connect
-    timeout while the scheduler is away), so the page's widgets answer
-    meanwhile; it reads and changes the page in next-tick callbacks.
+    timeout, ``connect_timeout`` seconds, while the scheduler is away), so
+    the page's widgets answer meanwhile; it reads and changes the page in
+    next-tick callbacks. While the scheduler cannot be reached, the page's
+    status says so and why, and the refreshes keep trying.
     """
     dash = DaskpriDashboard()
     state: dict[str, Any] = {"client": None, "busy": False, "strategies": {}, "wait": 0.0,
@@ -63,6 +73,7 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
         return await done
 
     def choose() -> tuple[str | None, dict[str, Any]]:
+        dash.status.unreachable(None)
         name = dash.set_runs(state["strategies"])
         if name is None or name not in state["strategies"]:
             return None, {}
@@ -73,11 +84,12 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
         if state["busy"] or time.monotonic() < state["wait"]:  # waiting, or backing off
             return
         state["busy"] = True
+        connecting = state["client"] is None
         try:
-            if state["client"] is None:
+            if connecting:
                 state["client"] = await Client(
                     scheduler_address, asynchronous=True, set_as_default=False,
-                    timeout=_CONNECT_TIMEOUT,
+                    timeout=connect_timeout,
                 )
             rpc = state["client"].scheduler
             state["strategies"] = await run_strategies(rpc, state["strategies"])
@@ -105,6 +117,10 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
             if said != state["said"]:  # once, not on every refresh
                 logger.info("daskpri dashboard: %s: %s", scheduler_address, said)
                 state["said"] = said
+            # not a run closed or no table yet (the page says those itself): the
+            # scheduler could not be reached, or went away
+            away = connecting or isinstance(e, OSError)  # a closed comm, a timeout
+            await locked(partial(dash.status.unreachable, _reason(e) if away else None))
         finally:
             state["busy"] = False
 
@@ -120,8 +136,74 @@ def remote_doc(scheduler_address: str, doc: Document, interval: int = INTERVAL) 
     doc.add_root(dash.root)
 
 
+def _reason(error: BaseException) -> str:
+    """Why the scheduler could not be reached, in one line: ``error`` and its cause.
+
+    Dask's connect retries until its timeout and says only that it timed
+    out; the last attempt's error (a refused connection) is its cause.
+
+    Examples
+    --------
+    >>> try:
+    ...     raise OSError("Timed out after 2 s") from ConnectionRefusedError("refused")
+    ... except OSError as e:
+    ...     _reason(e)
+    'Timed out after 2 s: ConnectionRefusedError: refused'
+    """
+    why = str(error) or type(error).__name__
+    cause = error.__cause__
+    if cause is not None:
+        text = str(cause)
+        if ">: " in text:  # distributed's comm errors: "in <its connector>: Error: why"
+            why = f"{why}: {text.rpartition('>: ')[2]}"
+        else:
+            why = f"{why}: {type(cause).__name__}" + (f": {text}" if text else "")
+    return " ".join(why.split())
+
+
+async def unreachable(scheduler_address: str, timeout: float) -> str | None:
+    """Why the scheduler at ``scheduler_address`` cannot be reached now, or ``None``.
+
+    One connection and Dask's handshake, given ``timeout`` seconds (and a
+    little more for the handshake, which Dask waits for without one), with
+    the TLS settings of Dask's config, as the page's Client has.
+    """
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    args = Security().get_connection_args("client")
+    try:
+        comm = await asyncio.wait_for(
+            connect(scheduler_address, timeout=timeout, **args), timeout + _HANDSHAKE_GRACE
+        )
+    except TimeoutError:  # the handshake's wait: Dask's own connect says OSError
+        return f"no answer within {timeout + _HANDSHAKE_GRACE:g} s"
+    except Exception as e:
+        return _reason(e)
+    await comm.close()
+    return None
+
+
+async def warn_if_unreachable(scheduler_address: str, timeout: float = _PROBE_TIMEOUT) -> None:
+    """Warn, once, if the scheduler cannot be reached now; the page keeps trying meanwhile.
+
+    A dashboard may well start before its scheduler: this is no error.
+    """
+    why = await unreachable(scheduler_address, timeout)
+    if why is not None:
+        warn(
+            f"could not reach the scheduler at {scheduler_address} now ({why}); "
+            "the page will keep trying"
+        )
+
+
 def make_server(
-    scheduler_address: str, *, address: str | None = None, port: int = 5006, **kwargs: Any
+    scheduler_address: str,
+    *,
+    address: str | None = None,
+    port: int = 5006,
+    connect_timeout: float = _CONNECT_TIMEOUT,
+    **kwargs: Any,
 ) -> Any:
     """A Bokeh server of the page at ``/daskpri``, not started.
 
@@ -134,6 +216,8 @@ def make_server(
         in the config (``127.0.0.1``).
     port : int
         The port (0: a free one).
+    connect_timeout : float
+        Seconds each page waits for the scheduler per attempt to connect.
     **kwargs
         More options of :class:`bokeh.server.server.Server`.
     """
@@ -146,7 +230,9 @@ def make_server(
     if port == 0:  # the websocket origins below need the port before Bokeh binds it
         port = open_port(address)
     kwargs.setdefault("allow_websocket_origin", _origins(address, port))
-    app = Application(FunctionHandler(partial(remote_doc, scheduler_address)))
+    app = Application(FunctionHandler(
+        partial(remote_doc, scheduler_address, connect_timeout=connect_timeout)
+    ))
     return Server({ROUTE: app}, address=address, port=port, **kwargs)
 
 
