@@ -358,7 +358,7 @@ def test_a_truncated_mnist_download_is_a_clear_error(mnist_dir):
     gz = root / (MNIST_FILES["train_images"] + ".gz")
     gz.write_bytes(gz.read_bytes()[:100])
     with pytest.raises(ValueError, match=rf"^the MNIST files in {re.escape(repr(str(root)))} "
-                       r"could not be read: .*fetch them again\)$"):
+                       rf"could not be read: {re.escape(str(gz))}: .*fetch them again\)$"):
         load("mnist", root=root)
 
 

@@ -1,10 +1,12 @@
-"""TLS credentials checked before connecting, and a dashboard that says its scheduler is away."""
+"""TLS credentials checked before connecting, a dashboard that says its scheduler is away,
+and a damaged CIFAR-10 batch named in one line."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import pickle
 import queue
 import re
 import subprocess
@@ -16,15 +18,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
+import numpy as np
 import pytest
 from _procs import _stop, refusing_port
 from distributed import LocalCluster
 from distributed.security import Security
+from test_datasets import write_cifar
 
 from daskpri.cli import main
 from daskpri.dashboard.components import RunStatus
 from daskpri.dashboard.remote import make_server, unreachable
 from daskpri.dashboard.snapshot import snapshot_from_run
+from daskpri.data import load
 from daskpri.training.cluster import lacks_tls_credentials
 
 NO_TLS_CONFIG = {
@@ -242,3 +247,70 @@ def test_the_status_shows_the_run_again_once_the_scheduler_answers():
     assert "cannot be reached: refused" in status.root.text
     status.unreachable(None)
     assert status.source.data["value"][0] == "r1" and "cannot be reached" not in status.root.text
+
+
+
+# -- a damaged CIFAR-10 batch -------------------------------------------------------
+
+
+class _Calls:
+    """A pickle that calls ``func(*args)``, with a global the loader allows."""
+
+    def __init__(self, func: Any, *args: Any) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.func, self.args
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        pytest.param(b"I am not a pickle\n", "ValueError: could not convert string to int",
+                     id="text"),
+        pytest.param(b"garbage\n", r"ValueError: invalid literal for int() with base 10: "
+                     r"'arbage\n'", id="garbage"),
+        pytest.param(b"Page not found\n", "UnpicklingError: A load persistent id instruction "
+                     "was encountered, but no persistent_load function was specified.",
+                     id="web-page"),
+        pytest.param(b"", "EOFError: Ran out of input", id="empty"),
+        # well-formed pickles of other things: the allowed globals called wrongly
+        pytest.param(pickle.dumps(_Calls(dict, 5), protocol=2),
+                     "TypeError: 'int' object is not iterable", id="dict-of-an-int"),
+        pytest.param(b"K\x01K\x02a.", "AttributeError: 'int' object has no attribute 'append'",
+                     id="append-to-an-int"),
+    ],
+)
+def test_a_damaged_cifar_batch_is_one_line_naming_the_file(tmp_path, content, why):
+    write_cifar(tmp_path)
+    batch = tmp_path / "data_batch_1"
+    batch.write_bytes(content)
+    expected = (
+        f"the CIFAR-10 files in {str(tmp_path)!r} could not be read: {batch} is not a pickle "
+        f"of data ({why}) (a truncated download or a file of another kind: fetch them again)"
+    )
+    with pytest.raises(ValueError) as info:
+        load("cifar10", root=str(tmp_path))
+    assert str(info.value) == expected
+    assert isinstance(info.value.__cause__, pickle.UnpicklingError)
+
+
+def test_the_cli_tells_a_damaged_cifar_batch_in_one_line(tmp_path, capsys):
+    write_cifar(tmp_path)
+    (tmp_path / "data_batch_1").write_bytes(b"Page not found\n")
+    assert main(["train", "--dataset", "cifar10", "--root", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("daskpri: error: the CIFAR-10 files in ") and err.count("\n") == 1
+    assert str(tmp_path / "data_batch_1") in err
+
+
+def test_cifar_labels_that_are_not_integers_name_the_file(tmp_path):
+    write_cifar(tmp_path)
+    batch = tmp_path / "test_batch"
+    data = np.zeros((3, 3072), dtype=np.uint8)
+    batch.write_bytes(pickle.dumps({b"data": data, b"labels": ["cat", "dog", "cat"]}, protocol=4))
+    with pytest.raises(ValueError, match=re.escape(
+        f"{batch} should hold b'data' as an array and b'labels' as a list of integers, but "
+        "they could not be read so (ValueError: invalid literal for int() with base 10: 'cat')"
+    )):
+        load("cifar10", root=str(tmp_path))

@@ -12,6 +12,7 @@ import gzip
 import importlib
 import os
 import pickle
+import zlib
 from typing import IO, Any, cast
 
 import numpy as np
@@ -38,8 +39,11 @@ _IDX_DTYPES: dict[int, np.dtype[Any]] = {
 
 def read_idx(path: str) -> np.ndarray:
     """Read one IDX file (optionally gzipped) into a native-endian array."""
-    with _open_maybe_gzip(path) as f:
-        raw = f.read()
+    try:
+        with _open_maybe_gzip(path) as f:
+            raw = f.read()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a truncated or foreign .gz
+        raise type(e)(f"{path}: {e}") from e
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise ValueError(
             f"{path} should be an IDX file, starting with the bytes 00 00 <type> <ndim> "
@@ -149,7 +153,7 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         module = {"__builtin__": "builtins"}.get(module, module)
         allowed = _allowed_globals()
         if (module, name) not in allowed:
-            raise pickle.UnpicklingError(
+            raise _RefusedGlobal(
                 f"{self._path} asks to load the global '{module}.{name}', which daskpri "
                 f"refuses: a dataset file may only hold dicts, lists, strings, integers and "
                 f"numpy arrays, so this file is not a CIFAR-10 batch (or was tampered with)"
@@ -184,10 +188,37 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
     }
 
 
+class _RefusedGlobal(pickle.UnpicklingError):
+    """A pickle's global that :class:`_DataOnlyUnpickler` refuses (its message names the file)."""
+
+
+#: What unpickling bytes that are not a pickle, or a pickle of something else,
+#: raises: pickle's opcodes read as text ("garbage": ``ValueError``), a memo or
+#: stack that is not there (``KeyError``, ``IndexError``), the allowed globals
+#: called with the wrong arguments (``TypeError``, ``AttributeError``).
+_UNPICKLING_ERRORS = (
+    pickle.UnpicklingError, EOFError, ValueError, KeyError, TypeError, IndexError,
+    AttributeError, OverflowError, RecursionError,
+)
+
+
 def load_pickle(path: str) -> Any:
-    """Unpickle ``path`` allowing only data: containers, strings, numpy arrays."""
+    """Unpickle ``path`` allowing only data: containers, strings, numpy arrays.
+
+    A file that is not such a pickle raises :class:`pickle.UnpicklingError`
+    naming ``path``, in one line, whatever the unpickler stumbled on.
+    """
     with open(path, "rb") as f:
-        return _DataOnlyUnpickler(f, path).load()
+        try:
+            return _DataOnlyUnpickler(f, path).load()
+        except _RefusedGlobal:
+            raise
+        except _UNPICKLING_ERRORS as e:
+            why = " ".join(str(e).split())  # pickle's own messages may span lines
+            raise pickle.UnpicklingError(
+                f"{path} is not a pickle of data ({type(e).__name__}"
+                + (f": {why})" if why else ")")
+            ) from e
 
 
 def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -197,8 +228,15 @@ def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(
             f"{path} should hold a dict with keys b'data' and b'labels', but got {keys}"
         )
-    data = np.asarray(batch[b"data"])
-    labels = np.asarray(batch[b"labels"], dtype=np.int64)
+    try:
+        data = np.asarray(batch[b"data"])
+        labels = np.asarray(batch[b"labels"], dtype=np.int64)
+    except (ValueError, TypeError, OverflowError) as e:  # ragged lists, labels not integers
+        why = " ".join(str(e).split())
+        raise ValueError(
+            f"{path} should hold b'data' as an array and b'labels' as a list of integers, "
+            f"but they could not be read so ({type(e).__name__}: {why})"
+        ) from None
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
         raise ValueError(
             f"{path} should hold b'data' as uint8 of shape (n, 3072), "

@@ -208,12 +208,17 @@ def _read_mnist5k() -> Arrays:
 
 @contextlib.contextmanager
 def _damaged_files_refused(name: str, root: str) -> Iterator[None]:
-    """A damaged or refused dataset file under ``root`` as a ``ValueError`` naming it."""
+    """A damaged or refused dataset file under ``root`` as a one-line ``ValueError``.
+
+    The readers' errors name the file (:func:`daskpri.data._readers.load_pickle`,
+    :func:`~daskpri.data._readers.read_idx`).
+    """
     try:
         yield
     except (pickle.UnpicklingError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        why = " ".join(str(e).split()) or type(e).__name__
         raise ValueError(
-            f"the {name} files in {root!r} could not be read: {e or type(e).__name__} (a "
+            f"the {name} files in {root!r} could not be read: {why} (a "
             "truncated download or a file of another kind: fetch them again)"
         ) from e
 
