@@ -31,6 +31,7 @@ import pytest
 import torch
 import xarray as xr
 from _procs import _stop
+from _servers import page_server
 from distributed import Client, LocalCluster
 
 import daskpri
@@ -215,26 +216,16 @@ def test_dashboard_listens_on_the_address_asked_for_and_on_loopback_by_default()
 
 def test_dashboard_open_to_the_network_takes_the_websocket_of_a_page_opened_by_name() -> None:
     """A browser elsewhere opens the page by this machine's name: its websocket is taken."""
+    # no scheduler needed: the page says it has none
+    with page_server("tcp://127.0.0.1:1", address="0.0.0.0", port=0) as server:
+        _check_origins(server)
+
+
+def _check_origins(server: Any) -> None:
+    """Pages of this machine's names have their websocket taken by ``server``, others not."""
     from tornado.httpclient import HTTPClientError, HTTPRequest
     from tornado.websocket import websocket_connect
 
-    from daskpri.dashboard.remote import make_server
-
-    box: dict[str, Any] = {}
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        # no scheduler needed: the page says it has none
-        box["server"] = server = make_server("tcp://127.0.0.1:1", address="0.0.0.0", port=0)
-        server.start()
-        ready.set()
-        server.io_loop.start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    server = box["server"]
     url = f"http://127.0.0.1:{server.port}/daskpri"
 
     async def websocket(origin: str) -> int:
@@ -250,18 +241,10 @@ def test_dashboard_open_to_the_network_takes_the_websocket_of_a_page_opened_by_n
         conn.close()
         return 101
 
-    try:
-        for host in (socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1"):
-            assert asyncio.run(websocket(f"http://{host}:{server.port}")) == 101, host
-        # a page of another site is still refused
-        assert asyncio.run(websocket("http://example.com")) == 403
-    finally:
-        def stop() -> None:
-            server.stop()
-            server.io_loop.stop()
-
-        server.io_loop.add_callback(stop)
-        thread.join(10)
+    for host in (socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1"):
+        assert asyncio.run(websocket(f"http://{host}:{server.port}")) == 101, host
+    # a page of another site is still refused
+    assert asyncio.run(websocket("http://example.com")) == 403
 
 
 # -- bench --pick final ------------------------------------------------------------------

@@ -14,12 +14,12 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import dask
 import numpy as np
 import pytest
+from _servers import page_server
 from bokeh.client import pull_session
 from bokeh.server.server import BokehTornado
 from distributed import Client, LocalCluster, Scheduler
@@ -37,7 +37,6 @@ from daskpri.dashboard.components import (
 )
 from daskpri.dashboard.measures import priority_histogram, speedup_curve
 from daskpri.dashboard.page import DaskpriDashboard, install, refresh_from_runs
-from daskpri.dashboard.remote import make_server
 from daskpri.dashboard.snapshot import choose_baseline, snapshot_from_rpc, snapshot_from_run
 from daskpri.models import build_model
 from daskpri.strategies import get_strategy
@@ -543,34 +542,9 @@ def test_rpc_snapshot_matches_the_in_process_one(trained):
     assert later["metrics"]["step"].size == 0
 
 
-@contextlib.contextmanager
-def _standalone(scheduler_address: str) -> Iterator[Any]:
+def _standalone(scheduler_address: str) -> contextlib.AbstractContextManager[Any]:
     """The standalone app's Bokeh server for ``scheduler_address``, serving in a thread."""
-    box: dict = {}
-    ready = threading.Event()
-
-    def serve():
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        server = make_server(scheduler_address, port=0)
-        server.start()
-        box["server"] = server
-        ready.set()
-        server.io_loop.start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    server = box["server"]
-    try:
-        yield server
-    finally:
-
-        def stop() -> None:
-            server.stop()
-            server.io_loop.stop()
-
-        server.io_loop.add_callback(stop)
-        thread.join(10)
+    return page_server(scheduler_address, port=0)
 
 
 def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
+from _disks import small_disk
 from test_history import _record
 
 from daskpri.cli import main
@@ -32,23 +33,8 @@ NO_SPACE = os.strerror(errno.ENOSPC)
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """A directory on a 200 KiB tmpfs of its own, unmounted after the test."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("a full disk is made by mounting a small tmpfs, which takes root on Linux")
-    path = tmp_path / "disk"
-    path.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(path)],
-                              capture_output=True, text=True, timeout=30)
-    except FileNotFoundError:
-        pytest.skip("a full disk is made by mounting a small tmpfs: there is no mount command")
-    if done.returncode:
-        pytest.skip(f"a full disk is made by mounting a small tmpfs, which failed here: "
-                    f"{done.stderr.strip()}")
-    try:
+    with small_disk(tmp_path, "200k") as path:
         yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode:
-            subprocess.run(["umount", "--lazy", str(path)], capture_output=True)
 
 
 def _history(steps: int) -> xr.Dataset:

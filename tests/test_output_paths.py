@@ -13,8 +13,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from _disks import small_disk
 from test_bench import MACHINE, SIZES, _config, _simulate
 from test_history import _record
 
@@ -249,23 +248,8 @@ def test_a_write_that_fails_names_its_path_not_its_temporary(name: str) -> None:
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """A directory on a 64 KiB tmpfs of its own, unmounted after the test."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("a full disk is made by mounting a small tmpfs, which takes root on Linux")
-    path = tmp_path / "disk"
-    path.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)],
-                              capture_output=True, text=True, timeout=30)
-    except FileNotFoundError:
-        pytest.skip("a full disk is made by mounting a small tmpfs: there is no mount command")
-    if done.returncode:
-        pytest.skip(f"a full disk is made by mounting a small tmpfs, which failed here: "
-                    f"{done.stderr.strip()}")
-    try:
+    with small_disk(tmp_path, "64k") as path:
         yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode:
-            subprocess.run(["umount", "--lazy", str(path)], capture_output=True)
 
 
 def test_a_bench_report_the_disk_cannot_take_names_its_file_and_leaves_no_temporary(

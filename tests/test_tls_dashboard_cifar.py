@@ -21,13 +21,14 @@ import dask
 import numpy as np
 import pytest
 from _procs import _stop, refusing_port
+from _servers import page_server
 from distributed import LocalCluster
 from distributed.security import Security
 from test_datasets import write_cifar
 
 from daskpri.cli import main
 from daskpri.dashboard.components import RunStatus
-from daskpri.dashboard.remote import make_server, unreachable
+from daskpri.dashboard.remote import unreachable
 from daskpri.dashboard.snapshot import snapshot_from_run
 from daskpri.data import load
 from daskpri.training.cluster import lacks_tls_credentials
@@ -188,32 +189,9 @@ def test_dashboard_warns_at_start_that_its_scheduler_is_unreachable_and_keeps_se
             _stop([proc])
 
 
-@contextlib.contextmanager
-def _page_server(scheduler: str, connect_timeout: float) -> Iterator[Any]:
+def _page_server(scheduler: str, connect_timeout: float) -> contextlib.AbstractContextManager[Any]:
     """The page's Bokeh server for ``scheduler``, serving in a thread."""
-    box: dict[str, Any] = {}
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        box["server"] = make_server(scheduler, port=0, connect_timeout=connect_timeout)
-        box["server"].start()
-        ready.set()
-        box["server"].io_loop.start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    server = box["server"]
-    try:
-        yield server
-    finally:
-        def stop() -> None:
-            server.stop()
-            server.io_loop.stop()
-
-        server.io_loop.add_callback(stop)
-        thread.join(30)
+    return page_server(scheduler, port=0, connect_timeout=connect_timeout)
 
 
 def test_the_page_says_its_scheduler_is_unreachable_rather_than_no_run_yet():
