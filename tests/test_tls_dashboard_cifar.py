@@ -292,3 +292,31 @@ def test_cifar_labels_that_are_not_integers_name_the_file(tmp_path):
         "they could not be read so (ValueError: invalid literal for int() with base 10: 'cat')"
     )):
         load("cifar10", root=str(tmp_path))
+
+
+def test_the_standalone_app_checks_and_warns_as_daskpri_dashboard() -> None:
+    """``python dashboards/daskpri_app.py``: the page served, an unreachable scheduler told."""
+    app = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "dashboards",
+                                        "daskpri_app.py")]
+    bad = subprocess.run([*app, "--scheduler", "tcp://127.0.0.1:port"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("daskpri: error: --scheduler should be a scheduler's address "
+                                 "such as tcp://127.0.0.1:8786, but got --scheduler "
+                                 "'tcp://127.0.0.1:port'"), bad.stderr
+    with refusing_port() as port:
+        proc = subprocess.Popen([*app, "--scheduler", f"tcp://127.0.0.1:{port}", "--port", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            said = re.fullmatch(r"daskpri dashboard: (http://127\.0\.0\.1:\d+/daskpri)\n",
+                                proc.stdout.readline())
+            assert said is not None
+            with urllib.request.urlopen(said.group(1), timeout=30) as r:
+                assert r.status == 200
+            warning = proc.stderr.readline()
+            assert warning.startswith(f"daskpri: warning: could not reach the scheduler at "
+                                      f"tcp://127.0.0.1:{port} now ("), warning
+            assert warning.endswith("); the page will keep trying\n"), warning
+        finally:
+            _stop([proc])

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import socket
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -257,19 +258,18 @@ def _origins(address: str, port: int) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Serve the page until interrupted: ``python dashboards/daskpri_app.py --scheduler ADDR``."""
+    from daskpri.cli import _show_warning
+    from daskpri.cli.dashboard import _dashboard_command
+
     args = parse_args(argv)
-    try:
-        server = make_server(args.scheduler, address=args.address, port=args.port)
-    except OSError as e:
-        raise SystemExit(f"{PAGE}: error: --port {args.port} cannot be listened on: {e}") from None
-    server.start()
-    print(f"daskpri dashboard: http://{server.address}:{server.port}{ROUTE}", flush=True)
-    try:
-        server.io_loop.start()
-    except KeyboardInterrupt:
-        pass  # Ctrl-C: the server stops with the process
-    finally:
-        server.stop()
+    with warnings.catch_warnings():  # as `daskpri dashboard` shows them: a line each
+        warnings.showwarning = _show_warning
+        try:  # `daskpri dashboard`'s checks, server and terminal lines
+            _dashboard_command(args)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"{PAGE}: error: {e}") from None
+        except KeyboardInterrupt:
+            pass  # Ctrl-C: the server stops with the process
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
