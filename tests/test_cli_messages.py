@@ -183,3 +183,18 @@ def test_too_few_workers_with_resources_names_them() -> None:
         "GPU=1), or ask for at most 1 (n_workers=1; daskpri train --workers 1), or ask for "
         "other resources"
     )
+
+
+def test_a_batch_over_a_workers_share_is_refused_before_the_local_cluster_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["train", "--dataset", "synthetic", "--n-samples", "100", "--workers", "2",
+            "--max-steps", "5", "--no-progress"]
+    assert main(argv) == 2  # the default batch, 64, over 40 a worker (80 samples train)
+    said = capsys.readouterr()
+    assert said.err == (
+        "daskpri: error: --batch-size 64 is more than a worker's share of the data (40 samples: "
+        "80 on 2 workers), and each worker trains a batch a step from its own share; give "
+        "--batch-size 40 or less, fewer --workers, or more --n-samples\n")
+    assert "dashboard:" not in said.out  # no cluster was started
+    assert main([*argv, "--batch-size", "40"]) == 0

@@ -69,6 +69,8 @@ def _train(args: argparse.Namespace) -> int:
         if args.resume is None:
             model = daskpri.models.build_model(model_name, train, seed=seed)
             trainer = daskpri.Trainer(model, client=client, **settings)
+            if client is None:  # the LocalCluster's workers are known: told before it starts
+                _check_batch_fits(trainer, train.sizes["sample"])
         else:
             trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
             print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
@@ -161,6 +163,25 @@ def _security(args: argparse.Namespace) -> Security | None:
         ) from None
     return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
                     tls_client_key=args.tls_key, require_encryption=True)
+
+
+def _check_batch_fits(trainer: daskpri.Trainer, n_samples: int) -> None:
+    """Refuse a batch over a worker's share of the data before the LocalCluster starts.
+
+    Each worker trains a batch a step from its own share; the smallest
+    share is at most an equal one, so a batch over that is refused here, as
+    the trainer would refuse it once its cluster had started.
+    """
+    batch = getattr(trainer.strategy, "batch_size", None) or trainer.batch_size
+    n_workers = trainer.n_workers or 2
+    share = n_samples // n_workers
+    if batch > share:
+        raise ValueError(
+            f"--batch-size {batch} is more than a worker's share of the data ({share} "
+            f"samples: {n_samples} on {n_workers} workers), and each worker trains a batch a "
+            f"step from its own share; give --batch-size {share} or less, fewer --workers, "
+            "or more --n-samples"
+        )
 
 
 def _new_run(
