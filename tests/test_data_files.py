@@ -149,6 +149,53 @@ def test_a_soft_link_within_the_file_is_read(tmp_path):
     np.testing.assert_array_equal(ds["x"].values, np.full((N, 3), 2, "f4"))
 
 
+# --- zarr stores with links that lead out of them ---------------------------------
+
+
+def zarr_store(path):
+    """A zarr store of N samples, its ``x`` in one uncompressed chunk file: that file's path."""
+    ds = xr.Dataset({"x": (("sample", "feature"), np.zeros((N, 3), "<f4")),
+                     "y": ("sample", np.arange(N))})
+    ds.to_zarr(path, encoding={"x": {"compressors": None}}, consolidated=False)
+    [chunk] = [os.path.join(root, f) for root, _, files in os.walk(path / "x")
+               for f in files if f != "zarr.json"]
+    return chunk
+
+
+def test_a_zarr_chunk_linked_out_of_the_store_is_refused(tmp_path, secret):
+    from daskpri.training._checks import open_data
+
+    store = tmp_path / "data.zarr"
+    chunk = zarr_store(store)
+    os.remove(chunk)
+    os.symlink(secret, chunk)
+    message = re.escape(
+        f"data should be a zarr store whose files are its own, but in {str(store)!r} the link "
+        f"{os.path.relpath(chunk, store)!r} leads out of it, to {str(secret)!r} (a store you "
+        "trust: dask.config.set({'daskpri.data.follow-outside-links': True}))")
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        open_dataset(store)
+    with pytest.raises(ValueError, match=message):  # a fit's data, on the driver
+        open_data(str(store), None)
+    # trusted: followed, and the other file's bytes are what is read
+    with dask.config.set({"daskpri.data.follow-outside-links": True}):
+        x = open_dataset(store)["x"].values
+    np.testing.assert_array_equal(x, np.fromfile(secret, "<f4").reshape(N, 3))
+    # a worker reading a store the driver checked does not look again
+    np.testing.assert_array_equal(open_dataset(store, check_links=False)["x"].values, x)
+
+
+def test_links_within_a_zarr_store_and_a_linked_store_are_read(tmp_path):
+    store = tmp_path / "data.zarr"
+    chunk = zarr_store(store)
+    os.rename(chunk, store / "x" / "spare")
+    os.symlink(store / "x" / "spare", chunk)  # within the store
+    linked = tmp_path / "linked.zarr"
+    os.symlink(store, linked)  # the store itself a link
+    for path in (store, linked):
+        assert open_dataset(path)["x"].values.shape == (N, 3)
+
+
 # --- the dataset cache ------------------------------------------------------
 
 

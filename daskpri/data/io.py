@@ -20,6 +20,7 @@ import numpy as np
 import xarray as xr
 import zarr.errors
 
+from daskpri import _config
 from daskpri.data._formats import format_of
 from daskpri.data.store import check_destination, to_store
 
@@ -36,7 +37,9 @@ __all__ = [
 _NETCDF3_MAGIC = (b"CDF\x01", b"CDF\x02", b"CDF\x05")
 
 
-def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "data") -> xr.Dataset:
+def open_dataset(
+    source: xr.Dataset | str | os.PathLike[str], *, name: str = "data", check_links: bool = True
+) -> xr.Dataset:
     """Open ``source`` lazily as a training dataset and check its layout.
 
     Parameters
@@ -50,6 +53,10 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
         which should then be installed on the workers too.
     name : str, default "data"
         The parameter's name, used in error messages.
+    check_links : bool, default True
+        Refuse a zarr store with symbolic links that lead out of it (see
+        `check_links_inside`), unless ``daskpri.data.follow-outside-links``
+        is true. A worker reading a store the driver checked passes False.
 
     Returns
     -------
@@ -90,6 +97,8 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
         raise FileNotFoundError(f"{name} names {path!r}, but there is no such file or directory")
     fmt = format_of(path, name=name)
     if fmt == "zarr":
+        if check_links and not _config.get_bool("data.follow-outside-links"):
+            check_links_inside(path, name=name)
         # Local stores hold a handful of arrays, so reading their metadata one
         # by one is cheap; consolidated metadata is not part of zarr format 3
         # and asking for it warns on every store that lacks it.
@@ -104,6 +113,43 @@ def open_dataset(source: xr.Dataset | str | os.PathLike[str], *, name: str = "da
         ds = _open_netcdf(path, name=name)
     validate_dataset(ds, name=name)
     return ds
+
+
+def check_links_inside(path: str, *, name: str = "data") -> None:
+    """Refuse the zarr store at ``path`` if a symbolic link in it leads out of it.
+
+    zarr reads a chunk through a link like any file, so a crafted store
+    could hand training (and the model's weights) the bytes of any file of
+    the machine, as HDF5's external storage could (`check_self_contained`).
+    Links within the store, and a store that is itself a link, are read.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> store = os.path.join(tempfile.mkdtemp(), "data.zarr")
+    >>> os.makedirs(os.path.join(store, "x", "c"))
+    >>> secret = os.path.join(tempfile.mkdtemp(), "secret.txt")
+    >>> os.symlink(secret, os.path.join(store, "x", "c", "0"))
+    >>> check_links_inside(store)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: data should be a zarr store whose files are its own, but in '...data.zarr' \
+the link 'x/c/0' leads out of it, to '...secret.txt' (a store you trust: ...)
+    """
+    top = os.path.realpath(path)
+    for root, dirs, files in os.walk(path):  # links to directories are not walked into
+        for entry in (*dirs, *files):
+            link = os.path.join(root, entry)
+            if not os.path.islink(link):
+                continue
+            target = os.path.realpath(link)
+            if os.path.commonpath([top, target]) != top:
+                raise ValueError(
+                    f"{name} should be a zarr store whose files are its own, but in {path!r} "
+                    f"the link {os.path.relpath(link, path)!r} leads out of it, to {target!r} "
+                    "(a store you trust: dask.config.set({'daskpri.data.follow-outside-links': "
+                    "True}))"
+                )
 
 
 def _open_netcdf(path: str, *, name: str) -> xr.Dataset:

@@ -183,7 +183,9 @@ class ReplicaPlugin(WorkerPlugin):
             # Read in this thread: a dask compute here would submit tasks to
             # the cluster from inside a task and wait on this worker's slot.
             with dask.config.set(scheduler="synchronous"):
-                ds = open_dataset(ref.path).isel(sample=slice(ref.start, ref.stop))
+                # its links checked on the driver, under the driver's config
+                ds = open_dataset(ref.path, check_links=False).isel(
+                    sample=slice(ref.start, ref.stop))
                 return np.asarray(ds["x"].values), np.asarray(ds["y"].values)
         except FILE_ERRORS as e:
             raise type(e)(f"{cannot}: {e}") from None
