@@ -198,3 +198,15 @@ def test_a_batch_over_a_workers_share_is_refused_before_the_local_cluster_starts
         "--batch-size 40 or less, fewer --workers, or more --n-samples\n")
     assert "dashboard:" not in said.out  # no cluster was started
     assert main([*argv, "--batch-size", "40"]) == 0
+
+
+@pytest.mark.parametrize("address", ["foo://127.0.0.1:8786", "tcp://127.0.0.1", "tcp://host:port"])
+def test_a_scheduler_address_that_is_none_is_bad_input(
+    address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # exit 2, as for dashboard --scheduler: not an unreachable scheduler's 1
+    assert main(["train", "--scheduler", address, "--dataset", "synthetic", "--n-samples",
+                 "200", "--max-steps", "1"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "daskpri: error: the scheduler's address should be one such as tcp://127.0.0.1:8786, "
+        f"but got {address!r} (")

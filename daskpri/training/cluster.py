@@ -13,7 +13,7 @@ import dask.config
 import torch
 from distributed import Client, LocalCluster
 from distributed.client import AllExit
-from distributed.comm.addressing import parse_address
+from distributed.comm.addressing import get_address_host_port, parse_address
 from distributed.security import Security
 
 from daskpri import _config
@@ -277,8 +277,25 @@ def connect(address: str, security: Any = None, timeout: float = CONNECT_TIMEOUT
     good. The client is made in a thread, given ``timeout`` and a little
     more; one that has not connected by then is closed, which ends its wait.
     A ``tls://`` address without TLS credentials (``security``, or Dask's
-    config when it is ``None``) is refused with a ``ValueError`` first.
+    config when it is ``None``), or one that is no address at all (an
+    unknown protocol, no port), is refused with a ``ValueError`` first.
+
+    Examples
+    --------
+    >>> connect("foo://127.0.0.1:8786")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: the scheduler's address should be one such as tcp://127.0.0.1:8786, but got \
+'foo://127.0.0.1:8786' (unknown address scheme 'foo'...)
     """
+    try:
+        if parse_address(address)[0] != "inproc":  # an in-process scheduler's has no port
+            get_address_host_port(address)
+    except ValueError as e:
+        raise ValueError(
+            f"the scheduler's address should be one such as tcp://127.0.0.1:8786, but got "
+            f"{address!r} ({e})"
+        ) from None
     if (security is None or isinstance(security, Security)) and lacks_tls_credentials(
         address, security
     ):
