@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -471,6 +472,47 @@ def test_fit_on_new_data_rebuilds_the_table_on_the_same_cluster(small_data):
     finally:
         trainer.close()
     assert client.status == "closed"
+
+
+def test_a_fit_that_fails_leaves_the_trainer_able_to_fit_and_its_last_run_kept(
+    gpu_client, small_data
+):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                              batch_size=32)
+    try:
+        # labels out of range are found by the workers, as they load the partitions
+        with pytest.raises(ValueError, match=r"^y in partition [01] \(samples \d+-\d+\) should "
+                           r"be in \[0, 10\), but got 1[0-4] at sample"):  # the first to fail
+            trainer.fit(train.assign(y=train["y"] + 5), max_steps=5, progress=False)
+        gc.collect()
+        # the erred load of partition 0 is not handed to this fit, under its key
+        trainer.fit(train, max_steps=5, progress=False)
+        assert trainer.step_ == 5
+        # data the model cannot run on is refused before the last run is let go
+        with pytest.raises(ValueError, match="^the model could not run on two samples"):
+            trainer.fit(train.isel(feature=slice(0, 10)), max_steps=30, progress=False)
+        assert trainer.step_ == 5 and trainer.table_.sizes["sample"] == train.sizes["sample"]
+    finally:
+        trainer.close()
+    loads = f"daskpri-load-{trainer.run_id}"
+    left = gpu_client.run_on_scheduler(
+        lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if str(k).startswith(loads)])
+    assert left == []
+
+
+def test_fewer_partitions_than_workers_are_refused_saying_why(gpu_client, small_data):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                              partition_size=1600, batch_size=32)
+    try:
+        with pytest.raises(ValueError, match=re.escape(
+                "the data (1600 samples) is cut into 1 partition(s) by partition_size=1600, "
+                "fewer than the 2 workers, so a worker would hold none: give a partition_size "
+                "of at most 800, or fewer workers")):
+            trainer.fit(train, max_steps=3, progress=False)
+    finally:
+        trainer.close()
 
 
 def test_a_loss_that_overflows_stops_with_the_step_named(gpu_client, small_data):

@@ -161,14 +161,36 @@ class RunMixin:
             # workers may have left or joined since the last fit: look before its first round
             self._next_rescan = 0.0
             return
-        if self._data_key is not None:
-            self._release()  # new data: a new table, partitions and replicas
+        # checked before the last data's run is released: a fit refused here leaves it
         check_strategy_model(self.strategy, self.model)
-        self._n_classes = check_model(self.model, ds, info)
+        n_classes = check_model(self.model, ds, info)
         sizes = np.diff(bounds)
         owner = assign_owners(sizes, len(addrs))
         self._check_batch_fits(sizes, owner, len(addrs))
+        if self._data_key is not None:
+            self._release()  # new data: a new table, partitions and replicas
+        self._n_classes = n_classes
         self._warn_unequal_shares(sizes, owner, len(addrs))
+        try:
+            self._set_up(client, ds, source, bounds, sizes, owner, addrs, key)
+        except BaseException:
+            # a set-up that failed on the workers (labels out of range, a device
+            # they lack) leaves nothing in the cluster: the next fit starts clean
+            self._drop_failed_set_up()
+            raise
+
+    def _set_up(
+        self,
+        client: Client,
+        ds: xr.Dataset,
+        source: xr.Dataset | str,
+        bounds: np.ndarray,
+        sizes: np.ndarray,
+        owner: np.ndarray,
+        addrs: list[str],
+        key: tuple[Any, ...],
+    ) -> None:
+        """Make the run in the cluster: replicas, table, partitions placed and checked."""
         self._plugin = ReplicaPlugin(
             self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
         )
@@ -237,11 +259,28 @@ class RunMixin:
             self._resume_state = None
         self._next_rescan = time.monotonic() + rescan_interval()
 
+    def _drop_failed_set_up(self) -> None:
+        """Release what a set-up that failed had made: table, replicas, partitions."""
+        if self._table is None and getattr(self, "_plugin", None) is not None:  # no table yet
+            with contextlib.suppress(Exception):
+                self._unregister_replicas()
+        with contextlib.suppress(Exception):
+            self._release()
+
     def _check_batch_fits(self, sizes: np.ndarray, owner: np.ndarray, n_slots: int) -> None:
         """Refuse a batch larger than a worker's share: each trains one a step from its own."""
         batch = getattr(self.strategy, "batch_size", None) or self.batch_size
         shares = np.bincount(owner, weights=sizes, minlength=n_slots)
         least = int(shares.min())
+        if least == 0:  # fewer partitions than workers
+            n = int(sizes.sum())
+            cut = ("its chunks" if self.partition_size is None
+                   else f"partition_size={self.partition_size}")
+            raise ValueError(
+                f"the data ({n} samples) is cut into {len(sizes)} partition(s) by {cut}, fewer "
+                f"than the {n_slots} workers, so a worker would hold none: give a "
+                f"partition_size of at most {n // n_slots}, or fewer workers"
+            )
         if batch > least:
             raise ValueError(
                 f"batch_size={batch} is more than a worker's share of the data ({least} "

@@ -188,7 +188,14 @@ class Deployment:
             )
             for pid in pids
         ]
-        client.gather(checks)
+        try:
+            client.gather(checks)
+        except BaseException:
+            # an erred check kept under its key would be handed back, error and all,
+            # to the next fit's submit of that key (its data since mended)
+            with contextlib.suppress(Exception):
+                client.cancel(checks, force=True)
+            raise
 
     def warm_up(
         self,
