@@ -501,6 +501,25 @@ def test_a_fit_that_fails_leaves_the_trainer_able_to_fit_and_its_last_run_kept(
     assert left == []
 
 
+def test_save_and_table_after_close_say_close_let_the_run_go(gpu_client, small_data, tmp_path):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    with pytest.raises(RuntimeError, match=r"^nothing to save yet: call fit first$"):
+        trainer.save(tmp_path / "none.ckpt")
+    trainer.fit(train, max_steps=3, progress=False)
+    path = trainer.save(tmp_path / "run.ckpt")
+    trainer.close()
+    with pytest.raises(RuntimeError, match=r"^nothing to save: close\(\) released the run's "
+                       r"table at step 3; save before closing"):
+        trainer.save(tmp_path / "late.ckpt")
+    with pytest.raises(RuntimeError, match=r"^no table_: close\(\) released the run's table at "
+                       r"step 3"):
+        _ = trainer.table_
+    with pytest.raises(TypeError, match=r"^model should be a torch.nn.Module of the checkpoint's "
+                       r"architecture, but got str 'mlp'$"):
+        daskpri.Trainer.resume(path, model="mlp", client=gpu_client)  # type: ignore[arg-type]
+
+
 def test_fewer_partitions_than_workers_are_refused_saying_why(gpu_client, small_data):
     train, _ = small_data
     trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,

@@ -74,17 +74,24 @@ class PersistMixin(StepMixin):
         >>> trainer.save("run.ckpt")  # doctest: +SKIP
         >>> trainer = daskpri.Trainer.resume("run.ckpt", client=client)  # doctest: +SKIP
         """
-        if self._table is None or self._opt is None:
-            raise RuntimeError("nothing to save yet: call fit first")
         if self._fit_elsewhere():
             raise RuntimeError(
                 "save() while a fit runs in another thread (fit_in_background) could "
                 "checkpoint a step half-applied; stop() it and wait for its future first, "
                 "or pass checkpoint_path= and checkpoint_every= to checkpoint as it runs"
             )
+        if self._table is None or self._opt is None:
+            raise RuntimeError(self._no_run("nothing to save"))
         self._drop_prefetched()
         self._flush()
         return checkpoint.write(checkpoint_state(cast("Trainer", self)), path)
+
+    def _no_run(self, what: str) -> str:
+        """Why there is no run in the cluster: no fit yet, or closed after one."""
+        if self.step_ == 0:
+            return f"{what} yet: call fit first"
+        return (f"{what}: close() released the run's table at step {self.step_}; save "
+                "before closing, or pass checkpoint_path= to checkpoint as it runs")
 
     @classmethod
     def resume(
@@ -210,7 +217,7 @@ class PersistMixin(StepMixin):
         >>> trainer.table_.plot.hist(bins=50)  # the priority distribution  # doctest: +SKIP
         """
         if self._data_key is None:
-            raise RuntimeError("table_ is available after fit")
+            raise RuntimeError(self._no_run("no table_"))
         _ = self.client  # raises if it was closed
         if not self._fit_elsewhere():
             self._flush()

@@ -89,6 +89,11 @@ def resume_trainer(
                 "the same architecture"
             )
         model = from_spec(state["model_spec"])
+    elif not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"model should be a torch.nn.Module of the checkpoint's architecture, but got "
+            f"{type(model).__name__} {model!r}"
+        )
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
