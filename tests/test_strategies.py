@@ -35,6 +35,13 @@ def test_registry_and_errors():
     assert {"uniform", "projection", "length", "loss", "selective-backprop"} <= set(STRATEGIES)
     with pytest.raises(ValueError, match="strategy should be one of 'uniform'.*but got 'los'"):
         get_strategy("los")
+    # a class where an instance is wanted, and objects of no strategy
+    with pytest.raises(TypeError, match=r"^strategy should be a Strategy object or a registered "
+                       r"name, but got the class Uniform: pass Uniform\(\.\.\.\), an instance$"):
+        get_strategy(type(get_strategy("uniform")))
+    for wrong in (3, torch.nn.Linear(2, 2)):
+        with pytest.raises(TypeError, match=r"^strategy should be a registered name \('uniform', "):
+            get_strategy(wrong)
     with pytest.raises(ValueError, match=r"renew should be a number in \[0, 1\], but got renew=2"):
         get_strategy("projection", renew=2)
     with pytest.raises(ValueError, match="epsilon should be a number in"):

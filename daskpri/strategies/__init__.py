@@ -172,6 +172,9 @@ def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
 
     Raises
     ------
+    TypeError
+        If ``strategy`` is neither a name nor a Strategy object (a Strategy
+        class among them: an instance is wanted).
     ValueError
         If the name is not registered, the strategy does not take one of
         ``options``, or options come with a strategy object.
@@ -192,8 +195,18 @@ def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
                 f"{sorted(options)} beside {strategy!r}"
             )
         return strategy
-    if not isinstance(strategy, str) or strategy not in STRATEGIES:
-        allowed = ", ".join(repr(s) for s in STRATEGIES)
+    allowed = ", ".join(repr(s) for s in STRATEGIES)
+    if isinstance(strategy, type) and issubclass(strategy, Strategy):
+        raise TypeError(
+            f"strategy should be a Strategy object or a registered name, but got the class "
+            f"{strategy.__name__}: pass {strategy.__name__}(...), an instance"
+        )
+    if not isinstance(strategy, str):
+        raise TypeError(
+            f"strategy should be a registered name ({allowed}) or a Strategy object, but got "
+            f"{type(strategy).__name__} {strategy!r}"
+        )
+    if strategy not in STRATEGIES:
         raise ValueError(f"strategy should be one of {allowed}, but got {strategy!r}")
     check_strategy_options(strategy, options, given_as="the option")
     return STRATEGIES[strategy](**options)
