@@ -41,7 +41,8 @@ def _train(args: argparse.Namespace) -> int:
         _check_destination("--output", args.output, kind="store")
     if args.checkpoint is not None:
         _check_destination("--checkpoint", args.checkpoint)
-        checkpoint.check_replaceable(args.checkpoint, "--checkpoint")
+        # (probed for a file just above)
+        checkpoint.check_replaceable(args.checkpoint, "--checkpoint", writable=False)
     for flag, other in (("--checkpoint", args.checkpoint), ("--resume", args.resume)):
         if (args.output is not None and other is not None
                 and os.path.abspath(args.output) == os.path.abspath(other)):
