@@ -69,6 +69,29 @@ def test_partition_bounds():
         assert np.bincount(assign_owners(sizes, 3), sizes).tolist() == [5333, 5333, 5334]
     assert partition_bounds(_ds(3), None, 4).tolist() == [0, 1, 2, 3]  # fewer samples
     assert partition_bounds(_ds(10, chunk=6), None, 2).tolist() == [0, 6, 10]  # zarr/dask chunks
+
+
+def test_small_chunks_are_grouped_into_runs_of_whole_chunks():
+    with dask.config.set({"daskpri.trainer.partition-size": 1000}):
+        # a store written a sample at a time: 2,400 partitions before, now four
+        bounds = partition_bounds(_ds(2400, chunk=1), None, 2)
+        assert bounds.tolist() == [0, 600, 1200, 1800, 2400]
+        # cuts fall on chunk boundaries, the nearest to an even cut's
+        bounds = partition_bounds(_ds(2400, chunk=7), None, 2)
+        assert (bounds % 7 == 0)[:-1].all() and bounds[-1] == 2400
+        assert len(bounds) == 5 and np.abs(np.diff(bounds) - 600).max() <= 7
+        # chunks no finer than the even cut stay one partition each
+        bounds = partition_bounds(_ds(16000, chunk=1000), None, 2)
+        assert bounds.tolist() == list(range(0, 16001, 1000))
+        # unequal chunks: a chunk larger than a piece stays whole
+        # chunks of 100 samples or more, on average, stay one partition each
+        bounds = partition_bounds(_ds(2400, chunk=100), None, 2)
+        assert bounds.tolist() == list(range(0, 2401, 100))
+        # unequal chunks: a chunk larger than a piece stays whole
+        ds = _ds(2000).chunk({"sample": (1700,) + (1,) * 300})
+        assert partition_bounds(ds, None, 2).tolist() == [0, 1700, 2000]
+        ds = _ds(2000).chunk({"sample": (1,) * 300 + (1700,)})
+        assert partition_bounds(ds, None, 2).tolist() == [0, 300, 2000]
     with pytest.raises(ValueError, match="partition_size should be a positive integer"):
         partition_bounds(_ds(10), 0, 2)
 

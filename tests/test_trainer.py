@@ -102,6 +102,24 @@ def test_fit_from_zarr_and_netcdf_paths(gpu_client, small_data, tmp_path):
         trainer.close()
 
 
+def test_a_store_of_one_sample_chunks_trains_in_partitions_of_many(
+    gpu_client, small_data, tmp_path
+):
+    train, _ = small_data
+    path = to_store(train.isel(sample=slice(400)).chunk({"sample": 1}),
+                    str(tmp_path / "train.zarr"))
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="loss", client=gpu_client,
+                              batch_size=16)
+    try:
+        trainer.fit(path, max_steps=3, progress=False)
+        table = trainer.table_
+    finally:
+        trainer.close()
+    # one partition a worker, whole chunks, not one a sample; every sample in the table
+    assert np.unique(table["partition"]).tolist() == [0, 1]
+    assert np.bincount(table["partition"]).tolist() == [200, 200]
+
+
 def test_a_relative_path_and_a_file_of_one_chunk_reach_every_worker(
     gpu_client, small_data, tmp_path, monkeypatch
 ):
