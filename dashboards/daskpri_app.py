@@ -9,6 +9,9 @@ or on its own, listening on 127.0.0.1 by default, at ``/daskpri``::
 
     python dashboards/daskpri_app.py --scheduler tcp://127.0.0.1:8786 [--port 5006]
 
+A ``tls://`` scheduler takes ``--tls-ca-file``, ``--tls-cert`` and
+``--tls-key`` (or Dask's TLS config), as ``daskpri dashboard`` does.
+
 The scheduler needs the daskpri plugin: ``dask scheduler --preload
 daskpri.table.plugin``, or any scheduler a daskpri Trainer has run on.
 """
@@ -31,4 +34,7 @@ else:  # under ``bokeh serve``, which sets sys.argv to the script and its --args
             "daskpri_app.py needs the scheduler's address: bokeh serve dashboards/daskpri_app.py "
             "--address 127.0.0.1 --args --scheduler tcp://127.0.0.1:8786"
         ) from None
-    remote_doc(args.scheduler, curdoc())
+    from daskpri.cli._tls import client_security
+
+    # the --tls-* files, checked as `daskpri dashboard` checks them
+    remote_doc(args.scheduler, curdoc(), security=client_security(args))

@@ -20,9 +20,9 @@ from typing import Any
 import dask
 import numpy as np
 import pytest
-from _procs import _stop, refusing_port
+from _procs import _stop, refusing_port, start_scheduler
 from _servers import page_server
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 from distributed.security import Security
 from test_datasets import write_cifar
 
@@ -50,8 +50,8 @@ def _tls_config(files: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def tls_cluster(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A loopback TLS LocalCluster of one worker, and its client's credentials as PEM files."""
+def tls_credentials(tmp_path_factory) -> tuple[Security, dict[str, str]]:
+    """Temporary TLS credentials, and the client's as PEM files by the ``--tls-*`` flag."""
     security = Security.temporary()
     folder = tmp_path_factory.mktemp("tls")
     files = {}
@@ -61,9 +61,36 @@ def tls_cluster(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
         path = folder / f"{flag.strip('-')}.pem"
         path.write_text(text)
         files[flag] = str(path)
+    return security, files
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tls_credentials) -> Iterator[tuple[str, dict[str, str]]]:
+    """A loopback TLS LocalCluster of one worker, and its client's credentials as PEM files."""
+    security, files = tls_credentials
     with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", protocol="tls://",
                       security=security, dashboard_address="127.0.0.1:0") as cluster:
         yield cluster.scheduler_address, files
+
+
+@pytest.fixture(scope="module")
+def tls_scheduler(tls_credentials, tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A ``dask scheduler`` with TLS on loopback and no workers, and a client's PEM files."""
+    _, files = tls_credentials
+    # the scheduler's certificate is the client's: Security.temporary() makes one for all
+    address, proc = start_scheduler(
+        tmp_path_factory.mktemp("scheduler"), "--no-dashboard", "--protocol", "tls",
+        *(arg for item in files.items() for arg in item),
+    )
+    try:
+        assert address.startswith("tls://127.0.0.1:")
+        yield address, files
+    finally:
+        _stop([proc])
+
+
+def _flags(files: dict[str, str]) -> list[str]:
+    return [arg for item in files.items() for arg in item]
 
 
 # -- train: a tls:// scheduler's credentials ------------------------------------------
@@ -127,19 +154,119 @@ def test_a_tls_scheduler_trains_with_the_tls_flags_or_dasks_config(tls_cluster, 
 # -- dashboard ----------------------------------------------------------------------
 
 
-def test_dashboard_refuses_a_tls_scheduler_without_dasks_tls_config(capsys):
+# -- dashboard and bench: train's --tls-* options ----------------------------------------
+
+
+def _command(name: str, tmp_path: Any) -> list[str]:
+    """``dashboard`` or ``bench`` as far as their TLS options, which they check first."""
+    if name == "dashboard":
+        return ["dashboard", "--port", "0"]
+    return ["bench", "--quick", "--no-ddp", "--workers", "1", "--no-progress",
+            "--out", str(tmp_path / "bench")]
+
+
+@contextlib.contextmanager
+def _never_serving() -> Iterator[None]:
+    """The dashboard's server made an error: started, it would serve for good."""
     from daskpri.dashboard import remote
 
-    def never(*args: Any, **kwargs: Any) -> Any:  # a server started would serve for good
+    def never(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the dashboard started serving")
 
-    with dask.config.set(NO_TLS_CONFIG), pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(remote, "make_server", never)
-        assert main(["dashboard", "--scheduler", "tls://127.0.0.1:1", "--port", "0"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("daskpri: error: daskpri dashboard takes a tls:// scheduler's "
-                          "credentials from Dask's config only (it has no --tls-* options)")
-    assert err.count("\n") == 1
+        yield
+
+
+@pytest.mark.parametrize("command", ["dashboard", "bench"])
+def test_dashboard_and_bench_refuse_a_tls_scheduler_without_credentials(
+    command, tmp_path, capsys
+):
+    with refusing_port() as port, dask.config.set(NO_TLS_CONFIG), _never_serving():
+        argv = [*_command(command, tmp_path), "--scheduler", f"tls://127.0.0.1:{port}"]
+        assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "daskpri: error: a tls:// scheduler needs --tls-ca-file, --tls-cert and --tls-key (or "
+        "Dask's config distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
+        f"distributed.comm.tls.client.key), but got --scheduler tls://127.0.0.1:{port} "
+        "without them\n"
+    )
+    assert not (tmp_path / "bench").exists()
+
+
+@pytest.mark.parametrize("command", ["dashboard", "bench"])
+@pytest.mark.parametrize("flag", ["--tls-ca-file", "--tls-cert", "--tls-key"])
+def test_dashboard_and_bench_name_a_missing_tls_file(
+    command, flag, tls_scheduler, tmp_path, capsys
+):
+    address, files = tls_scheduler
+    missing = str(tmp_path / "missing.pem")
+    with _never_serving():
+        argv = [*_command(command, tmp_path), "--scheduler", address,
+                *_flags({**files, flag: missing})]
+        assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"daskpri: error: {flag} should be a readable PEM file, but got {flag} {missing!r}, "
+        "which does not exist\n"
+    )
+
+
+def test_bench_takes_the_tls_files_only_with_a_scheduler(tls_credentials, tmp_path, capsys):
+    _, files = tls_credentials
+    assert main([*_command("bench", tmp_path), *_flags(files)]) == 2
+    assert capsys.readouterr().err == (
+        "daskpri: error: --tls-ca-file, --tls-cert and --tls-key go together, with "
+        "--scheduler\n"
+    )
+
+
+def test_bench_connects_to_a_tls_scheduler_with_the_tls_flags(tls_scheduler, tmp_path, capsys):
+    """Its check before the first run, that the scheduler has the workers, asks it over TLS."""
+    address, files = tls_scheduler
+    with dask.config.set(NO_TLS_CONFIG):
+        argv = [*_command("bench", tmp_path), "--n-samples", "600", "--scheduler", address,
+                *_flags(files)]
+        assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"daskpri: error: the benchmark needs 1 workers, but the scheduler at {address} has "
+        "0; start more or pass --workers up to 0\n"
+    )
+    assert not (tmp_path / "bench").exists()
+
+
+def test_dashboard_connects_to_a_tls_scheduler_with_the_tls_flags(tls_scheduler):
+    """The page's Client, made with the --tls-* files, is one of the scheduler's clients."""
+    address, files = tls_scheduler
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_DISTRIBUTED__COMM__TLS")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daskpri", "dashboard", "--scheduler", address, "--port", "0",
+         *_flags(files)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**env, "PYTHONPATH": os.getcwd()},
+    )
+    security = Security(tls_ca_file=files["--tls-ca-file"], tls_client_cert=files["--tls-cert"],
+                        tls_client_key=files["--tls-key"], require_encryption=True)
+    try:
+        out, err = _lines(proc.stdout), _lines(proc.stderr)
+        url = out.get(timeout=60).strip()
+        assert re.fullmatch(r"daskpri dashboard: http://127\.0\.0\.1:\d+/daskpri", url), url
+        with Client(address, security=security, set_as_default=False) as client:
+
+            def clients() -> int:
+                return len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.clients))
+
+            before = clients()
+            with urllib.request.urlopen(url.split(": ", 1)[1], timeout=30) as response:
+                assert response.status == 200  # a session, whose first refresh connects
+            deadline = time.monotonic() + 30
+            while clients() == before and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert clients() == before + 1
+        # the probe at start reached it too: no warning that it could not
+        assert err.empty(), err.get()
+        assert proc.poll() is None
+    finally:
+        _stop([proc])
 
 
 def test_dashboards_probe_reaches_a_tls_scheduler_through_dasks_config(tls_cluster):

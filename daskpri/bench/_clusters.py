@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from distributed import Client, LocalCluster
+from distributed.security import Security
 
 from daskpri.training.cluster import connect, local_cluster, stop_heartbeats
 from daskpri.training.placement import all_have_gpus, cluster_workers
@@ -11,8 +12,9 @@ from daskpri.training.placement import all_have_gpus, cluster_workers
 class _Clusters:
     """One cluster at a time: a LocalCluster per worker count, or the given scheduler."""
 
-    def __init__(self, scheduler: str | None) -> None:
+    def __init__(self, scheduler: str | None, security: Security | None = None) -> None:
         self.scheduler = scheduler
+        self.security = security  # the given scheduler's TLS credentials; None: Dask's config
         self._cluster: LocalCluster | None = None
         self._client: Client | None = None
         self._n = 0
@@ -22,7 +24,7 @@ class _Clusters:
         if self.scheduler is not None:
             if self._client is None:
                 # a server that accepts and never answers would hold Client(...) for good
-                self._client = connect(self.scheduler)
+                self._client = connect(self.scheduler, self.security)
             have = len(cluster_workers(self._client))
             if have < n_workers:
                 raise ValueError(

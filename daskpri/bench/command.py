@@ -155,6 +155,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             + _defaults("workers"))
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="a running scheduler (default: a LocalCluster per worker count)")
+    # here, not at the top: daskpri.cli's parser imports this module for the bench command
+    from daskpri.cli._tls import add_tls_arguments
+
+    add_tls_arguments(parser.add_argument_group("TLS (with a tls:// --scheduler)"))
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -331,6 +335,7 @@ def check_root(datasets: tuple[str, ...], root: str | None) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``daskpri bench`` as parsed into ``args``; return the exit status."""
     from daskpri.bench.runner import merge_results, report_only, run_bench
+    from daskpri.cli._tls import client_security
 
     if args.report_only:
         if given := _others(args, _REPORT_OPTIONS):
@@ -350,10 +355,12 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_report_files(args.out, config)  # the report is written after the runs
     check_scheduler(config.scheduler)
+    security = client_security(args)
     check_root(config.datasets, args.root)
     try:
         run_bench(config, args.out, progress=not args.no_progress,
-                  command=_command_line(args), resume=args.resume, root=args.root)
+                  command=_command_line(args), resume=args.resume, root=args.root,
+                  security=security)
     except ConnectionError as e:
         print(f"daskpri: error: {e}", file=sys.stderr)
         return 1

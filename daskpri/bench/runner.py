@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from distributed.security import Security
+
 from daskpri.bench._clusters import _Clusters
 from daskpri.bench._single_run import _execute
 from daskpri.bench.analysis import best_accuracy, final_accuracy, samples_per_second
@@ -111,6 +113,7 @@ def run_bench(
     command: str | None = None,
     resume: bool = False,
     root: str | os.PathLike[str] | None = None,
+    security: Security | None = None,
 ) -> list[RunRecord]:
     """Run the whole benchmark and write its report into ``out``.
 
@@ -137,6 +140,9 @@ def run_bench(
     root : path, optional
         The directory of the files of ``"mnist"`` and ``"cifar10"``, where
         ``config.datasets`` has them (see :func:`daskpri.datasets.load`).
+    security : distributed.security.Security, optional
+        The TLS credentials of ``config.scheduler``; ``None`` takes those of
+        Dask's config, as :class:`distributed.Client` does.
 
     Returns
     -------
@@ -177,7 +183,7 @@ def run_bench(
                desc="daskpri bench",
                disable=not progress)
     try:
-        with _Clusters(config.scheduler) as clusters:
+        with _Clusters(config.scheduler, security) as clusters:
             if config.scheduler is not None:  # every worker the runs need, before the first
                 n, for_ddp = workers_needed(config)
                 clusters.client(n, for_ddp=for_ddp)

@@ -17,6 +17,7 @@ from daskpri.cli._argtypes import (
     _strategy_option,
 )
 from daskpri.cli._prog import _PROG
+from daskpri.cli._tls import add_tls_arguments
 from daskpri.cli.bench import _bench
 from daskpri.cli.dashboard import _dashboard_command
 from daskpri.cli.demo import _DEMO_STRATEGY, _demo
@@ -106,9 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_argument("--transport", choices=("direct", "tasks"),
                          help="steps as RPCs to the workers (direct, default) or as Dask tasks")
     tls = train.add_argument_group("TLS (with --scheduler; the LocalCluster's is --tls)")
-    tls.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate of the cluster")
-    tls.add_argument("--tls-cert", metavar="PEM", help="this client's certificate")
-    tls.add_argument("--tls-key", metavar="PEM", help="this client's private key")
+    add_tls_arguments(tls)
     tls.add_argument("--tls", action="store_true",
                      help="start the LocalCluster with TLS (temporary credentials)")
     out = train.add_argument_group("output")
@@ -146,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     dash.add_argument("--address", type=_host, metavar="HOST",
                       help="interface to listen on (default 127.0.0.1; 0.0.0.0 opens it to "
                            "the network)")
+    add_tls_arguments(dash.add_argument_group("TLS (with a tls:// --scheduler)"))
 
     report = sub.add_parser("report", help="a static HTML report of a run's history")
     report.set_defaults(run=_report)

@@ -9,7 +9,7 @@ import socket
 from distributed.comm.addressing import get_address_host_port
 
 from daskpri import _config
-from daskpri.training.cluster import lacks_tls_credentials
+from daskpri.cli._tls import client_security
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:
@@ -24,16 +24,10 @@ def _dashboard_command(args: argparse.Namespace) -> int:
             f"--scheduler should be a scheduler's address such as tcp://127.0.0.1:8786, but "
             f"got --scheduler {args.scheduler!r} ({e})"
         ) from None
-    if lacks_tls_credentials(args.scheduler):  # the page's Client reads Dask's config
-        raise ValueError(
-            "daskpri dashboard takes a tls:// scheduler's credentials from Dask's config "
-            "only (it has no --tls-* options): set distributed.comm.tls.ca-file, "
-            "distributed.comm.tls.client.cert and distributed.comm.tls.client.key (e.g. "
-            "DASK_DISTRIBUTED__COMM__TLS__CA_FILE=PEM), but they are not set for "
-            f"--scheduler {args.scheduler}"
-        )
+    security = client_security(args)
     try:
-        server = make_server(args.scheduler, address=args.address, port=args.port)
+        server = make_server(args.scheduler, address=args.address, port=args.port,
+                             security=security)
     except OSError as e:
         if e.errno not in (errno.EADDRINUSE, errno.EACCES):  # taken, or privileged
             raise
@@ -45,7 +39,7 @@ def _dashboard_command(args: argparse.Namespace) -> int:
     server.start()
     print(f"daskpri dashboard: {_page_url(server.address, server.port)}", flush=True)
     # told on the terminal too, where the page would say it only once opened
-    server.io_loop.add_callback(warn_if_unreachable, args.scheduler)
+    server.io_loop.add_callback(warn_if_unreachable, args.scheduler, security=security)
     try:
         server.io_loop.start()
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import ssl
 import sys
 from typing import Any
 
@@ -19,10 +18,11 @@ from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
 from daskpri.cli._paths import _check_destination
 from daskpri.cli._prog import _PROG
 from daskpri.cli._summary import _dashboard, _summary
+from daskpri.cli._tls import client_security
 from daskpri.data.io import to_store
 from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
-from daskpri.training.cluster import connect, lacks_tls_credentials, one_torch_thread
+from daskpri.training.cluster import connect, one_torch_thread
 from daskpri.training.recovery import SchedulerLostError
 from daskpri.training.schedule import SCHEDULES
 
@@ -115,55 +115,13 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _security(args: argparse.Namespace) -> Security | None:
-    """The client's TLS credentials from ``--tls-*``, checked before any connection.
+    """The client's TLS credentials from ``--tls-*`` (see :func:`client_security`).
 
-    ``None`` without them: Dask's config then gives a ``tls://`` scheduler's, if it
-    has them; a ``tls://`` scheduler with neither is refused here.
+    ``--tls`` is for the LocalCluster ``train`` starts: refused with ``--scheduler``.
     """
-    flags = {"--tls-ca-file": args.tls_ca_file, "--tls-cert": args.tls_cert,
-             "--tls-key": args.tls_key}
-    if any(flags.values()) and (args.scheduler is None or not all(flags.values())):
-        raise ValueError(
-            "--tls-ca-file, --tls-cert and --tls-key go together, with --scheduler; "
-            "for a LocalCluster with TLS, use --tls"
-        )
     if args.tls and args.scheduler is not None:
         raise ValueError("--tls starts a LocalCluster with TLS; with --scheduler, use --tls-*")
-    if args.scheduler is None:
-        return None
-    if not any(flags.values()):
-        if lacks_tls_credentials(args.scheduler):
-            raise ValueError(
-                "a tls:// scheduler needs --tls-ca-file, --tls-cert and --tls-key (or Dask's "
-                "config distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
-                f"distributed.comm.tls.client.key), but got --scheduler {args.scheduler} "
-                "without them"
-            )
-        return None
-    for flag, path in flags.items():
-        if not os.path.isfile(path) or not os.access(path, os.R_OK):
-            why = ("does not exist" if not os.path.lexists(path)
-                   else "is not a file" if not os.path.isfile(path) else "is not readable")
-            raise ValueError(
-                f"{flag} should be a readable PEM file, but got {flag} {path!r}, which {why}"
-            )
-    # loaded now, so that a file ssl cannot read is named rather than told as
-    # a scheduler that cannot be reached
-    try:
-        context = ssl.create_default_context(cafile=args.tls_ca_file)
-    except ssl.SSLError as e:
-        raise ValueError(
-            f"--tls-ca-file {args.tls_ca_file!r} holds no CA certificate ssl can read ({e})"
-        ) from None
-    try:
-        context.load_cert_chain(args.tls_cert, args.tls_key)
-    except ssl.SSLError as e:
-        raise ValueError(
-            f"--tls-cert {args.tls_cert!r} and --tls-key {args.tls_key!r} are not a "
-            f"certificate and its private key that ssl can load ({e})"
-        ) from None
-    return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
-                    tls_client_key=args.tls_key, require_encryption=True)
+    return client_security(args, local_tls="--tls")
 
 
 def _check_batch_fits(trainer: daskpri.Trainer, n_samples: int) -> None:

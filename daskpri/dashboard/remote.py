@@ -24,6 +24,7 @@ from typing import Any
 
 from bokeh.document import Document, without_document_lock
 from distributed import Client
+from distributed.security import Security
 
 from daskpri import _config
 from daskpri._warnings import warn
@@ -43,6 +44,7 @@ def remote_doc(
     doc: Document,
     interval: int = INTERVAL,
     connect_timeout: float = _CONNECT_TIMEOUT,
+    security: Security | None = None,
 ) -> None:
     """Build the page in ``doc``, fed by the scheduler at ``scheduler_address``.
 
@@ -52,7 +54,8 @@ def remote_doc(
     timeout, ``connect_timeout`` seconds, while the scheduler is away), so
     the page's widgets answer meanwhile; it reads and changes the page in
     next-tick callbacks. While the scheduler cannot be reached, the page's
-    status says so and why, and the refreshes keep trying.
+    status says so and why, and the refreshes keep trying. ``security``
+    holds the Client's TLS credentials (``None``: Dask's config's).
     """
     dash = DaskpriDashboard()
     state: dict[str, Any] = {"client": None, "busy": False, "strategies": {}, "wait": 0.0,
@@ -90,7 +93,7 @@ def remote_doc(
             if connecting:
                 state["client"] = await Client(
                     scheduler_address, asynchronous=True, set_as_default=False,
-                    timeout=connect_timeout,
+                    timeout=connect_timeout, security=security,
                 )
             rpc = state["client"].scheduler
             state["strategies"] = await run_strategies(rpc, state["strategies"])
@@ -162,17 +165,19 @@ def _reason(error: BaseException) -> str:
     return " ".join(why.split())
 
 
-async def unreachable(scheduler_address: str, timeout: float) -> str | None:
+async def unreachable(
+    scheduler_address: str, timeout: float, security: Security | None = None
+) -> str | None:
     """Why the scheduler at ``scheduler_address`` cannot be reached now, or ``None``.
 
     One connection and Dask's handshake, given ``timeout`` seconds (and a
     little more for the handshake, which Dask waits for without one), with
-    the TLS settings of Dask's config, as the page's Client has.
+    the TLS credentials ``security`` (``None``: Dask's config's), as the
+    page's Client has.
     """
     from distributed.comm import connect
-    from distributed.security import Security
 
-    args = Security().get_connection_args("client")
+    args = (security or Security()).get_connection_args("client")
     try:
         comm = await asyncio.wait_for(
             connect(scheduler_address, timeout=timeout, **args), timeout + _HANDSHAKE_GRACE
@@ -185,12 +190,14 @@ async def unreachable(scheduler_address: str, timeout: float) -> str | None:
     return None
 
 
-async def warn_if_unreachable(scheduler_address: str, timeout: float = _PROBE_TIMEOUT) -> None:
+async def warn_if_unreachable(
+    scheduler_address: str, timeout: float = _PROBE_TIMEOUT, security: Security | None = None
+) -> None:
     """Warn, once, if the scheduler cannot be reached now; the page keeps trying meanwhile.
 
     A dashboard may well start before its scheduler: this is no error.
     """
-    why = await unreachable(scheduler_address, timeout)
+    why = await unreachable(scheduler_address, timeout, security)
     if why is not None:
         warn(
             f"could not reach the scheduler at {scheduler_address} now ({why}); "
@@ -204,6 +211,7 @@ def make_server(
     address: str | None = None,
     port: int = 5006,
     connect_timeout: float = _CONNECT_TIMEOUT,
+    security: Security | None = None,
     **kwargs: Any,
 ) -> Any:
     """A Bokeh server of the page at ``/daskpri``, not started.
@@ -219,6 +227,9 @@ def make_server(
         The port (0: a free one).
     connect_timeout : float
         Seconds each page waits for the scheduler per attempt to connect.
+    security : distributed.security.Security, optional
+        The pages' TLS credentials for a ``tls://`` scheduler; ``None``
+        takes those of Dask's config.
     **kwargs
         More options of :class:`bokeh.server.server.Server`.
     """
@@ -232,7 +243,8 @@ def make_server(
         port = open_port(address)
     kwargs.setdefault("allow_websocket_origin", _origins(address, port))
     app = Application(FunctionHandler(
-        partial(remote_doc, scheduler_address, connect_timeout=connect_timeout)
+        partial(remote_doc, scheduler_address, connect_timeout=connect_timeout,
+                security=security)
     ))
     return Server({ROUTE: app}, address=address, port=port, **kwargs)
 
@@ -273,7 +285,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The standalone app's arguments (``--scheduler``, ``--address``, ``--port``)."""
+    """The standalone app's arguments (``--scheduler``, ``--address``, ``--port``, ``--tls-*``)."""
+    from daskpri.cli._tls import add_tls_arguments
+
     parser = argparse.ArgumentParser(
         prog=PAGE, description="Serve the daskpri dashboard of a Dask scheduler."
     )
@@ -283,4 +297,5 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, default=5006,
                         help="port to listen on (default 5006)")
+    add_tls_arguments(parser.add_argument_group("TLS (with a tls:// --scheduler)"))
     return parser.parse_args(argv)
