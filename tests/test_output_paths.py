@@ -15,6 +15,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,6 +134,57 @@ def test_train_output_may_replace_a_history_an_empty_directory_or_a_new_path(
         path.mkdir()
     _check_destination("--output", str(path), kind="store")  # no error
     assert not [p for p in tmp_path.rglob("*") if ".probe-" in p.name]  # the probe removed
+
+
+def _users_store(path: Path) -> None:
+    xr.Dataset({"x": ("sample", np.arange(5.0))}).to_zarr(path, consolidated=False)
+
+
+def _users_netcdf(path: Path) -> None:
+    xr.Dataset({"x": ("sample", np.arange(5.0))}).to_netcdf(path, engine="h5netcdf")
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "what", "kept"),
+    [
+        ("run.zarr", _users_store, "a zarr store", "run-1.zarr"),
+        # run-1.nc is a user's file too: the history takes the next free name
+        ("run.nc", _users_netcdf, "a file", "run-2.nc"),
+    ],
+)
+def test_train_output_taken_during_the_run_is_kept_and_the_history_written_beside_it(
+    name: str, make: Any, what: str, kept: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / name
+    if kept == "run-2.nc":
+        (tmp_path / "run-1.nc").write_text("a user's notes\n")
+    placed: dict[str, bytes] = {}
+    fit = daskpri.Trainer.fit
+
+    def fit_then_place(self: daskpri.Trainer, *args: Any, **kwargs: Any) -> xr.Dataset:
+        """The run, with the user's store put at --output as it ends, before its write."""
+        history = fit(self, *args, **kwargs)
+        make(path)
+        placed.update(_contents(path))
+        return history
+
+    monkeypatch.setattr(daskpri.Trainer, "fit", fit_then_place)
+    assert main([*SMALL, "--workers", "1", "--output", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"daskpri: error: --output {str(path)!r} now holds {what} that is not a daskpri history "
+        "(it has no 'step' dimension), put there during the run: it is left as it is, and the "
+        f"history is written to {str(tmp_path / kept)!r} instead\n"
+    )
+    assert "history written" not in captured.out
+    assert _contents(path) == placed
+    if kept == "run-2.nc":
+        assert (tmp_path / "run-1.nc").read_text() == "a user's notes\n"
+    written = tmp_path / kept
+    with (xr.open_zarr(written, consolidated=None) if written.is_dir()
+          else xr.open_dataset(written, engine="h5netcdf")) as history:
+        assert history.sizes["step"] == 4 and history.attrs["dataset"] == "synthetic"
 
 
 # -- bench --out: the report's files replace only a benchmark's ---------------------------

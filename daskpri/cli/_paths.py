@@ -7,6 +7,7 @@ import warnings
 
 import xarray as xr
 
+from daskpri.data.io import format_of
 from daskpri.data.store import check_destination, check_writable
 
 #: The file system's refusals of a path the user gave (for example a file
@@ -49,15 +50,53 @@ def _check_history(flag: str, path: str) -> None:
     ...)`` wrote: a ``step`` dimension, ``time`` and ``loss`` along it, and the
     run's ``strategy`` among its attributes.
     """
-    if not os.path.lexists(path) or (os.path.isdir(path) and not os.listdir(path)):
-        return
-    what = "a zarr store" if os.path.isdir(path) else "a file"
-    why = _not_a_history(path)
-    if why is not None:
+    what = _unreplaceable(path)
+    if what is not None:
         raise ValueError(
-            f"{flag} names {path!r}, {what} that is not a daskpri history ({why}): writing "
-            "the history would replace it; give another path, or remove it first"
+            f"{flag} names {path!r}, {what}: writing the history would replace it; give "
+            "another path, or remove it first"
         )
+
+
+def _unreplaceable(path: str) -> str | None:
+    """What is at ``path`` that a history written there should not replace; None if nothing.
+
+    ``None`` for a new path, an empty directory where a zarr store goes, or
+    a daskpri history of the path's format. Otherwise what is there, as
+    "a zarr store that is not a daskpri history (it has no 'step'
+    dimension)"; a file where a zarr store goes, or a directory where a
+    netCDF file goes (which :func:`~daskpri.data.io.to_store` refuses), is
+    said so.
+    """
+    if not os.path.lexists(path):
+        return None
+    zarr = format_of(path, name="--output") == "zarr"
+    if os.path.isdir(path) != zarr:
+        return "a file, where a zarr store goes" if zarr else (
+            "a directory, where a netCDF file goes")
+    if os.path.isdir(path) and not os.listdir(path):
+        return None
+    why = _not_a_history(path)
+    if why is None:
+        return None
+    return f"{'a zarr store' if zarr else 'a file'} that is not a daskpri history ({why})"
+
+
+def _free_sibling(path: str) -> str:
+    """A path beside ``path`` that does not exist: ``run-1.nc`` for ``run.nc``, or ``run-2.nc``...
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> _free_sibling(os.path.join(folder, "run.zarr/")) == os.path.join(folder, "run-1.zarr")
+    True
+    """
+    root, ext = os.path.splitext(path.rstrip("/" + os.sep))
+    n = 1
+    while os.path.lexists(f"{root}-{n}{ext}"):
+        n += 1
+    return f"{root}-{n}{ext}"
 
 
 def _not_a_history(path: str) -> str | None:

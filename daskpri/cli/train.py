@@ -15,7 +15,7 @@ from distributed.security import Security
 import daskpri
 from daskpri.cli._argtypes import _strategy_options
 from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
-from daskpri.cli._paths import _check_destination
+from daskpri.cli._paths import _check_destination, _free_sibling, _unreplaceable
 from daskpri.cli._prog import _PROG
 from daskpri.cli._summary import _dashboard, _summary
 from daskpri.cli._tls import client_security
@@ -104,7 +104,12 @@ def _train(args: argparse.Namespace) -> int:
         print(_summary(history), flush=True)
         if args.output is not None:
             history.attrs.update(dataset=args.dataset, model=model_name)
-            to_store(history, args.output)
+            written, taken = _write_history(history, args.output)
+            if taken is not None:
+                print(f"{_PROG}: error: --output {args.output!r} now holds {taken}, put there "
+                      f"during the run: it is left as it is, and the history is written to "
+                      f"{written!r} instead", file=sys.stderr, flush=True)
+                return 1
             print(f"history written to {args.output}", flush=True)
     finally:
         if trainer is not None:
@@ -321,10 +326,33 @@ def _write_interrupted(
         return
     history.attrs.update(dataset=dataset, model=model)
     try:
-        to_store(history, path)
+        written, taken = _write_history(history, path)
     except Exception as e:  # the interrupt goes on; its history is what is lost
         # to_store's OSError names the path already ("could not write 'PATH': ...")
         reason = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else e
         print(f"{_PROG}: could not write the history to {path}: {reason}", file=sys.stderr)
         return
-    print(f"{why} at step {trainer.step_}: the history so far written to {path}", flush=True)
+    instead = "" if taken is None else (
+        f" ({path!r} now holds {taken}, put there during the run: it is left as it is)")
+    print(f"{why} at step {trainer.step_}: the history so far written to {written}{instead}",
+          flush=True)
+
+
+def _write_history(history: xr.Dataset, path: str) -> tuple[str, str | None]:
+    """Write ``history`` to ``path``, unless something else was put there during the run.
+
+    ``--output`` was checked before the run (:func:`_check_destination`), but
+    a user may have put a store or file of their own there since: it is
+    checked again, and the history goes to a new path beside it instead
+    (``run-1.nc`` for ``run.nc``) rather than replacing it or being lost.
+
+    Returns
+    -------
+    (str, str or None)
+        The path written, and what stood at ``path`` where it was not
+        ``path`` (``None`` where it was).
+    """
+    taken = _unreplaceable(path)
+    if taken is None:
+        return to_store(history, path), None
+    return to_store(history, _free_sibling(path)), taken
