@@ -187,6 +187,32 @@ def test_train_output_taken_during_the_run_is_kept_and_the_history_written_besid
         assert history.sizes["step"] == 4 and history.attrs["dataset"] == "synthetic"
 
 
+def test_an_interrupted_runs_output_taken_meanwhile_is_kept_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run.zarr"
+    fit = daskpri.Trainer.fit
+
+    def fit_place_and_interrupt(self: daskpri.Trainer, *args: Any, **kwargs: Any) -> None:
+        """The run, the user's store put at --output, then a Ctrl-C."""
+        fit(self, *args, **kwargs)
+        _users_store(path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(daskpri.Trainer, "fit", fit_place_and_interrupt)
+    assert main([*SMALL, "--workers", "1", "--output", str(path)]) == 130
+    out = capsys.readouterr().out
+    assert (
+        f"interrupted at step 4: the history so far written to {tmp_path / 'run-1.zarr'} "
+        f"({str(path)!r} now holds a zarr store that is not a daskpri history (it has no "
+        "'step' dimension), put there during the run: it is left as it is)\n"
+    ) in out
+    with xr.open_zarr(path, consolidated=False) as users:
+        assert list(users.data_vars) == ["x"]
+    with xr.open_zarr(tmp_path / "run-1.zarr", consolidated=None) as history:
+        assert history.sizes["step"] == 4
+
+
 # -- bench --out: the report's files replace only a benchmark's ---------------------------
 
 
