@@ -345,6 +345,12 @@ def test_a_second_ctrl_c_stops_a_run_whose_step_does_not_end(tmp_path: Path) -> 
     worker = None
     try:
         assert err.seen(r"[1-9]\d*step", 60), err.text  # the progress bar counted a step
+        # and the first checkpoint (step 5) is written: a worker stopped before it would
+        # leave none to keep
+        deadline = time.monotonic() + 60
+        while not ckpt.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ckpt.exists(), err.text
         # the LocalCluster's one worker process (its nanny runs in the command's)
         [worker] = [p for p in psutil.Process(proc.pid).children()
                     if "spawn_main" in " ".join(p.cmdline())]
