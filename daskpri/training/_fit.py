@@ -1,16 +1,17 @@
 """The loop of one :meth:`Trainer.fit`: steps until its budget is spent.
 
-It opens the data, sets the run up in the cluster, then takes steps (or
+:func:`check_fit` checks its arguments and opens its data (in the caller's
+thread, for :meth:`Trainer.fit_in_background`); :func:`fit_loop` sets the
+run up in the cluster, then takes steps (or
 rounds), evaluating every ``eval_every`` steps and checkpointing every
 ``checkpoint_every``, until ``max_steps``, ``max_time``, ``target_accuracy``
 or :meth:`Trainer.stop` ends it; where it ends it evaluates, sends the table
 what it has not had and writes the last checkpoint. One fit runs at a time:
 :data:`FIT_RUNNING` says why a second is refused.
 
-The functions here are called from the trainer's methods at the depth of the
-methods they once were (``fit`` > ``_fit_holding`` > :func:`fit_loop`): the
-``stacklevel`` of the warnings here and in the methods the loop calls counts
-on it, to point at the caller's line.
+The warnings here and in the methods the loop calls point at the caller's
+line whatever the depth (:func:`daskpri._warnings.warn` skips daskpri's own
+frames).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import xarray as xr
@@ -39,7 +41,22 @@ FIT_RUNNING = (
 )
 
 
-def fit_loop(
+@dataclass(frozen=True)
+class FitRequest:
+    """A fit's arguments, checked, with its data opened (see :func:`check_fit`)."""
+
+    #: the data as the workers open it: a Dataset, or a store's absolute path
+    source: xr.Dataset | str
+    ds: xr.Dataset
+    info: dict[str, Any]
+    evalset: EvalSet | None
+    max_steps: int | None
+    max_time: float | None
+    target_accuracy: float | None
+    progress: bool
+
+
+def check_fit(
     trainer: Trainer,
     data: xr.Dataset | str,
     eval_data: xr.Dataset | str | None,
@@ -48,8 +65,13 @@ def fit_loop(
     max_time: float | None,
     target_accuracy: float | None,
     progress: bool,
-) -> xr.Dataset:
-    """The body of :meth:`Trainer.fit`, its caller holding the trainer's ``_fitting``."""
+) -> FitRequest:
+    """A fit's arguments checked, and its data opened (metadata only), as a request.
+
+    The checks a fit makes before any work in the cluster, each cheap:
+    :meth:`Trainer.fit_in_background` makes them in its caller's thread,
+    so that a bad value raises there and not in the future.
+    """
     check_budget(max_steps, max_time, target_accuracy, eval_data)
     if max_steps == 0:
         # a fit of no step is more likely a slip (an unset count) than what was meant, and
@@ -61,6 +83,14 @@ def fit_loop(
     if isinstance(data, str | os.PathLike):  # the workers open it, from their own directory
         data = os.path.abspath(data)
     ds, info, evalset = open_data(data, eval_data)
+    return FitRequest(data, ds, info, evalset, max_steps, max_time, target_accuracy, progress)
+
+
+def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
+    """The body of :meth:`Trainer.fit`, its caller holding the trainer's ``_fitting``."""
+    ds, evalset = request.ds, request.evalset
+    max_steps, max_time = request.max_steps, request.max_time
+    target_accuracy = request.target_accuracy
     t_setup = time.perf_counter()
     with trainer._blame_scheduler():
         trainer._drop_prefetched()  # left by a fit that raised
@@ -69,7 +99,7 @@ def fit_loop(
     trainer._prefetch_rounds = _config.get_bool("trainer.prefetch")
     trainer._keep_state = _config.get_bool("trainer.keep-state")
     check_config()
-    trainer._prepare(ds, info, data)
+    trainer._prepare(ds, request.info, request.source)
     trainer._setup_time += time.perf_counter() - t_setup
     if evalset is not None:
         evalset.check(trainer._n_classes)
@@ -85,7 +115,7 @@ def fit_loop(
             f"pass max_steps={trainer.step_ + max_steps} to train {max_steps} more",
         )
     total = None if max_steps is None else max(0, max_steps - trainer.step_)
-    bar = tqdm(total=total, disable=not progress, desc=trainer.strategy.name, unit="step")
+    bar = tqdm(total=total, disable=not request.progress, desc=trainer.strategy.name, unit="step")
     start = trainer._elapsed
     try:
         while True:

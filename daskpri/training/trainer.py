@@ -41,7 +41,7 @@ from torch import nn
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.training._cleanup import TRAINERS
-from daskpri.training._fit import FIT_RUNNING, fit_loop
+from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
 from daskpri.training._persist import PersistMixin
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
@@ -391,17 +391,17 @@ class Trainer(PersistMixin):
         if not self._fitting.acquire(blocking=False):
             raise RuntimeError(FIT_RUNNING)
         try:
-            return self._fit_holding(data, eval_data, max_steps=max_steps, max_time=max_time,
-                                     target_accuracy=target_accuracy, progress=progress)
+            request = check_fit(self, data, eval_data, max_steps=max_steps, max_time=max_time,
+                                target_accuracy=target_accuracy, progress=progress)
+            return self._fit_holding(request)
         finally:
             self._fitting.release()
 
-    def _fit_holding(self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None,
-                     **kwargs: Any) -> xr.Dataset:
+    def _fit_holding(self, request: FitRequest) -> xr.Dataset:
         """:meth:`fit`, its caller holding ``_fitting`` (one fit at a time)."""
         self._fit_thread = threading.get_ident()
         try:
-            return fit_loop(self, data, eval_data, **kwargs)
+            return fit_loop(self, request)
         finally:
             self._fit_thread = None
             self._stop_requested = False  # a stop is spent by the fit it ended
@@ -458,9 +458,13 @@ class Trainer(PersistMixin):
 
         Raises
         ------
-        TypeError
-            If ``kwargs`` are not arguments of :meth:`fit` (raised here, not
-            in the thread).
+        TypeError, ValueError
+            If ``kwargs`` are not arguments of :meth:`fit`, or an argument's
+            value is one :meth:`fit` refuses before any work in the cluster
+            (``max_steps=-1``, ``data`` neither a Dataset nor a path,
+            ``eval_data`` of another per-sample shape, ...): raised here, not
+            in the thread. What fit finds later (the model against the data,
+            the cluster's workers) the future raises.
         RuntimeError
             If a fit of this trainer is already running.
 
@@ -471,15 +475,20 @@ class Trainer(PersistMixin):
         >>> history = future.result()  # doctest: +SKIP
         """
         kwargs.setdefault("progress", False)
-        # fit's arguments, checked here as fit would check them, with its defaults
+        # fit's arguments, bound here as fit would take them, with its defaults
         bound = inspect.signature(self.fit).bind(data, eval_data, **kwargs)
         bound.apply_defaults()
         if not self._fitting.acquire(blocking=False):  # released by the fit's thread
             raise RuntimeError(FIT_RUNNING)
+        try:  # their values checked here too, and the data opened
+            request = check_fit(self, *bound.args, **bound.kwargs)
+        except BaseException:
+            self._fitting.release()
+            raise
 
         def run() -> xr.Dataset:
             try:
-                return self._fit_holding(*bound.args, **bound.kwargs)
+                return self._fit_holding(request)
             finally:
                 self._fitting.release()
 
