@@ -1,15 +1,75 @@
 """What a fit refuses before it starts a cluster, or sets a run up on one.
 
-:meth:`Trainer.fit_in_background` raises a bad argument in its caller's
-thread, not in its future.
+The trainer's own LocalCluster starts worker processes (seconds); a fit
+that would fail on the workers' first step (labels out of range, a model
+that cannot run on the data) is refused on the driver before it starts
+them, and :meth:`Trainer.fit_in_background`
+raises a bad argument in its caller's thread, not in its future.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import xarray as xr
 
 import daskpri
+from daskpri.data.io import to_store
 from daskpri.models import build_model
+
+
+def _labels(data: xr.Dataset, y: np.ndarray) -> xr.Dataset:
+    return data.assign(y=("sample", y))
+
+
+def test_bad_labels_and_a_model_that_cannot_run_are_refused_before_the_cluster_starts(
+    small_data, tmp_path
+):
+    train, _ = small_data
+    y = train["y"].values
+    shifted = _labels(train, y + 5)  # n_classes=10: 12, 13 and 14 are out of range
+    n_out = int((y + 5 >= 10).sum())
+    negative = y.copy()
+    negative[[3, 9]] = -1
+    store = to_store(shifted.chunk({"sample": 400}), str(tmp_path / "shifted.zarr"))
+    no_classes = train.assign(y=("sample", y + 5)).drop_attrs()  # the model's width then
+    first = int(np.argmax(y + 5 >= 10))
+    cases = [
+        (shifted, rf"^y in data should be in \[0, 10\), but got {y[first] + 5} at sample "
+                  rf"{first} \({n_out} bad labels\)$"),
+        (store, rf"^y in data should be in \[0, 10\), but got \d+ at sample {first} "
+                rf"\({n_out} bad labels\)$"),  # read lazily, from the store
+        (_labels(train, negative), r"^y in data should be in \[0, 10\), but got -1 at sample "
+                                   r"3 \(2 bad labels\)$"),
+        (_labels(train, negative).drop_attrs(), r"^y in data should be non-negative, but got "
+                                                r"-1 at sample 3 \(2 bad labels\)$"),
+        (no_classes, r"^the model outputs 10 classes, but data.y holds label 14; labels should "
+                     r"lie in \[0, 10\)$"),
+        (train.isel(feature=slice(0, 10)), r"^the model could not run on two samples of "
+                                           r"data.x \(per-sample shape \(10,\)"),
+    ]
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", n_workers=1)
+    try:
+        for data, match in cases:
+            with pytest.raises(ValueError, match=match):
+                trainer.fit(data, max_steps=2, progress=False)
+            assert trainer._own_cluster is None and trainer._client is None
+    finally:
+        trainer.close()
+
+
+def test_eval_datas_bad_labels_are_refused_before_the_cluster_starts(small_data):
+    train, test = small_data
+    y = test["y"].values.copy()
+    y[5] = 10
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", n_workers=1)
+    try:
+        with pytest.raises(ValueError, match=r"^y in eval_data should be in \[0, 10\), but got "
+                           r"10 at sample 5 \(1 bad label\)$"):
+            trainer.fit(train, eval_data=_labels(test, y), max_steps=2, progress=False)
+        assert trainer._own_cluster is None and trainer._client is None
+    finally:
+        trainer.close()
 
 
 @pytest.mark.parametrize(

@@ -180,7 +180,7 @@ def test_bad_input_gives_clear_errors(gpu_client, small_data):
     y[7] = 12
     attempt(
         train.assign(y=("sample", y)),
-        r"y in partition 0 .* should be in \[0, 10\), but got 12 at sample 7",
+        r"^y in data should be in \[0, 10\), but got 12 at sample 7 \(1 bad label\)$",
     )
     attempt(
         train,
@@ -499,18 +499,26 @@ def test_a_fit_that_fails_leaves_the_trainer_able_to_fit_and_its_last_run_kept(
     trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
                               batch_size=32)
     try:
-        # labels out of range are found by the workers, as they load the partitions
-        with pytest.raises(ValueError, match=r"^y in partition [01] \(samples \d+-\d+\) should "
-                           r"be in \[0, 10\), but got 1[0-4] at sample"):  # the first to fail
-            trainer.fit(train.assign(y=train["y"] + 5), max_steps=5, progress=False)
+        # x's values are checked by the workers, as they load the partitions
+        x = train["x"].values.copy()
+        x[5, 0] = np.nan
+        with pytest.raises(ValueError, match=r"^x in partition 0 \(samples 0-799\) should hold "
+                           r"finite numbers, but got 1 NaN or infinite value, the first at "
+                           r"sample 5$"):
+            trainer.fit(train.assign(x=(train["x"].dims, x)), max_steps=5, progress=False)
         gc.collect()
         # the erred load of partition 0 is not handed to this fit, under its key
         trainer.fit(train, max_steps=5, progress=False)
         assert trainer.step_ == 5
-        # data the model cannot run on is refused before the last run is let go
-        with pytest.raises(ValueError, match="^the model could not run on two samples"):
-            trainer.fit(train.isel(feature=slice(0, 10)), max_steps=30, progress=False)
-        assert trainer.step_ == 5 and trainer.table_.sizes["sample"] == train.sizes["sample"]
+        # labels out of range, and data the model cannot run on, are refused on the
+        # driver before the last run is let go
+        for bad, match in [
+            (train.assign(y=train["y"] + 5), r"^y in data should be in \[0, 10\), but got 1[0-4]"),
+            (train.isel(feature=slice(0, 10)), "^the model could not run on two samples"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                trainer.fit(bad, max_steps=30, progress=False)
+            assert trainer.step_ == 5 and trainer.table_.sizes["sample"] == train.sizes["sample"]
     finally:
         trainer.close()
     loads = f"daskpri-load-{trainer.run_id}"

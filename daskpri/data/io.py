@@ -26,6 +26,7 @@ from daskpri.data.store import check_destination, to_store
 
 __all__ = [
     "check_destination",
+    "check_labels",
     "check_values",
     "format_of",
     "open_dataset",
@@ -444,12 +445,33 @@ def check_values(
                     f"x in {where} should hold numbers float32 can hold (daskpri trains in "
                     f"float32), but got {float(x[big].flat[0]):g} at sample {offset + row}"
                 )
+    check_labels(y, n_classes=n_classes, where=where, offset=offset)
+
+
+def check_labels(
+    y: np.ndarray | xr.DataArray, *, n_classes: int | None, where: str, offset: int = 0
+) -> None:
+    """Check labels for the allowed range, as :func:`check_values` does.
+
+    ``y`` may be an :class:`xarray.DataArray` backed by a store's chunks:
+    it is read chunk by chunk (once, and twice more where a label is out of
+    range, for the message), never whole.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_labels(np.array([0, -1, -2]), n_classes=None, where="data")
+    Traceback (most recent call last):
+    ...
+    ValueError: y in data should be non-negative, but got -1 at sample 1 (2 bad labels)
+    """
     upper = np.inf if n_classes is None else n_classes
-    bad = (y < 0) | (y >= upper)
+    labels = y.data if isinstance(y, xr.DataArray) else np.asarray(y)  # numpy's, or dask's
+    bad = (labels < 0) | (labels >= upper)
     n_bad = int(bad.sum())
     if n_bad:
-        first = int(np.argmax(bad))
-        label, first = y[first], first + offset
+        first = int(bad.argmax())
+        label, first = int(labels[first]), first + offset
         allowed = "non-negative" if n_classes is None else f"in [0, {n_classes})"
         raise ValueError(
             f"y in {where} should be {allowed}, but got {label} at sample {first} "

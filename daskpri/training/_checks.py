@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import dask
 import numpy as np
 import torch
 import xarray as xr
@@ -20,7 +21,7 @@ from distributed.security import Security
 from torch import nn
 
 from daskpri._warnings import warn
-from daskpri.data.io import open_dataset, validate_dataset
+from daskpri.data.io import check_labels, open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
 from daskpri.training import checkpoint
@@ -245,10 +246,13 @@ def check_strategy_model(strategy: Strategy, model: nn.Module) -> None:
 
 
 def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
-    """Classes the labels need, checked against the model's output.
+    """Classes the labels need, checked against the model's output and the labels.
 
     The check runs the model in evaluation mode, so that it leaves batch
-    norm's running statistics as they were.
+    norm's running statistics as they were, on two samples of ``data.x``
+    (the rest is not read), and reads ``data.y`` (a store's chunk by
+    chunk): each label should lie in ``[0, n_classes)`` (the data's
+    ``n_classes`` attribute, else the model's output width).
     """
     other = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                     if p.is_floating_point() and p.dtype != torch.float32})
@@ -258,8 +262,6 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             f"some are {', '.join(other)}; call model.float() (lower-precision scoring passes "
             "are a strategy's score_dtype option)"
         )
-    n_classes = info.get("n_classes")
-    y_max = int(ds["y"].max().compute()) if n_classes is None else None
     x0 = torch.as_tensor(np.asarray(ds["x"].isel(sample=slice(0, 2)).values, dtype=np.float32))
     was_training = model.training
     try:
@@ -279,15 +281,22 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             f"{tuple(out.shape)}"
         )
     width = int(out.shape[1])
-    if n_classes is None:
-        if width <= (y_max or 0):
+    n_classes = info.get("n_classes")
+    if n_classes is not None:
+        if width != n_classes:
             raise ValueError(
-                f"the model outputs {width} classes, but data.y holds label {y_max}; "
-                f"labels should lie in [0, {width})"
+                f"the model outputs {width} classes, but data has n_classes={n_classes}"
             )
-        return width
-    if width != n_classes:
+        check_labels(ds["y"], n_classes=n_classes, where="data")
+        return int(n_classes)
+    y = ds["y"]
+    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max()))  # one read of a store's
+    if y_min < 0:
+        check_labels(y, n_classes=None, where="data")
+    if width <= y_max:
         raise ValueError(
-            f"the model outputs {width} classes, but data has n_classes={n_classes}"
+            f"the model outputs {width} classes, but data.y holds label {y_max}; "
+            f"labels should lie in [0, {width})"
         )
-    return int(n_classes)
+    return width
+

@@ -1,8 +1,8 @@
 """The loop of one :meth:`Trainer.fit`: steps until its budget is spent.
 
 :func:`check_fit` checks its arguments and opens its data (in the caller's
-thread, for :meth:`Trainer.fit_in_background`); :func:`fit_loop` sets the
-run up in the cluster, then takes steps (or
+thread, for :meth:`Trainer.fit_in_background`); :func:`fit_loop` checks the
+data against the model, sets the run up in the cluster, then takes steps (or
 rounds), evaluating every ``eval_every`` steps and checkpointing every
 ``checkpoint_every``, until ``max_steps``, ``max_time``, ``target_accuracy``
 or :meth:`Trainer.stop` ends it; where it ends it evaluates, sends the table
@@ -92,6 +92,11 @@ def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
     max_steps, max_time = request.max_steps, request.max_time
     target_accuracy = request.target_accuracy
     t_setup = time.perf_counter()
+    # the data and model, checked on the driver before the cluster is started or the
+    # last data's run is released
+    key, n_classes = trainer._check_data(ds, request.info, request.source)
+    if evalset is not None:
+        evalset.check(n_classes)
     with trainer._blame_scheduler():
         trainer._drop_prefetched()  # left by a fit that raised
     trainer._kept = None  # the model may have changed since the last fit
@@ -99,10 +104,8 @@ def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
     trainer._prefetch_rounds = _config.get_bool("trainer.prefetch")
     trainer._keep_state = _config.get_bool("trainer.keep-state")
     check_config()
-    trainer._prepare(ds, request.info, request.source)
+    trainer._prepare(ds, request.source, key, n_classes)
     trainer._setup_time += time.perf_counter() - t_setup
-    if evalset is not None:
-        evalset.check(trainer._n_classes)
 
     from tqdm.auto import tqdm
 

@@ -102,6 +102,8 @@ class RunMixin:
     _prefetch_rounds: bool
     _keep_state: bool
     _data_key: tuple[Any, ...] | None
+    #: the classes of the run's data (its labels lie in [0, _n_classes))
+    _n_classes: int
     _elapsed: float
     _stop_requested: bool
     #: how many of the history's records the table has been sent
@@ -126,7 +128,45 @@ class RunMixin:
 
     # -- the run in the cluster ---------------------------------------------------------
 
-    def _prepare(self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str) -> None:
+    def _check_data(
+        self, ds: xr.Dataset, info: dict[str, Any], source: xr.Dataset | str
+    ) -> tuple[tuple[Any, ...], int]:
+        """The data's key for :meth:`_prepare`, and the classes its labels need.
+
+        New data is checked here, on the driver: the strategy against the
+        model, the model on two samples, the labels' range. This runs before
+        :meth:`_prepare` starts the trainer's LocalCluster or releases the
+        last data's run, so that a fit refused here starts no cluster and
+        leaves that run as it was.
+        """
+        if self._resume_state is not None:
+            n = int(self._resume_state["table"]["table"]["offsets"][-1])
+            if n != ds.sizes["sample"]:
+                raise ValueError(
+                    f"the checkpoint's run trained on {n} samples, but the data has "
+                    f"{ds.sizes['sample']}: resume it with its own data"
+                )
+        # the data (by content: a copy of the same data goes on with the run, data
+        # changed in place does not) and its cut as one worker would have it: a
+        # cluster that grew or shrank between fits keeps the run (its partitions
+        # move, see _follow_cluster)
+        key = (
+            fingerprint(source),
+            tuple(partition_bounds(ds, self.partition_size, 1).tolist()),
+        )
+        if key == self._data_key:
+            return key, self._n_classes
+        check_strategy_model(self.strategy, self.model)
+        return key, check_model(self.model, ds, info)
+
+    def _prepare(
+        self,
+        ds: xr.Dataset,
+        source: xr.Dataset | str,
+        key: tuple[Any, ...],
+        n_classes: int,
+    ) -> None:
+        """Set the run up in the cluster for data that :meth:`_check_data` checked."""
         client = self.client
         workers = cluster_workers(client)
         asked = self.resources  # the user's, for the advice below; not the GPUs found
@@ -138,32 +178,17 @@ class RunMixin:
                 raise ValueError(_too_few_workers(self.n_workers, len(addrs), len(workers),
                                                   client.scheduler.address, asked))
             addrs = addrs[: self.n_workers]
-        if self._resume_state is not None:
-            # the run's own cut, whatever the number of workers now: its table and
-            # selections go on only over the partitions they were made for
-            bounds = np.asarray(self._resume_state["table"]["table"]["offsets"], dtype=np.int64)
-            if int(bounds[-1]) != ds.sizes["sample"]:
-                raise ValueError(
-                    f"the checkpoint's run trained on {int(bounds[-1])} samples, but the data "
-                    f"has {ds.sizes['sample']}: resume it with its own data"
-                )
-        else:
-            bounds = partition_bounds(ds, self.partition_size, len(addrs))
-        # the data (by content: a copy of the same data goes on with the run, data
-        # changed in place does not) and its cut as one worker would have it: a
-        # cluster that grew or shrank between fits keeps the run (its partitions
-        # move, see _follow_cluster)
-        key = (
-            fingerprint(source),
-            tuple(partition_bounds(ds, self.partition_size, 1).tolist()),
-        )
         if key == self._data_key:
             # workers may have left or joined since the last fit: look before its first round
             self._next_rescan = 0.0
             return
+        if self._resume_state is not None:
+            # the run's own cut, whatever the number of workers now: its table and
+            # selections go on only over the partitions they were made for
+            bounds = np.asarray(self._resume_state["table"]["table"]["offsets"], dtype=np.int64)
+        else:
+            bounds = partition_bounds(ds, self.partition_size, len(addrs))
         # checked before the last data's run is released: a fit refused here leaves it
-        check_strategy_model(self.strategy, self.model)
-        n_classes = check_model(self.model, ds, info)
         sizes = np.diff(bounds)
         owner = assign_owners(sizes, len(addrs))
         self._check_batch_fits(sizes, owner, len(addrs))
@@ -174,8 +199,9 @@ class RunMixin:
         try:
             self._set_up(client, ds, source, bounds, sizes, owner, addrs, key)
         except BaseException:
-            # a set-up that failed on the workers (labels out of range, a device
-            # they lack) leaves nothing in the cluster: the next fit starts clean
+            # a set-up that failed on the workers (x's values they check as they
+            # load them, a device they lack) leaves nothing in the cluster: the next
+            # fit starts clean
             self._drop_failed_set_up()
             raise
 

@@ -376,6 +376,14 @@ class Trainer(PersistMixin):
 
         Raises
         ------
+        ValueError
+            If an argument or the data is refused. The model is run on two
+            samples of ``data.x`` and the labels ``data.y`` are checked
+            against the data's ``n_classes`` (else the model's output width)
+            on this machine, before the trainer starts its LocalCluster or
+            lets the last fit's run go: a fit refused so leaves that run as
+            it was. The values of ``x`` are checked on the workers, as they
+            load their partitions.
         RuntimeError
             If another fit of this trainer is running.
 
