@@ -432,13 +432,14 @@ def test_resume_refuses_a_device_it_cannot_train_on(
                 rf"device={re.escape(repr(device))}$"
             )):
                 daskpri.Trainer.resume(ckpt, client=client, device=device)
-        # one the workers lack: refused by them, as the run starts
+        # one the workers lack: refused as the run starts, the workers asked first
         with daskpri.Trainer.resume(ckpt, client=client, device="cuda:99") as trainer:
             assert trainer.device == "cuda:99"
-            with pytest.raises(RuntimeError, match=r"^device='cuda:99', but worker tcp://\S+ "
-                               r"has \d+ CUDA device\(s\) .*leave device unset"):
+            with pytest.raises(ValueError, match=r"^device='cuda:99', but 1 of the run's 1 "
+                               r"worker\(s\) lack it \(tcp://\S+ has \d+ CUDA device\(s\)\): "
+                               r".*leave device unset"):
                 trainer.fit(train, eval_data=test, max_steps=4, progress=False)
-        # the replicas whose setup failed are dropped, without an error of their own
+        # no replica was set up, nor left to fail on a worker
         assert not [p for p in cluster.scheduler.worker_plugins if p.startswith("daskpri-")]
         [logs] = client.get_worker_logs().values()
     assert not [m for _, m in logs if "failed to teardown" in m], logs

@@ -2,16 +2,21 @@
 
 The trainer's own LocalCluster starts worker processes (seconds); a fit
 that would fail on the workers' first step (labels out of range, a model
-that cannot run on the data) is refused on the driver before it starts
-them, and :meth:`Trainer.fit_in_background`
+that cannot run on the data, a CUDA device they lack) is refused on the
+driver before it starts them, and :meth:`Trainer.fit_in_background`
 raises a bad argument in its caller's thread, not in its future.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+
 import numpy as np
 import pytest
+import torch
 import xarray as xr
+from distributed import Client
 
 import daskpri
 from daskpri.data.io import to_store
@@ -70,6 +75,54 @@ def test_eval_datas_bad_labels_are_refused_before_the_cluster_starts(small_data)
         assert trainer._own_cluster is None and trainer._client is None
     finally:
         trainer.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 99, reason="this machine has a cuda:99")
+def test_a_cuda_device_this_machine_lacks_is_refused_before_the_cluster_starts(small_data):
+    train, _ = small_data
+    devices = ["cuda:99"] if torch.cuda.is_available() else ["cuda", "cuda:3", "cuda:99"]
+    for device in devices:
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", n_workers=1,
+                                  device=device)
+        try:
+            with pytest.raises(ValueError, match=(
+                rf"^device={re.escape(repr(device))}, but this machine, where the trainer's "
+                r"LocalCluster would run its workers, has \d+ CUDA device\(s\) .*: give device "
+                r"'cpu'.*, or leave device unset .*or a client of a cluster whose workers have it$"
+            )):
+                trainer.fit(train, max_steps=2, progress=False)
+            assert trainer._own_cluster is None and trainer._client is None
+        finally:
+            trainer.close()
+
+
+def _daskpri_plugins(dask_scheduler) -> list[str]:
+    return [name for name in dask_scheduler.worker_plugins if name.startswith("daskpri-")]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 99, reason="this machine has a cuda:99")
+def test_a_cuda_device_the_workers_lack_is_refused_without_their_tracebacks(
+    gpu_client: Client, small_data, caplog
+):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
+                              client=gpu_client, device="cuda:99")
+    workers = sorted(gpu_client.scheduler_info()["workers"])
+    try:
+        with caplog.at_level(logging.INFO, logger="distributed"):
+            with pytest.raises(ValueError, match=(
+                r"^device='cuda:99', but 2 of the run's 2 worker\(s\) lack it \("
+                + re.escape(f"{workers[0]} has 0, {workers[1]} has ")
+                + r"\d+ CUDA device\(s\)\): give device 'cpu'.*, or leave device unset to "
+                r"train on each worker's GPU where its GPU resource names one, else on its CPU$"
+            )):
+                trainer.fit(train, max_steps=2, progress=False)
+    finally:
+        trainer.close()
+    assert gpu_client.run_on_scheduler(_daskpri_plugins) == []  # none was registered
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+    logs = [m for lines in gpu_client.get_worker_logs().values() for _, m in lines]
+    assert not [m for m in logs if trainer.run_id in m or "Traceback" in m], logs
 
 
 @pytest.mark.parametrize(

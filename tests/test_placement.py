@@ -133,8 +133,9 @@ def test_a_cuda_device_forced_where_a_worker_has_none_is_refused_on_the_cluster(
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
                                   client=client, device="cuda:0")
         try:
-            with pytest.raises(RuntimeError, match=r"device='cuda:0', but worker tcp://127\.0\.0"
-                               r"\.1:\d+ has 0 CUDA device\(s\) .*leave device unset"):
+            with pytest.raises(ValueError, match=r"device='cuda:0', but 1 of the run's 1 "
+                               r"worker\(s\) lack it \(tcp://127\.0\.0\.1:\d+ has 0 CUDA "
+                               r"device\(s\)\): .*leave device unset"):
                 trainer.fit(train, max_steps=2, progress=False)
         finally:
             trainer.close()

@@ -300,3 +300,72 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
         )
     return width
 
+
+#: what a device that names no CUDA device leaves to ask for
+_DEVICE_ADVICE = ("leave device unset to train on each worker's GPU where its GPU resource "
+                  "names one, else on its CPU")
+
+
+def _cuda_index(device: str | None) -> int | None:
+    """The CUDA device's index that ``device`` names (``'cuda'``: 0), None for another."""
+    if device is None:
+        return None
+    found = torch.device(device)
+    return None if found.type != "cuda" else found.index or 0
+
+
+def _cuda_choices(count: int) -> str:
+    """The devices that ``count`` CUDA devices allow, for a message.
+
+    Examples
+    --------
+    >>> _cuda_choices(0), _cuda_choices(1), _cuda_choices(3)
+    ("'cpu'", "'cpu', 'cuda:0'", "'cpu', 'cuda:0' to 'cuda:2'")
+    """
+    if count == 0:
+        return "'cpu'"
+    return "'cpu', 'cuda:0'" + (f" to 'cuda:{count - 1}'" if count > 1 else "")
+
+
+def check_local_device(device: str | None) -> None:
+    """Refuse a CUDA ``device`` that this machine lacks, before a LocalCluster starts on it.
+
+    The trainer's own LocalCluster runs its workers on this machine, with
+    its CUDA devices.
+    """
+    index = _cuda_index(device)
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ValueError(
+            f"device={device!r}, but this machine, where the trainer's LocalCluster would run "
+            f"its workers, has {count} CUDA device(s) (torch {torch.__version__}, built with "
+            f"CUDA {torch.version.cuda}): give device {_cuda_choices(count)}, or "
+            f"{_DEVICE_ADVICE}, or a client of a cluster whose workers have it"
+        )
+
+
+def _worker_cuda_devices() -> int:
+    """This worker's CUDA devices (run on the workers by :func:`check_workers_device`)."""
+    return torch.cuda.device_count()
+
+
+def check_workers_device(client: Client, workers: list[str], device: str | None) -> None:
+    """Refuse a CUDA ``device`` that one of ``workers`` lacks, asking them first.
+
+    One call to the workers, before the run's replicas are set up on them:
+    a replica's setup that failed would log its traceback on each worker.
+    """
+    index = _cuda_index(device)
+    if index is None:
+        return
+    counts = client.run(_worker_cuda_devices, workers=workers)
+    lacking = sorted(addr for addr, count in counts.items() if index >= count)
+    if not lacking:
+        return
+    which = ", ".join(f"{addr} has {counts[addr]}" for addr in lacking[:5])
+    more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
+    raise ValueError(
+        f"device={device!r}, but {len(lacking)} of the run's {len(workers)} worker(s) lack "
+        f"it ({which}{more} CUDA device(s)): give device {_cuda_choices(min(counts.values()))}, "
+        f"or {_DEVICE_ADVICE}"
+    )

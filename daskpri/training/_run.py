@@ -38,7 +38,12 @@ from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import Ahead, RemoteTable
-from daskpri.training._checks import check_model, check_strategy_model
+from daskpri.training._checks import (
+    check_local_device,
+    check_model,
+    check_strategy_model,
+    check_workers_device,
+)
 from daskpri.training._cleanup import drop_run
 from daskpri.training._resume import state_shaped_like_params
 from daskpri.training.deployment import Deployment
@@ -167,6 +172,8 @@ class RunMixin:
         n_classes: int,
     ) -> None:
         """Set the run up in the cluster for data that :meth:`_check_data` checked."""
+        if self._client is None:  # before the trainer starts its LocalCluster, here
+            check_local_device(self.device)
         client = self.client
         workers = cluster_workers(client)
         asked = self.resources  # the user's, for the advice below; not the GPUs found
@@ -192,6 +199,7 @@ class RunMixin:
         sizes = np.diff(bounds)
         owner = assign_owners(sizes, len(addrs))
         self._check_batch_fits(sizes, owner, len(addrs))
+        check_workers_device(client, addrs, self.device)
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
         self._n_classes = n_classes
@@ -200,8 +208,8 @@ class RunMixin:
             self._set_up(client, ds, source, bounds, sizes, owner, addrs, key)
         except BaseException:
             # a set-up that failed on the workers (x's values they check as they
-            # load them, a device they lack) leaves nothing in the cluster: the next
-            # fit starts clean
+            # load them, a device that a worker joined meanwhile lacks) leaves
+            # nothing in the cluster: the next fit starts clean
             self._drop_failed_set_up()
             raise
 

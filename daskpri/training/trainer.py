@@ -128,6 +128,8 @@ class Trainer(PersistMixin):
         ``"exp-quadratic"``.
     device : str, optional
         Force the replicas' device (default: each worker's GPU, else CPU).
+        A CUDA device is checked as a fit starts, before the replicas are
+        set up: every worker of the run should have it.
     checkpoint_path, checkpoint_every : optional
         Write a checkpoint to ``checkpoint_path`` every ``checkpoint_every``
         steps and where each :meth:`fit` ends (its budget spent, its target
@@ -380,9 +382,11 @@ class Trainer(PersistMixin):
             If an argument or the data is refused. The model is run on two
             samples of ``data.x`` and the labels ``data.y`` are checked
             against the data's ``n_classes`` (else the model's output width)
-            on this machine, before the trainer starts its LocalCluster or
-            lets the last fit's run go: a fit refused so leaves that run as
-            it was. The values of ``x`` are checked on the workers, as they
+            on this machine, and a CUDA ``device`` against the machine
+            (for the trainer's own LocalCluster) or the workers (for a
+            client's), before the trainer starts its LocalCluster or lets
+            the last fit's run go: a fit refused so leaves that run as it
+            was. The values of ``x`` are checked on the workers, as they
             load their partitions.
         RuntimeError
             If another fit of this trainer is running.
