@@ -448,14 +448,8 @@ def check_values(
     check_labels(y, n_classes=n_classes, where=where, offset=offset)
 
 
-def check_labels(
-    y: np.ndarray | xr.DataArray, *, n_classes: int | None, where: str, offset: int = 0
-) -> None:
+def check_labels(y: np.ndarray, *, n_classes: int | None, where: str, offset: int = 0) -> None:
     """Check labels for the allowed range, as :func:`check_values` does.
-
-    ``y`` may be an :class:`xarray.DataArray` backed by a store's chunks:
-    it is read chunk by chunk (once, and twice more where a label is out of
-    range, for the message), never whole.
 
     Examples
     --------
@@ -466,12 +460,12 @@ def check_labels(
     ValueError: y in data should be non-negative, but got -1 at sample 1 (2 bad labels)
     """
     upper = np.inf if n_classes is None else n_classes
-    labels = y.data if isinstance(y, xr.DataArray) else np.asarray(y)  # numpy's, or dask's
-    bad = (labels < 0) | (labels >= upper)
+    y = np.asarray(y)
+    bad = (y < 0) | (y >= upper)
     n_bad = int(bad.sum())
     if n_bad:
-        first = int(bad.argmax())
-        label, first = int(labels[first]), first + offset
+        first = int(np.argmax(bad))
+        label, first = y[first], first + offset
         allowed = "non-negative" if n_classes is None else f"in [0, {n_classes})"
         raise ValueError(
             f"y in {where} should be {allowed}, but got {label} at sample {first} "

@@ -251,8 +251,9 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
     The check runs the model in evaluation mode, so that it leaves batch
     norm's running statistics as they were, on two samples of ``data.x``
     (the rest is not read), and reads ``data.y`` (a store's chunk by
-    chunk): each label should lie in ``[0, n_classes)`` (the data's
-    ``n_classes`` attribute, else the model's output width).
+    chunk; whole only where a label is out of range, for the message):
+    each label should lie in ``[0, n_classes)`` (the data's ``n_classes``
+    attribute, else the model's output width).
     """
     other = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                     if p.is_floating_point() and p.dtype != torch.float32})
@@ -282,18 +283,16 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
         )
     width = int(out.shape[1])
     n_classes = info.get("n_classes")
-    if n_classes is not None:
-        if width != n_classes:
-            raise ValueError(
-                f"the model outputs {width} classes, but data has n_classes={n_classes}"
-            )
-        check_labels(ds["y"], n_classes=n_classes, where="data")
-        return int(n_classes)
+    if n_classes is not None and width != n_classes:
+        raise ValueError(
+            f"the model outputs {width} classes, but data has n_classes={n_classes}"
+        )
+    # a store's labels read chunk by chunk, here: not by the workers of a default client
     y = ds["y"]
-    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max()))  # one read of a store's
-    if y_min < 0:
-        check_labels(y, n_classes=None, where="data")
-    if width <= y_max:
+    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler="threads"))
+    if y_min < 0 or (n_classes is not None and y_max >= n_classes):  # for the message:
+        check_labels(y.compute(scheduler="threads").values, n_classes=n_classes, where="data")
+    if y_max >= width:
         raise ValueError(
             f"the model outputs {width} classes, but data.y holds label {y_max}; "
             f"labels should lie in [0, {width})"
