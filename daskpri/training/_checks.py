@@ -263,7 +263,9 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             f"some are {', '.join(other)}; call model.float() (lower-precision scoring passes "
             "are a strategy's score_dtype option)"
         )
-    x0 = torch.as_tensor(np.asarray(ds["x"].isel(sample=slice(0, 2)).values, dtype=np.float32))
+    # a store's data read here, as below: not by the workers of a default client
+    two = ds["x"].isel(sample=slice(0, 2)).compute(scheduler="threads").values
+    x0 = torch.as_tensor(np.asarray(two, dtype=np.float32))
     was_training = model.training
     try:
         model.eval()
@@ -287,10 +289,9 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
         raise ValueError(
             f"the model outputs {width} classes, but data has n_classes={n_classes}"
         )
-    # a store's labels read chunk by chunk, here: not by the workers of a default client
-    y = ds["y"]
+    y = ds["y"]  # a store's read chunk by chunk
     y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler="threads"))
-    if y_min < 0 or (n_classes is not None and y_max >= n_classes):  # for the message:
+    if y_min < 0 or (n_classes is not None and y_max >= n_classes):  # read whole for the message
         check_labels(y.compute(scheduler="threads").values, n_classes=n_classes, where="data")
     if y_max >= width:
         raise ValueError(
