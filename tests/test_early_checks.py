@@ -156,3 +156,89 @@ def test_fit_in_background_raises_a_bad_argument_in_the_callers_thread(
         assert trainer._own_cluster is None
     finally:
         trainer.close()
+
+
+_MODULE = '''
+import torch
+
+
+def double(x):
+    return 2 * x
+
+
+class Net(torch.nn.Module):
+    def __init__(self, n_features, act=None):
+        super().__init__()
+        self.layer = torch.nn.Linear(n_features, 10)
+        self.act = act
+
+    def forward(self, x):
+        x = self.layer(x)
+        return x if self.act is None else self.act(x)
+'''
+
+
+def _module_only_here(tmp_path, monkeypatch, name):
+    """A module of model classes on this process's path, not on the ``dask worker``s'."""
+    import importlib
+
+    (tmp_path / f"{name}.py").write_text(_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name), str(tmp_path / f"{name}.py")
+
+
+def test_a_model_module_the_workers_cannot_import_is_refused_saying_how_to_send_it(
+    gpu_cluster, small_data, tmp_path, monkeypatch
+):
+    train, _ = small_data
+    mod, path = _module_only_here(tmp_path, monkeypatch, "daskpri_test_netmod")
+    with Client(gpu_cluster) as client:
+        trainer = daskpri.Trainer(mod.Net(20), client=client, batch_size=16)
+        try:
+            with pytest.raises(ValueError, match=re.escape(
+                "the model's layers are classes of module(s) 'daskpri_test_netmod', which 2 "
+                "of the run's 2 worker(s) cannot import (") + r".*" + re.escape(
+                f"send it with client.upload_file({path!r}), or have it sent with the model: "
+                "import cloudpickle, daskpri_test_netmod; "
+                "cloudpickle.register_pickle_by_value(daskpri_test_netmod)")):
+                trainer.fit(train, max_steps=1, progress=False)
+            # nothing was set up on the workers
+            plugins = client.run_on_scheduler(lambda dask_scheduler: list(
+                dask_scheduler.worker_plugins))
+            assert not [p for p in plugins if p.startswith("daskpri-")], plugins
+            client.upload_file(path)  # the advice, taken
+            history = trainer.fit(train, max_steps=2, progress=False)
+            assert history.sizes["step"] == 2
+        finally:
+            trainer.close()
+
+
+def test_a_module_the_driver_check_misses_fails_the_setup_saying_what_to_do(
+    gpu_cluster, small_data, tmp_path, monkeypatch
+):
+    train, _ = small_data
+    # a function, not a layer, from the module: the driver's check looks at layers' classes
+    mod, _ = _module_only_here(tmp_path, monkeypatch, "daskpri_test_actmod")
+    with Client(gpu_cluster) as client:
+        trainer = daskpri.Trainer(torch.nn.Sequential(mod.Net(20).layer, torch.nn.Identity()),
+                                  client=client, batch_size=16)
+        trainer.model[1].act = mod.double
+        try:
+            with pytest.raises(ModuleNotFoundError, match=re.escape(
+                "could not rebuild the model: No module named 'daskpri_test_actmod'; install "
+                "the module where the workers run, send it with client.upload_file(path), or "
+                "have it sent with the model (cloudpickle.register_pickle_by_value)")):
+                trainer.fit(train, max_steps=1, progress=False)
+            plugins = client.run_on_scheduler(lambda dask_scheduler: list(
+                dask_scheduler.worker_plugins))
+            assert not [p for p in plugins if p.startswith("daskpri-")], plugins
+            import cloudpickle
+
+            cloudpickle.register_pickle_by_value(mod)  # the other advice
+            try:
+                history = trainer.fit(train, max_steps=2, progress=False)
+            finally:
+                cloudpickle.unregister_pickle_by_value(mod)
+            assert history.sizes["step"] == 2
+        finally:
+            trainer.close()

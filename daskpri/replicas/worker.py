@@ -109,7 +109,15 @@ class ReplicaPlugin(WorkerPlugin):
         self.device = device
 
     def setup(self, worker: Any) -> None:
-        module = pickle.loads(self.module)
+        try:
+            module = pickle.loads(self.module)
+        except ImportError as e:  # a module of the model's that the driver checks missed
+            raise ModuleNotFoundError(
+                f"worker {worker.address} could not rebuild the model: {e}; install the "
+                "module where the workers run, send it with client.upload_file(path), or "
+                "have it sent with the model (cloudpickle.register_pickle_by_value)",
+                name=e.name,
+            ) from e
         self.replica = Replica(module, worker_device(worker, self.device))
         self.partitions: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # All loaded partitions in one pair of tensors (``partitions`` holds

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -368,4 +369,77 @@ def check_workers_device(client: Client, workers: list[str], device: str | None)
         f"device={device!r}, but {len(lacking)} of the run's {len(workers)} worker(s) lack "
         f"it ({which}{more} CUDA device(s)): give device {_cuda_choices(min(counts.values()))}, "
         f"or {_DEVICE_ADVICE}"
+    )
+
+
+def model_modules(model: nn.Module) -> list[str]:
+    """The modules that the workers import to rebuild ``model``'s layers.
+
+    Those of its layers' classes, less what every daskpri worker has
+    (torch, daskpri, the standard library's builtins) and what cloudpickle
+    sends by value (``__main__``, and modules given to
+    ``cloudpickle.register_pickle_by_value``).
+
+    Examples
+    --------
+    >>> model_modules(nn.Sequential(nn.Linear(2, 2)))
+    []
+    """
+    import cloudpickle.cloudpickle as cp
+
+    found = set()
+    for layer in model.modules():
+        name = type(layer).__module__
+        if name in ("__main__", "builtins") or name.split(".")[0] in ("torch", "daskpri"):
+            continue
+        module = sys.modules.get(name)
+        if module is not None and cp._is_registered_pickle_by_value(module):
+            continue
+        found.add(name)
+    return sorted(found)
+
+
+def _unimportable(names: list[str]) -> list[str]:
+    """Those of ``names`` that this process cannot import (run on the workers)."""
+    import importlib.util
+
+    missing = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # a parent package missing, or a broken one
+            spec = None
+        if spec is None:
+            missing.append(name)
+    return missing
+
+
+def check_workers_import(client: Client, workers: list[str], model: nn.Module) -> None:
+    """Refuse a model whose layers' modules one of ``workers`` cannot import, asking them first.
+
+    A model of classes from a module on the driver's path only (a script or
+    notebook's ``mymodel.py``) unpickles on a LocalCluster's workers, which
+    start with the driver's ``sys.path``, but not on a ``dask worker``
+    started elsewhere: the replicas' setup would fail there with each
+    worker's traceback and a bare ``No module named 'mymodel'``.
+    """
+    names = model_modules(model)
+    if not names:
+        return
+    missing = {addr: m for addr, m in client.run(_unimportable, names, workers=workers).items()
+               if m}
+    if not missing:
+        return
+    modules = sorted({m for ms in missing.values() for m in ms})
+    where = ", ".join(sorted(missing)[:5]) + (
+        f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    files = [getattr(sys.modules.get(m), "__file__", None) for m in modules]
+    upload = (f"send it with client.upload_file({files[0]!r}), " if len(modules) == 1
+              and files[0] and files[0].endswith(".py") else "")
+    top = modules[0].split(".")[0]
+    raise ValueError(
+        f"the model's layers are classes of module(s) {', '.join(map(repr, modules))}, which "
+        f"{len(missing)} of the run's {len(workers)} worker(s) cannot import ({where}): "
+        f"install it where the workers run, {upload}or have it sent with the model: "
+        f"import cloudpickle, {top}; cloudpickle.register_pickle_by_value({top})"
     )

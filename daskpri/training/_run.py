@@ -23,11 +23,11 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
 import numpy as np
 import torch
 import xarray as xr
 from distributed import Client, LocalCluster
-from distributed.protocol import pickle
 from distributed.security import Security
 from torch import nn
 
@@ -43,6 +43,7 @@ from daskpri.training._checks import (
     check_model,
     check_strategy_model,
     check_workers_device,
+    check_workers_import,
 )
 from daskpri.training._cleanup import drop_run
 from daskpri.training._resume import state_shaped_like_params
@@ -200,6 +201,7 @@ class RunMixin:
         owner = assign_owners(sizes, len(addrs))
         self._check_batch_fits(sizes, owner, len(addrs))
         check_workers_device(client, addrs, self.device)
+        check_workers_import(client, addrs, self.model)
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
         self._n_classes = n_classes
@@ -226,7 +228,10 @@ class RunMixin:
     ) -> None:
         """Make the run in the cluster: replicas, table, partitions placed and checked."""
         self._plugin = ReplicaPlugin(
-            self.run_id, pickle.dumps(self.model), self._n_classes, device=self.device
+            # cloudpickle itself: distributed's pickle sends by value only a top-level
+            # object of __main__ or of a module registered with register_pickle_by_value,
+            # not a layer of such a module inside a Sequential
+            self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device
         )
         try:
             client.register_plugin(self._plugin)
