@@ -175,6 +175,13 @@ class Net(torch.nn.Module):
     def forward(self, x):
         x = self.layer(x)
         return x if self.act is None else self.act(x)
+
+
+from daskpri.strategies.uniform import Uniform
+
+
+class MyUniform(Uniform):
+    name = "my-uniform"
 '''
 
 
@@ -196,9 +203,10 @@ def test_a_model_module_the_workers_cannot_import_is_refused_saying_how_to_send_
         trainer = daskpri.Trainer(mod.Net(20), client=client, batch_size=16)
         try:
             with pytest.raises(ValueError, match=re.escape(
-                "the model's layers are classes of module(s) 'daskpri_test_netmod', which 2 "
-                "of the run's 2 worker(s) cannot import (") + r".*" + re.escape(
-                f"send it with client.upload_file({path!r}), or have it sent with the model: "
+                "classes of module(s) 'daskpri_test_netmod' (the model's layers) cannot be "
+                "imported by 2 of the run's 2 worker(s) (") + r".*" + re.escape(
+                f"): install it where they run, or send it with client.upload_file({path!r}), "
+                "or have it sent with the model: "
                 "import cloudpickle, daskpri_test_netmod; "
                 "cloudpickle.register_pickle_by_value(daskpri_test_netmod)")):
                 trainer.fit(train, max_steps=1, progress=False)
@@ -240,5 +248,28 @@ def test_a_module_the_driver_check_misses_fails_the_setup_saying_what_to_do(
             finally:
                 cloudpickle.unregister_pickle_by_value(mod)
             assert history.sizes["step"] == 2
+        finally:
+            trainer.close()
+
+
+def test_a_strategy_class_the_cluster_cannot_import_is_refused_saying_where(
+    gpu_cluster, small_data, tmp_path, monkeypatch
+):
+    train, _ = small_data
+    mod, path = _module_only_here(tmp_path, monkeypatch, "daskpri_test_stratmod")
+    with Client(gpu_cluster) as client:
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy=mod.MyUniform(),
+                                  client=client, batch_size=16)
+        try:
+            # the table's scheduler and the workers' steps both unpickle it
+            with pytest.raises(ValueError, match=re.escape(
+                "classes of module(s) 'daskpri_test_stratmod' (the strategy's class MyUniform) "
+                "cannot be imported by 2 of the run's 2 worker(s) (") + r"[^)]*" + re.escape(
+                ") and the scheduler: install it where they run, or send it with "
+                f"client.upload_file({path!r})") + "$"):
+                trainer.fit(train, max_steps=1, progress=False)
+            client.upload_file(path)  # to the scheduler too
+            history = trainer.fit(train, max_steps=2, progress=False)
+            assert history.attrs["strategy"] == "my-uniform"
         finally:
             trainer.close()

@@ -372,25 +372,24 @@ def check_workers_device(client: Client, workers: list[str], device: str | None)
     )
 
 
-def model_modules(model: nn.Module) -> list[str]:
-    """The modules that the workers import to rebuild ``model``'s layers.
+def foreign_modules(classes: Any) -> list[str]:
+    """The modules of ``classes`` that a worker or the scheduler must import to rebuild them.
 
-    Those of its layers' classes, less what every daskpri worker has
-    (torch, daskpri, the standard library's builtins) and what cloudpickle
-    sends by value (``__main__``, and modules given to
-    ``cloudpickle.register_pickle_by_value``).
+    Less what every daskpri process has (torch, daskpri, the standard
+    library's builtins) and what cloudpickle sends by value (``__main__``,
+    and modules given to ``cloudpickle.register_pickle_by_value``).
 
     Examples
     --------
-    >>> model_modules(nn.Sequential(nn.Linear(2, 2)))
+    >>> foreign_modules(type(m) for m in nn.Sequential(nn.Linear(2, 2)).modules())
     []
     """
     import cloudpickle.cloudpickle as cp
 
     found = set()
-    for layer in model.modules():
-        name = type(layer).__module__
-        if name in ("__main__", "builtins") or name.split(".")[0] in ("torch", "daskpri"):
+    for cls in classes:
+        name = cls.__module__
+        if name in ("__main__", "builtins", "abc") or name.split(".")[0] in ("torch", "daskpri"):
             continue
         module = sys.modules.get(name)
         if module is not None and cp._is_registered_pickle_by_value(module):
@@ -414,32 +413,52 @@ def _unimportable(names: list[str]) -> list[str]:
     return missing
 
 
-def check_workers_import(client: Client, workers: list[str], model: nn.Module) -> None:
-    """Refuse a model whose layers' modules one of ``workers`` cannot import, asking them first.
+def check_cluster_imports(
+    client: Client, workers: list[str], model: nn.Module, strategy: Strategy
+) -> None:
+    """Refuse a model or strategy of classes that the cluster cannot import, asking it first.
 
-    A model of classes from a module on the driver's path only (a script or
+    A model of layers from a module on the driver's path only (a script or
     notebook's ``mymodel.py``) unpickles on a LocalCluster's workers, which
     start with the driver's ``sys.path``, but not on a ``dask worker``
     started elsewhere: the replicas' setup would fail there with each
-    worker's traceback and a bare ``No module named 'mymodel'``.
+    worker's traceback and a bare ``No module named 'mymodel'``. A
+    strategy's class goes to the workers and to the scheduler (the table).
     """
-    names = model_modules(model)
-    if not names:
+    of_model = foreign_modules(type(m) for m in model.modules())
+    of_strategy = foreign_modules(type(strategy).__mro__)
+    on_workers = sorted(set(of_model) | set(of_strategy))
+    if not on_workers:
         return
-    missing = {addr: m for addr, m in client.run(_unimportable, names, workers=workers).items()
-               if m}
+    missing = {addr: m for addr, m in
+               client.run(_unimportable, on_workers, workers=workers).items() if m}
+    where = [] if not missing else [
+        f"{len(missing)} of the run's {len(workers)} worker(s) ("
+        + ", ".join(sorted(missing)[:5])
+        + (f" and {len(missing) - 5} more" if len(missing) > 5 else "") + ")"]
+    lacking = client.run_on_scheduler(_unimportable, of_strategy) if of_strategy else []
+    if lacking:
+        missing["the scheduler"] = lacking
+        where.append("the scheduler")
     if not missing:
         return
     modules = sorted({m for ms in missing.values() for m in ms})
-    where = ", ".join(sorted(missing)[:5]) + (
-        f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    what = []
+    if set(modules) & set(of_model):
+        what.append("the model's layers")
+    if set(modules) & set(of_strategy):
+        what.append(f"the strategy's class {type(strategy).__qualname__}")
     files = [getattr(sys.modules.get(m), "__file__", None) for m in modules]
-    upload = (f"send it with client.upload_file({files[0]!r}), " if len(modules) == 1
+    upload = (f"client.upload_file({files[0]!r})" if len(modules) == 1
               and files[0] and files[0].endswith(".py") else "")
     top = modules[0].split(".")[0]
+    # a strategy travels inside the steps' tasks, which distributed pickles by
+    # reference whatever cloudpickle's registry says: only the model goes by value
+    by_value = "" if set(modules) & set(of_strategy) else (
+        f", or have it sent with the model: import cloudpickle, {top}; "
+        f"cloudpickle.register_pickle_by_value({top})")
     raise ValueError(
-        f"the model's layers are classes of module(s) {', '.join(map(repr, modules))}, which "
-        f"{len(missing)} of the run's {len(workers)} worker(s) cannot import ({where}): "
-        f"install it where the workers run, {upload}or have it sent with the model: "
-        f"import cloudpickle, {top}; cloudpickle.register_pickle_by_value({top})"
+        f"classes of module(s) {', '.join(map(repr, modules))} ({', '.join(what)}) cannot be "
+        f"imported by {' and '.join(where)}: install it where they run"
+        + (f", or send it with {upload}" if upload else "") + by_value
     )

@@ -39,11 +39,11 @@ from daskpri.replicas.worker import ReplicaPlugin
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import Ahead, RemoteTable
 from daskpri.training._checks import (
+    check_cluster_imports,
     check_local_device,
     check_model,
     check_strategy_model,
     check_workers_device,
-    check_workers_import,
 )
 from daskpri.training._cleanup import drop_run
 from daskpri.training._resume import state_shaped_like_params
@@ -201,7 +201,7 @@ class RunMixin:
         owner = assign_owners(sizes, len(addrs))
         self._check_batch_fits(sizes, owner, len(addrs))
         check_workers_device(client, addrs, self.device)
-        check_workers_import(client, addrs, self.model)
+        check_cluster_imports(client, addrs, self.model, self.strategy)
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
         self._n_classes = n_classes
