@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import shutil
 import time
 import uuid
@@ -224,8 +223,6 @@ _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, er
 _NETCDF_IN_MEMORY = 256 * 2**20
 #: room left for what HDF5 adds to a netCDF file's values (its metadata), for `_to_netcdf`
 _HDF5_OVERHEAD = 2**20
-#: xarray makes netCDF4 files in memory (with h5netcdf) from 2025.8 on
-_XARRAY_NETCDF4_BYTES = tuple(int(n) for n in re.findall(r"\d+", xr.__version__)[:2]) >= (2025, 8)
 
 
 def _to_netcdf(ds: xr.Dataset, path: str) -> None:
@@ -238,12 +235,11 @@ def _to_netcdf(ds: xr.Dataset, path: str) -> None:
     tmpfs with 4 to 64 KiB left, at each 4 KiB step). So the file is made
     in memory and written with Python's own writes, whose full disk is an
     ``OSError`` like any other.
-    A dataset larger than ``_NETCDF_IN_MEMORY`` (or an xarray older than
-    2025.8, which makes netCDF4 files in memory only with scipy) is written
-    by HDF5 itself, once the disk is seen to have room for its values: a
-    disk that another writer fills meanwhile can still crash it.
+    A dataset larger than ``_NETCDF_IN_MEMORY`` is written by HDF5 itself,
+    once the disk is seen to have room for its values: a disk that another
+    writer fills meanwhile can still crash it.
     """
-    if _XARRAY_NETCDF4_BYTES and ds.nbytes <= _NETCDF_IN_MEMORY:
+    if ds.nbytes <= _NETCDF_IN_MEMORY:
         data = ds.to_netcdf(engine="h5netcdf")
         with open(path, "wb") as f:
             f.write(data)
