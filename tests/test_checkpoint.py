@@ -141,26 +141,38 @@ def test_a_stopped_fit_is_checkpointed_where_it_stopped(gpu_client, small_data, 
 
 
 def _whole(**values: Any) -> dict[str, Any]:
-    """The state of a checkpoint with every key ``read`` requires: placeholders but ``values``."""
+    """A whole checkpoint's state, of a run of a model of the user's at step 0, but ``values``."""
+    net = torch.nn.Linear(3, 2)
+    params = dict(
+        seed=0, n_workers=None, resources=None, batch_size=2, learning_rate=0.1, momentum=0.9,
+        weight_decay=0.0, max_grad_norm=None, optimizer="sgd", lr_schedule="constant",
+        schedule_steps=None, local_steps=1, eval_every=50, partition_size=None,
+        staleness="keep", device=None, checkpoint_path=None, checkpoint_every=None,
+        transport="direct", on_nonfinite="raise",
+    )
+    table = {"table": daskpri.PriorityTable([3, 2]).state_dict(),
+             "rng": np.random.default_rng(0).bit_generator.state, "strategy_state": {},
+             "owner": np.zeros(2, dtype=np.int64), "last_step": -1}
     state = {
-        "step": 0, "elapsed": 0.0, "model": {}, "model_spec": None, "optimizer": {},
-        "mean_grad": None, "strategy": {"name": "uniform", "params": {}},
-        "trainer": dict.fromkeys(checkpoint.LAYOUT["trainer"]), "table": {}, "history": [],
+        "step": 0, "elapsed": 0.0, "model": net.state_dict(), "model_spec": None,
+        "optimizer": torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9).state_dict(),
+        "mean_grad": None, "strategy": {"name": "uniform", "params": {"batch_size": None}},
+        "trainer": params, "table": checkpoint.to_storable(table), "history": [],
     }
     return dict(state, **values)
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path):
     path = tmp_path / "c.ckpt"
-    checkpoint.write(_whole(step=1), path)
+    checkpoint.write(_whole(elapsed=1.0), path)
 
     class Unsaveable:
         def __reduce__(self):
             raise RuntimeError("cannot pickle this")
 
     with pytest.raises(RuntimeError, match="cannot pickle"):
-        checkpoint.write(_whole(step=2, bad=Unsaveable()), path)
-    assert checkpoint.read(path)["step"] == 1
+        checkpoint.write(_whole(elapsed=2.0, bad=Unsaveable()), path)
+    assert checkpoint.read(path)["elapsed"] == 1.0
     assert sorted(os.listdir(tmp_path)) == ["c.ckpt"]
 
 
@@ -250,11 +262,14 @@ def test_read_refuses_a_partial_checkpoint_naming_the_keys_it_lacks(tmp_path):
         "which every checkpoint of format 1 holds"
     )):
         checkpoint.read(path)
-    for key, value, allowed in [("step", "3", "an integer"), ("step", True, "an integer"),
-                                ("trainer", [], "a dict"), ("model_spec", "mlp", "a dict or None")]:
+    damaged = f"{path!r} is a damaged daskpri checkpoint: its "
+    for key, value, allowed in [("step", "3", "a non-negative integer"),
+                                ("step", True, "a non-negative integer"),
+                                ("trainer", [], "a dict"),
+                                ("model_spec", "mlp", "None or a built-in model's spec")]:
         checkpoint.write(_whole(**{key: value}), path)
         with pytest.raises(ValueError, match=re.escape(
-            f"{refused}{key!r} should be {allowed}, but got {type(value).__name__}"
+            f"{damaged}{key!r} should be {allowed}, but got {checkpoint.shown(value)}"
         )):
             checkpoint.read(path)
 
