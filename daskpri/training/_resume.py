@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -18,7 +19,8 @@ from distributed import Client
 from torch import nn
 
 from daskpri.models import from_spec
-from daskpri.strategies import STRATEGIES, get_strategy
+from daskpri.replicas.optim import make_optimizer
+from daskpri.strategies import get_strategy
 from daskpri.training import checkpoint
 
 if TYPE_CHECKING:
@@ -26,12 +28,7 @@ if TYPE_CHECKING:
 
 #: The constructor's parameters besides the model and strategy, as a
 #: checkpoint keeps them for :meth:`Trainer.resume`.
-INIT_PARAMS = (
-    "seed", "n_workers", "resources", "batch_size", "learning_rate", "momentum",
-    "weight_decay", "max_grad_norm", "optimizer", "lr_schedule", "schedule_steps", "local_steps",
-    "eval_every", "partition_size", "staleness", "device", "checkpoint_path", "checkpoint_every",
-    "transport", "on_nonfinite",
-)
+INIT_PARAMS = tuple(checkpoint.TRAINER_PARAMS)
 
 
 def init_params(trainer: Trainer) -> dict[str, Any]:
@@ -81,7 +78,8 @@ def resume_trainer(
             f"{', '.join(fixed)}: the checkpoint fixes the run's strategy and its options, "
             "seed and optimization; start a new Trainer to change them"
         )
-    state = checkpoint.read(path)
+    state = checkpoint.read(path)  # every field that needs no model of the user's checked
+    damaged = f"{os.fspath(path)!r} is a damaged daskpri checkpoint"
     if model is None:
         if state["model_spec"] is None:
             raise ValueError(
@@ -94,28 +92,30 @@ def resume_trainer(
             f"model should be a torch.nn.Module of the checkpoint's architecture, but got "
             f"{type(model).__name__} {model!r}"
         )
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise ValueError(f"model does not match the checkpoint's architecture: {e}") from None
-    params = dict(state["trainer"], **overrides)
-    if "checkpoint_path" not in overrides and params.get("checkpoint_path") is not None:
+    mismatch = checkpoint.load_weights(model, state["model"])
+    if mismatch:
+        raise ValueError(f"model does not match the checkpoint's architecture: {mismatch}")
+    stored = dict(state["trainer"])
+    if stored.get("checkpoint_path") is not None:
         # A run that checkpointed goes on checkpointing, to the file the user named
         # here: never to a path the file itself names (a copied or downloaded
         # checkpoint would otherwise write over whatever that path holds).
-        params["checkpoint_path"] = os.fspath(path)
-    name = state["strategy"]["name"]
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"the checkpoint's strategy {name!r} is not registered in this process: "
-            f"define its class and decorate it with daskpri.register_strategy (with "
-            f"name = {name!r}) before resuming"
-        )
-    strategy = get_strategy(name, **state["strategy"]["params"])
+        stored["checkpoint_path"] = os.fspath(path)
+    params = dict(stored, **overrides)
+    strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])
     # the run's own clipping: None there is none, whatever the config says now
     # (a checkpoint from before the option has none)
     with dask.config.set({"daskpri.trainer.max-grad-norm": None}):
-        trainer = cls(model, strategy=strategy, client=client, **params)
+        try:
+            trainer = cls(model, strategy=strategy, client=client, **params)
+        except (ValueError, TypeError):
+            # the checkpoint's value, or an override's (or the client's): the
+            # checkpoint's alone say which
+            refused = _refused_options(cls, model, state, stored)
+            if refused is None:
+                raise
+            raise ValueError(f"{damaged}: its trainer's options are refused: {refused}") from None
+    _check_optimizer(damaged, trainer, state["optimizer"], state["mean_grad"])
     trainer.step_ = int(state["step"])
     trainer._elapsed = float(state["elapsed"])
     trainer._setup_time = float(state.get("setup_time", 0.0))  # (not in older ones)
@@ -127,6 +127,78 @@ def resume_trainer(
         "table": checkpoint.from_storable(state["table"]),
     }
     return trainer
+
+
+def _refused_options(
+    cls: type[Trainer], model: nn.Module, state: dict[str, Any], stored: dict[str, Any]
+) -> Exception | None:
+    """Why a trainer of the checkpoint's own options is refused, if it is."""
+    strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])
+    try:
+        with warnings.catch_warnings():  # (the trainer made after warns, if it is made)
+            warnings.simplefilter("ignore")
+            cls(model, strategy=strategy, **stored)
+    except (ValueError, TypeError) as e:
+        return e
+    return None
+
+
+def _check_optimizer(
+    damaged: str, trainer: Trainer, saved: dict[str, Any], mean_grad: torch.Tensor | None
+) -> None:
+    """Refuse optimizer state (and a mean gradient) that ``trainer``'s model cannot go on from.
+
+    The state is loaded into an optimizer of the run's kind over copies of the
+    model's parameters, and compared with the state that one step of that
+    optimizer makes: the same buffers, of the parameters' shapes, in
+    parameter groups of the run's options. ``load_state_dict`` itself checks
+    little of that, and what it lets through fails at the first step, in the
+    cluster.
+    """
+    params = [nn.Parameter(torch.zeros_like(p)) for p in trainer.model.parameters()]
+    n = sum(len(g["params"]) for g in saved["param_groups"])
+    if n != len(params):
+        raise ValueError(f"{damaged}: its 'optimizer' holds the state of {n} parameters, but "
+                         f"the model has {len(params)}")
+    options = trainer._optimizer_options()
+    fresh = make_optimizer(trainer.optimizer, params, options)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    fresh.step()
+    made = [set(fresh.state[p]) for p in params]
+    ids = [i for group in saved["param_groups"] for i in group["params"]]
+    for position, i in enumerate(ids):  # (load_state_dict maps them in this order)
+        buffers = saved["state"].get(i, {})
+        if buffers and set(buffers) != made[position]:
+            raise ValueError(
+                f"{damaged}: its 'optimizer' holds {', '.join(map(str, sorted(buffers)))} for "
+                f"parameter {i}, where the run's {trainer.optimizer} keeps "
+                f"{', '.join(sorted(made[position])) or 'none'}"
+            )
+    opt = make_optimizer(trainer.optimizer, params, options)
+    try:
+        opt.load_state_dict(state_shaped_like_params(opt, saved))
+    except (ValueError, TypeError, KeyError, RuntimeError) as e:
+        raise ValueError(f"{damaged}: its 'optimizer' does not load into the run's "
+                         f"{trainer.optimizer}: {e}") from None
+    for group, ours in zip(opt.param_groups, fresh.param_groups, strict=True):
+        for key, value in ours.items():
+            if key not in ("params", "lr") and key in group and group[key] != value:
+                raise ValueError(
+                    f"{damaged}: its 'optimizer' has {key}={group[key]!r}, where the run's "
+                    f"options give {trainer.optimizer} {key}={value!r}"
+                )
+    for i, p in enumerate(params):
+        for name, value in opt.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+                raise ValueError(
+                    f"{damaged}: its 'optimizer' holds {name} of shape {tuple(value.shape)} "
+                    f"for parameter {ids[i]}, of shape {tuple(p.shape)}"
+                )
+    size = sum(p.numel() for p in params)
+    if mean_grad is not None and mean_grad.numel() != size:
+        raise ValueError(f"{damaged}: its 'mean_grad' holds {mean_grad.numel()} values, where "
+                         f"the model has {size} parameters")
 
 
 def state_shaped_like_params(opt: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
