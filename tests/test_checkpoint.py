@@ -241,6 +241,10 @@ def test_read_refuses_a_checkpoint_of_another_format(tmp_path):
         "checkpoint)"
     )):
         daskpri.Trainer.resume(path)
+    for fmt, got in [(torch.ones(2), "a tensor of shape (2,)"), ("1", "str '1'")]:
+        torch.save(dict(_whole(), format=fmt), path)
+        with pytest.raises(ValueError, match=re.escape(f"'format' should be 1, but got {got} ")):
+            daskpri.Trainer.resume(path)
 
 
 def test_read_refuses_a_partial_checkpoint_naming_the_keys_it_lacks(tmp_path):

@@ -251,11 +251,12 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path!r} is not a daskpri checkpoint: it has no 'format' key, which every "
             "checkpoint holds"
         )
-    if state["format"] != FORMAT:
+    fmt = state["format"]
+    if type(fmt) is not int or fmt != FORMAT:  # (a tensor's != is no bool)
         raise ValueError(
             f"{path!r} is not a checkpoint this version of daskpri reads: its 'format' should "
-            f"be {FORMAT}, but got {state['format']!r} (a checkpoint of an incompatible "
-            "version of daskpri, or not a daskpri checkpoint)"
+            f"be {FORMAT}, but got {fmt if type(fmt) is int else shown(fmt)} (a checkpoint of "
+            "an incompatible version of daskpri, or not a daskpri checkpoint)"
         )
     _check_layout(path, state)
     return state
