@@ -139,7 +139,10 @@ class PersistMixin(StepMixin):
         ------
         ValueError
             If ``overrides`` names anything else, or the file is not a
-            checkpoint of this architecture.
+            checkpoint of this architecture, or one of its fields is damaged
+            (weights, optimizer state, table or options that the run cannot
+            go on from): refused here, before any cluster is used, in a
+            line naming the field.
 
         Examples
         --------

@@ -3,7 +3,9 @@
 A checkpoint is a ``torch.save`` file of tensors and plain Python values
 (dicts, lists, numbers, strings): numpy arrays are stored as tensors. It is
 read with ``torch.load(weights_only=True)`` and never unpickled otherwise, so
-a file that carries code is refused, not run.
+a file that carries code is refused, not run. What it holds is checked where
+it is read, field by field: a damaged or hand-edited checkpoint is refused in
+one line naming the field, not at the resumed run's first step.
 """
 
 from __future__ import annotations
@@ -208,8 +210,11 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     ValueError
         If the file is not a daskpri checkpoint of format :data:`FORMAT`
         holding every key of :data:`LAYOUT` (a file of another kind, or of
-        an incompatible version of daskpri), or holds objects other than
-        tensors and plain values (for example a pickle that would run code).
+        an incompatible version of daskpri), is cut short, holds objects
+        other than tensors and plain values (for example a pickle that would
+        run code), or holds a field that a run cannot go on from (``'PATH' is
+        a damaged daskpri checkpoint: its 'step' should be a non-negative
+        integer, but got int -3``).
 
     Examples
     --------
