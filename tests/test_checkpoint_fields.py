@@ -101,6 +101,10 @@ def _drop(*keys: Any) -> Damage:
      r"dict \{\}"),
     (_set("history", 1, "x"), r"its 'history' record 1 should be a dict of a step's "
      r"metrics, with its 'step', but got str 'x'"),
+    (_set("history", 1, "loss", "x"), r"its 'history' record 1's 'loss' should be a number, "
+     r"but got str 'x'"),
+    (_set("history", 2, "worker_samples", "x"), r"its 'history' record 2's 'worker_samples' "
+     r"should be a list of numbers, one a worker, but got str 'x'"),
 ])
 def test_a_count_or_history_out_of_step_is_refused(saved, tmp_path, damage, message):
     _refused(saved, tmp_path, damage, message)

@@ -552,8 +552,26 @@ class _Fields:
                 self.refuse(f"'history' record {i}", "a dict of a step's metrics, with its "
                             "'step'", record)
             steps.append(at)
+            self.metrics(i, record)
         rising = all(a < b for a, b in zip(steps, steps[1:], strict=False))
         if not rising or (steps[-1] if steps else -1) != step - 1 or (steps and steps[0] < 0):
             held = (f"records of steps {steps[0]} to {steps[-1]}" if steps else "no records")
             self.wrong(f"its 'history' holds {held}, where its 'step' is {step}: they should "
                        f"rise to step {step - 1}, the last it took, one a step (or a round)")
+
+    def metrics(self, i: int, record: dict[str, Any]) -> None:
+        """The numbers that the history's Dataset is built of (a fit builds it at its end)."""
+        from daskpri.training.history import STEP_VARIABLES, WORKER_VARIABLES
+
+        def real(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        for name in STEP_VARIABLES:
+            value = record.get(name)
+            if value is not None and not real(value):
+                self.refuse(f"'history' record {i}'s {name!r}", "a number", value)
+        for name in WORKER_VARIABLES:
+            value = record.get(name, [])
+            if not isinstance(value, (list, tuple)) or not all(real(v) for v in value):
+                self.refuse(f"'history' record {i}'s {name!r}", "a list of numbers, one a "
+                            "worker", value)
