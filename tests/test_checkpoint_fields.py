@@ -63,6 +63,11 @@ def _refused(saved: dict[str, Any], tmp_path: Path, damage: Damage, message: str
         daskpri.Trainer.resume(path)
 
 
+def _id(value: Any) -> str:
+    """A test's id: its message's words (its damage has none of its own)."""
+    return "" if callable(value) else "-".join(re.findall(r"\w+", value))[:60]
+
+
 def _set(*where: Any) -> Damage:
     """A damage: the value at ``state[where[0]][where[1]]...`` replaced by ``where[-1]``."""
     keys, value = where[:-1], where[-1]
@@ -86,7 +91,7 @@ def _drop(*keys: Any) -> Damage:
     return damage
 
 
-@pytest.mark.parametrize(("damage", "message"), [
+@pytest.mark.parametrize(("damage", "message"), ids=_id, argvalues=[
     (_set("step", -3), r"its 'step' should be a non-negative integer, but got int -3"),
     (_set("step", 7), r"its 'history' holds records of steps 0 to 2, where its 'step' is 7: "
      r"they should rise to step 6, the last it took, one a step \(or a round\)"),
@@ -110,7 +115,7 @@ def test_a_count_or_history_out_of_step_is_refused(saved, tmp_path, damage, mess
     _refused(saved, tmp_path, damage, message)
 
 
-@pytest.mark.parametrize(("damage", "message"), [
+@pytest.mark.parametrize(("damage", "message"), ids=_id, argvalues=[
     (_set("model", [1]), r"its 'model' should be a dict of tensors by name \(a module's "
      r"state_dict\), but got a list of length 1"),
     (_set("model", "1.bias", "x"), r"its 'model' entry '1.bias' should be a tensor, but got "
@@ -150,7 +155,7 @@ def test_weights_that_do_not_fit_a_users_model_are_one_line(saved, tmp_path):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize(("damage", "message"), [
+@pytest.mark.parametrize(("damage", "message"), ids=_id, argvalues=[
     (_set("optimizer", []), r"its 'optimizer' should be an optimizer's state_dict \(a dict "
      r"of 'state' and 'param_groups'\), but got a list of length 0"),
     (_drop("optimizer", "state"), r"its 'optimizer' should be an optimizer's state_dict .*"),
@@ -178,7 +183,7 @@ def test_optimizer_state_that_does_not_fit_the_model_is_refused(saved, tmp_path,
     _refused(saved, tmp_path, damage, message)
 
 
-@pytest.mark.parametrize(("damage", "message"), [
+@pytest.mark.parametrize(("damage", "message"), ids=_id, argvalues=[
     (_set("strategy", "name", 3), r"its strategy's name should be a str, but got int 3"),
     (_set("strategy", "params", [1]), r"its strategy's 'params' should be a dict of options "
      r"by name, but got a list of length 1"),
@@ -211,7 +216,7 @@ def test_an_override_refused_is_the_callers_not_the_checkpoints(saved, tmp_path)
         daskpri.Trainer.resume(path, n_workers=0)
 
 
-@pytest.mark.parametrize(("damage", "message"), [
+@pytest.mark.parametrize(("damage", "message"), ids=_id, argvalues=[
     (_set("table", {}), r"its 'table' should be the priority table's state \(a dict whose "
      r"'table' is a dict\), but got dict \{\}"),
     (_drop("table", "rng"), r"its 'table' has no 'rng'"),
@@ -226,6 +231,8 @@ def test_an_override_refused_is_the_callers_not_the_checkpoints(saved, tmp_path)
      r"PCG64 generator, but got dict \{'bit_generator': 'PCG64', 'state': 3, .*"),
     (_set("table", "strategy_state", [1]), r"its table's 'strategy_state' should be a dict, "
      r"but got a list of length 1"),
+    (_set("table", "strategy_state", "renew", "x"), r"its table's 'strategy_state' is not one "
+     r"strategy 'projection' goes on from \(selecting step 3: AttributeError: .*\)"),
     (_set("table", "owner", torch.zeros(1, dtype=torch.int64)), r"its table's 'owner' should "
      r"be a tensor of 2 worker slots, one a partition, but got a tensor of shape \(1,\)"),
     (_set("table", "last_step", "x"), r"its table's 'last_step' should be an integer of at "
@@ -248,7 +255,7 @@ def test_a_truncated_checkpoint_is_refused_in_a_line(saved, tmp_path):
             daskpri.Trainer.resume(path)
 
 
-@pytest.mark.parametrize(("damage", "message"), [
+@pytest.mark.parametrize(("damage", "message"), ids=_id, argvalues=[
     (_set("trainer", "seed", "x"), r"its trainer's 'seed' should be an integer"),
     (_drop("model_spec", "n_classes"), r"its 'model_spec' 'n_classes' should be"),
     (_set("table", {}), r"its 'table' should be the priority table's state"),

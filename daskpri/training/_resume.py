@@ -7,6 +7,7 @@ state reshaped to the parameters it is loaded into.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import warnings
@@ -21,6 +22,8 @@ from torch import nn
 from daskpri.models import from_spec
 from daskpri.replicas.optim import make_optimizer
 from daskpri.strategies import get_strategy
+from daskpri.table.run import TableRun
+from daskpri.table.table import PriorityTable
 from daskpri.training import checkpoint
 
 if TYPE_CHECKING:
@@ -116,6 +119,7 @@ def resume_trainer(
                 raise
             raise ValueError(f"{damaged}: its trainer's options are refused: {refused}") from None
     _check_optimizer(damaged, trainer, state["optimizer"], state["mean_grad"])
+    _check_selection(damaged, trainer, state)
     trainer.step_ = int(state["step"])
     trainer._elapsed = float(state["elapsed"])
     trainer._setup_time = float(state.get("setup_time", 0.0))  # (not in older ones)
@@ -199,6 +203,34 @@ def _check_optimizer(
     if mean_grad is not None and mean_grad.numel() != size:
         raise ValueError(f"{damaged}: its 'mean_grad' holds {mean_grad.numel()} values, where "
                          f"the model has {size} parameters")
+
+
+def _check_selection(damaged: str, trainer: Trainer, state: dict[str, Any]) -> None:
+    """Refuse a table whose selection state the run's strategy cannot go on from.
+
+    What a strategy keeps between selections (its walks, epochs, references)
+    is its own, so it is tried: the next round is selected here from a copy
+    of the checkpoint's table, as the scheduler would select it at the first
+    step.
+    """
+    table = checkpoint.from_storable(copy.deepcopy(state["table"]))
+    run = TableRun(
+        table=PriorityTable.from_state_dict(table["table"]),
+        strategy=copy.deepcopy(trainer.strategy),
+        rng=np.random.default_rng(),
+        owner=np.zeros(0, dtype=np.int64),
+        batch_size=trainer.batch_size,
+        info={},
+    )
+    try:
+        run.load_state_dict(table)
+        run.select_round_arrays(state["step"], trainer.local_steps)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise ValueError(
+            f"{damaged}: its table's 'strategy_state' is not one strategy "
+            f"{trainer.strategy.name!r} goes on from (selecting step {state['step']}: "
+            f"{type(e).__name__}: {e})"
+        ) from None
 
 
 def state_shaped_like_params(opt: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
