@@ -274,3 +274,25 @@ def test_train_resume_of_a_damaged_checkpoint_exits_2_in_one_line(
     assert out == ""  # nothing resumed, no cluster's dashboard
     assert re.fullmatch(re.escape(f"daskpri: error: {str(path)!r} is a damaged daskpri "
                                   "checkpoint: ") + message + r"[^\n]*\n", err), err
+
+
+def test_a_refused_resume_leaves_the_users_model_as_it_was(saved, tmp_path):
+    state = copy.deepcopy(saved)
+    state["model_spec"] = None
+    path = tmp_path / "own.ckpt"
+    torch.save(state, path)
+    # of another width: its last bias (10 classes) matches the checkpoint's, and torch
+    # copies it before it says what does not match
+    narrow = daskpri.models.MLP((20,), 10, hidden=64)
+    before = [p.detach().clone() for p in narrow.parameters()]
+    with pytest.raises(ValueError, match="model does not match the checkpoint's architecture"):
+        daskpri.Trainer.resume(path, model=narrow)
+    assert all(torch.equal(a, b) for a, b in zip(before, narrow.parameters(), strict=True))
+    # of the run's architecture, but the optimizer state is damaged: found after the load
+    state["optimizer"]["state"][0]["momentum_buffer"] = torch.zeros(3)
+    torch.save(state, path)
+    same = daskpri.models.MLP((20,), 10, hidden=300)
+    before = [p.detach().clone() for p in same.parameters()]
+    with pytest.raises(ValueError, match="its 'optimizer' holds momentum_buffer of shape"):
+        daskpri.Trainer.resume(path, model=same)
+    assert all(torch.equal(a, b) for a, b in zip(before, same.parameters(), strict=True))

@@ -82,7 +82,7 @@ def resume_trainer(
             "seed and optimization; start a new Trainer to change them"
         )
     state = checkpoint.read(path)  # every field that needs no model of the user's checked
-    damaged = f"{os.fspath(path)!r} is a damaged daskpri checkpoint"
+    given = model is not None
     if model is None:
         if state["model_spec"] is None:
             raise ValueError(
@@ -95,6 +95,27 @@ def resume_trainer(
             f"model should be a torch.nn.Module of the checkpoint's architecture, but got "
             f"{type(model).__name__} {model!r}"
         )
+    # a refusal leaves the user's module as it was (torch copies what matches
+    # before it says what does not)
+    kept = {k: v.detach().clone() for k, v in model.state_dict().items()} if given else None
+    try:
+        return _going_on(cls, path, model, client, overrides, state)
+    except BaseException:
+        if kept is not None:
+            model.load_state_dict(kept)
+        raise
+
+
+def _going_on(
+    cls: type[Trainer],
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    client: Client | None,
+    overrides: dict[str, Any],
+    state: dict[str, Any],
+) -> Trainer:
+    """A ``cls`` with ``model`` going on from ``state``, every field checked against the model."""
+    damaged = f"{os.fspath(path)!r} is a damaged daskpri checkpoint"
     mismatch = checkpoint.load_weights(model, state["model"])
     if mismatch:
         raise ValueError(f"model does not match the checkpoint's architecture: {mismatch}")
