@@ -115,7 +115,7 @@ def _going_on(
     state: dict[str, Any],
 ) -> Trainer:
     """A ``cls`` with ``model`` going on from ``state``, every field checked against the model."""
-    damaged = f"{os.fspath(path)!r} is a damaged daskpri checkpoint"
+    damaged = checkpoint.damaged(path)
     mismatch = checkpoint.load_weights(model, state["model"])
     if mismatch:
         raise ValueError(f"model does not match the checkpoint's architecture: {mismatch}")

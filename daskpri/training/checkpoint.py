@@ -22,6 +22,10 @@ import numpy as np
 import torch
 
 from daskpri.data.store import check_writable, remove_stale, write_error
+from daskpri.models import from_spec
+from daskpri.strategies import STRATEGIES, get_strategy
+from daskpri.table.table import PriorityTable
+from daskpri.training.history import STEP_VARIABLES, WORKER_VARIABLES
 
 #: torch's writer, by a name of this module's (a test makes it fail as on a full disk)
 _save = torch.save
@@ -316,6 +320,11 @@ _PRIORITY_KEYS = ("offsets", "current", "version", "older_p", "older_t", "stalen
 _MAX_SEED = 2**32 - 1
 
 
+def damaged(path: str | os.PathLike[str]) -> str:
+    """How a refusal of a field of the checkpoint at ``path`` begins."""
+    return f"{os.fspath(path)!r} is a damaged daskpri checkpoint"
+
+
 def shown(value: Any) -> str:
     """``value`` as a message shows it: its type, and its repr cut short.
 
@@ -359,12 +368,13 @@ class _Fields:
     types and ranges, each table and list of the length that the others
     give, the random state, the strategy and its options, and a built-in
     model's weights against its spec. ``Trainer.resume`` checks the rest
-    (the weights and optimizer state against the model, the trainer's
-    options by its constructor).
+    (the weights, optimizer state and mean gradient against the model, the
+    trainer's options by its constructor, the strategy's state by selecting
+    the next round from a copy of the table).
     """
 
     def __init__(self, path: str) -> None:
-        self.damaged = f"{path!r} is a damaged daskpri checkpoint"
+        self.damaged = damaged(path)
 
     def refuse(self, field: str, allowed: str, value: Any) -> NoReturn:
         raise ValueError(f"{self.damaged}: its {field} should be {allowed}, but got {shown(value)}")
@@ -435,8 +445,6 @@ class _Fields:
                                  for v in ok):
                 many = " (a list of them)" if key == "in_shape" else ""
                 self.refuse(f"'model_spec' {key!r}", f"a positive integer{many}", value)
-        from daskpri.models import from_spec  # (which imports the data package, this one's user)
-
         try:
             module = from_spec(spec)
         except (TypeError, ValueError, RuntimeError) as e:
@@ -470,8 +478,6 @@ class _Fields:
             self.tensors_finite(f"'optimizer' state of parameter {i}", buffers)
 
     def strategy(self, strategy: dict[str, Any]) -> None:
-        from daskpri.strategies import STRATEGIES, get_strategy
-
         name, params = strategy["name"], strategy["params"]
         if not isinstance(name, str):
             self.refuse("strategy's name", "a str", name)
@@ -521,8 +527,6 @@ class _Fields:
                 and bool((offsets[1:] > offsets[:-1]).all())):
             self.refuse("table's 'offsets'", "a 1-D tensor of integers rising from 0 (the "
                         "partitions' bounds)", offsets)
-        from daskpri.table.table import PriorityTable
-
         try:
             PriorityTable.from_state_dict(from_storable(table["table"]))
         except (ValueError, TypeError, IndexError) as e:
@@ -561,8 +565,6 @@ class _Fields:
 
     def metrics(self, i: int, record: dict[str, Any]) -> None:
         """The numbers that the history's Dataset is built of (a fit builds it at its end)."""
-        from daskpri.training.history import STEP_VARIABLES, WORKER_VARIABLES
-
         def real(v: Any) -> bool:
             return isinstance(v, (int, float)) and not isinstance(v, bool)
 
