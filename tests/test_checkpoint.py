@@ -6,6 +6,7 @@ import os
 import pickle
 import re
 import time
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -221,6 +222,10 @@ def test_resume_errors(tmp_path, small_data):
         with pytest.raises(ValueError, match="is not a loadable daskpri checkpoint") as info:
             checkpoint.read(path)
         assert not re.search(r": \d+$", str(info.value))  # an unpickler's KeyError: 101
+    with zipfile.ZipFile(path, "w") as z:  # a zip archive of another kind
+        z.writestr("notes.txt", "mine")
+    with pytest.raises(ValueError, match=r": it is a zip archive, but not one torch.save wrote$"):
+        checkpoint.read(path)
     path.write_text("hello world")
     with pytest.raises(ValueError, match=r"it is not a file torch.save wrote \(KeyError while "
                        r"reading it\)$"):

@@ -194,6 +194,15 @@ def _why(e: Exception) -> str:
     return f"it is not a file torch.save wrote ({type(e).__name__} while reading it)"
 
 
+def _foreign_zip(path: str) -> bool:
+    """``path`` is a whole zip archive without the pickle that torch.save writes in one."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return not any(name.endswith("/data.pkl") for name in z.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint weights-only; refuse anything else.
 
@@ -246,9 +255,12 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         else:
             error = None
     if error is not None:
+        why = _why(error)
+        if _foreign_zip(path):  # torch names what it lacks from its C++ reader
+            why = "it is a zip archive, but not one torch.save wrote"
         raise ValueError(
             f"{path!r} is not a loadable daskpri checkpoint (it is read weights-only, "
-            f"and refused if it holds anything but tensors and plain values): {_why(error)}"
+            f"and refused if it holds anything but tensors and plain values): {why}"
         ) from None
     if not isinstance(state, dict):
         raise ValueError(
