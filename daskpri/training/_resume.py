@@ -160,7 +160,7 @@ def _refused_options(
     """Why a trainer of the checkpoint's own options is refused, if it is."""
     strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])
     try:
-        with warnings.catch_warnings():  # (the trainer made after warns, if it is made)
+        with warnings.catch_warnings():  # (given already, by the construction that failed)
             warnings.simplefilter("ignore")
             cls(model, strategy=strategy, **stored)
     except (ValueError, TypeError) as e:
