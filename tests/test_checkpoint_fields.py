@@ -32,7 +32,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory, small_data: Any) -> dict[str
     path = tmp_path_factory.mktemp("fields") / "run.ckpt"
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                     dashboard_address=None) as cluster,
+                     dashboard_address="127.0.0.1:0") as cluster,
         Client(cluster) as client,
     ):
         trainer = daskpri.Trainer(build_model("mlp", train, seed=1), strategy="projection",
@@ -296,3 +296,16 @@ def test_a_refused_resume_leaves_the_users_model_as_it_was(saved, tmp_path):
     with pytest.raises(ValueError, match="its 'optimizer' holds momentum_buffer of shape"):
         daskpri.Trainer.resume(path, model=same)
     assert all(torch.equal(a, b) for a, b in zip(before, same.parameters(), strict=True))
+
+
+def test_train_resume_reads_a_checkpoint_older_than_schedule_steps(saved, tmp_path, capsys):
+    # checkpoints from before --schedule-steps have no such field: Trainer.resume takes
+    # None for it, and so does the command line (a KeyError's traceback before)
+    path = _damaged(saved, _drop("trainer", "schedule_steps"), tmp_path / "old.ckpt")
+    argv = ["train", "--dataset", "synthetic", "--n-samples", "2000", "--workers", "1",
+            "--no-progress", "--resume", str(path), "--max-steps", "5",
+            "--checkpoint-every", "2"]  # refused after the schedule's checks, before a cluster
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("daskpri: error: --checkpoint-every needs --checkpoint"), err

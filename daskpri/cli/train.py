@@ -255,7 +255,8 @@ def _resumed_run(
             f"{default}: give more than {step} to go on"
         )
     overrides: dict[str, Any] = {}
-    schedule, end = state["trainer"]["lr_schedule"], state["trainer"]["schedule_steps"]
+    # schedule_steps is absent from checkpoints older than the option (no schedule end)
+    schedule, end = state["trainer"]["lr_schedule"], state["trainer"].get("schedule_steps")
     if args.schedule_steps is not None:
         if schedule == "constant":
             raise ValueError(f"--schedule-steps: the run in {args.resume!r} trains at a constant "
