@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
 import daskpri
 from daskpri.models import build_model
@@ -198,8 +199,9 @@ def test_a_malicious_pickle_is_refused_and_never_runs(tmp_path):
     # the refusal names what was refused, and never suggests loading it unsafely
     assert "GLOBAL posix.system" in str(info.value)
     assert "weights_only` set to `False`" not in str(info.value)
-    path.write_bytes(pickle.dumps(_Evil(str(marker))))
-    with pytest.raises(ValueError, match="weights-only") as info:
+    path.write_bytes(pickle.dumps(_Evil(str(marker))))  # not even torch's: never unpickled
+    with pytest.raises(ValueError, match="it is a plain pickle, not the zip archive that "
+                       "torch.save writes$") as info:
         checkpoint.read(path)
     assert not marker.exists()
     assert "weights_only` set to `False`" not in str(info.value)
@@ -227,9 +229,16 @@ def test_resume_errors(tmp_path, small_data):
     with pytest.raises(ValueError, match=r": it is a zip archive, but not one torch.save wrote$"):
         checkpoint.read(path)
     path.write_text("hello world")
-    with pytest.raises(ValueError, match=r"it is not a file torch.save wrote \(KeyError while "
-                       r"reading it\)$"):
+    with pytest.raises(ValueError, match=r"it is not the zip archive that torch.save writes$"):
         checkpoint.read(path)
+    # files given by mistake for a checkpoint are named, not given to torch's unpickler
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    xr.Dataset({"a": ("x", [1])}).to_netcdf(tmp_path / "a.nc", engine="h5netcdf")
+    for name, kind in (("a.npy", "a NumPy .npy file"), ("a.nc", "an HDF5 or netCDF4 file")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"{str(tmp_path / name)!r} is not a loadable daskpri checkpoint: it is {kind}, "
+                "not the zip archive that torch.save writes") + "$"):
+            checkpoint.read(tmp_path / name)
     # a numpy scalar is refused by name, without torch's advice to allow it
     torch.save({"format": checkpoint.FORMAT, "x": np.float64(1.0)}, path)
     with pytest.raises(ValueError, match=r"Unsupported global: GLOBAL numpy\S*scalar was not an "

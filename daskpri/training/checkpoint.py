@@ -203,6 +203,32 @@ def _foreign_zip(path: str) -> bool:
         return False
 
 
+#: how the files mistaken for checkpoints most often begin, and what they are
+_MAGIC = ((b"\x89HDF", "an HDF5 or netCDF4 file"), (b"CDF", "a netCDF3 file"),
+          (b"\x93NUMPY", "a NumPy .npy file"), (b"\x80", "a plain pickle"))
+
+
+def _not_torch_save(head: bytes) -> str | None:
+    """Why a file beginning with ``head`` is no file of ``torch.save`` (a zip archive).
+
+    None for a zip archive (or one cut short), whose fault torch's error says.
+
+    Examples
+    --------
+    >>> _not_torch_save(bytes([0x93]) + b"NUMPY")
+    'it is a NumPy .npy file, not the zip archive that torch.save writes'
+    >>> _not_torch_save(b"PK") is None
+    True
+    """
+    if head.startswith(b"PK"):
+        return None
+    kind = next((what for magic, what in _MAGIC if head.startswith(magic)), None)
+    if kind is None:
+        return "it is not the zip archive that torch.save writes" + (
+            " (it is empty)" if not head else "")
+    return f"it is {kind}, not the zip archive that torch.save writes"
+
+
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint weights-only; refuse anything else.
 
@@ -245,6 +271,14 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     # opened here: a file that cannot be opened (no permission) raises as it is, while
     # an OSError of torch's on the open file is its content's (an archive cut short)
     with open(path, "rb") as f:
+        # daskpri's checkpoints are zip archives; another file (a pickle, whose protocol
+        # torch warns of, an array, a history) is refused without torch's paragraph
+        foreign = _not_torch_save(f.read(8))
+        if foreign is not None:
+            raise ValueError(
+                f"{path!r} is not a loadable daskpri checkpoint: {foreign}"
+            )
+        f.seek(0)
         try:
             state = torch.load(f, map_location="cpu", weights_only=True)
         # what torch's weights-only unpickler raises on a file that is not a pickle of
