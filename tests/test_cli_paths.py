@@ -426,10 +426,10 @@ def test_resume_refuses_a_device_it_cannot_train_on(
                              checkpoint_path=ckpt) as trainer:
             trainer.fit(train, eval_data=test, max_steps=2, progress=False)
         # one torch does not know: refused as the trainer is made
-        for device in ("gpu", "cuda:x", ""):
+        for device in ("gpu", "cuda:x", "", "meta"):  # meta: torch's, but no place to train
             with pytest.raises(ValueError, match=(
-                r"^device should name a torch device like 'cpu' or 'cuda:0', but got "
-                rf"device={re.escape(repr(device))}$"
+                r"^device should name a torch device to train on, 'cpu', 'cuda', 'cuda:N', "
+                rf"'mps', 'xpu' or 'xpu:N', but got device={re.escape(repr(device))}$"
             )):
                 daskpri.Trainer.resume(ckpt, client=client, device=device)
         # one the workers lack: refused as the run starts, the workers asked first

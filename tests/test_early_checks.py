@@ -81,13 +81,15 @@ def test_eval_datas_bad_labels_are_refused_before_the_cluster_starts(small_data)
 def test_a_cuda_device_this_machine_lacks_is_refused_before_the_cluster_starts(small_data):
     train, _ = small_data
     devices = ["cuda:99"] if torch.cuda.is_available() else ["cuda", "cuda:3", "cuda:99"]
+    devices += [] if torch.xpu.device_count() else ["xpu"]  # the other accelerators too
     for device in devices:
+        kind = device.split(":")[0].upper()
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", n_workers=1,
                                   device=device)
         try:
             with pytest.raises(ValueError, match=(
                 rf"^device={re.escape(repr(device))}, but this machine, where the trainer's "
-                r"LocalCluster would run its workers, has \d+ CUDA device\(s\) .*: give device "
+                rf"LocalCluster would run its workers, has \d+ {kind} device\(s\) .*: give device "
                 r"'cpu'.*, or leave device unset .*or a client of a cluster whose workers have it$"
             )):
                 trainer.fit(train, max_steps=2, progress=False)

@@ -119,16 +119,32 @@ def check_eval_every(eval_every: Any, configured: Any, local_steps: int) -> int:
     return every
 
 
+#: the kinds of torch device a replica trains on, those but the CPU counted by
+#: ``torch.<kind>.device_count()``
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
 def check_device(device: str | None) -> str | None:
-    """``device`` if it names a torch device (or is None)."""
+    """``device`` if it names a torch device daskpri trains on (or is None).
+
+    Examples
+    --------
+    >>> check_device("cuda:1")
+    'cuda:1'
+    >>> check_device("meta")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: device should name a torch device to train on, 'cpu', ... device='meta'
+    """
     if device is not None:
         try:
-            torch.device(device)
+            kind = torch.device(device).type
         except (RuntimeError, TypeError, ValueError):
+            kind = None
+        if kind not in DEVICE_TYPES:
             raise ValueError(
-                f"device should name a torch device like 'cpu' or 'cuda:0', but got "
-                f"device={device!r}"
-            ) from None
+                "device should name a torch device to train on, 'cpu', 'cuda', 'cuda:N', "
+                f"'mps', 'xpu' or 'xpu:N', but got device={device!r}"
+            )
     return device
 
 
@@ -302,64 +318,89 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
     return width
 
 
-#: what a device that names no CUDA device leaves to ask for
+#: what a device that names no accelerator leaves to ask for
 _DEVICE_ADVICE = ("leave device unset to train on each worker's GPU where its GPU resource "
                   "names one, else on its CPU")
 
 
-def _cuda_index(device: str | None) -> int | None:
-    """The CUDA device's index that ``device`` names (``'cuda'``: 0), None for another."""
-    if device is None:
-        return None
-    found = torch.device(device)
-    return None if found.type != "cuda" else found.index or 0
-
-
-def _cuda_choices(count: int) -> str:
-    """The devices that ``count`` CUDA devices allow, for a message.
+def _accelerator(device: str | None) -> tuple[str, int] | None:
+    """The kind and index of the accelerator ``device`` names (``'cuda'``: 0); None for the CPU.
 
     Examples
     --------
-    >>> _cuda_choices(0), _cuda_choices(1), _cuda_choices(3)
+    >>> _accelerator("cuda"), _accelerator("xpu:2"), _accelerator("cpu")
+    (('cuda', 0), ('xpu', 2), None)
+    """
+    if device is None:
+        return None
+    found = torch.device(device)
+    return None if found.type == "cpu" else (found.type, found.index or 0)
+
+
+def _device_counts(kinds: tuple[str, ...] = DEVICE_TYPES[1:]) -> dict[str, int]:
+    """This process's devices of each accelerator kind (run on the workers too)."""
+    counts = {}
+    for kind in kinds:
+        module = getattr(torch, kind, None)
+        try:
+            counts[kind] = int(module.device_count()) if module is not None else 0
+        except Exception:  # a backend torch was built without
+            counts[kind] = 0
+    return counts
+
+
+def _choices(kind: str, count: int) -> str:
+    """The devices that ``count`` devices of ``kind`` allow, for a message.
+
+    Examples
+    --------
+    >>> _choices("cuda", 0), _choices("cuda", 1), _choices("cuda", 3)
     ("'cpu'", "'cpu', 'cuda:0'", "'cpu', 'cuda:0' to 'cuda:2'")
     """
     if count == 0:
         return "'cpu'"
-    return "'cpu', 'cuda:0'" + (f" to 'cuda:{count - 1}'" if count > 1 else "")
+    return f"'cpu', '{kind}:0'" + (f" to '{kind}:{count - 1}'" if count > 1 else "")
+
+
+def _built_with(kind: str) -> str:
+    """What torch was built with for ``kind``, for a message."""
+    if kind == "cuda":
+        return f"torch {torch.__version__}, built with CUDA {torch.version.cuda}"
+    return f"torch {torch.__version__}"
 
 
 def check_local_device(device: str | None) -> None:
-    """Refuse a CUDA ``device`` that this machine lacks, before a LocalCluster starts on it.
+    """Refuse an accelerator ``device`` that this machine lacks, before a LocalCluster starts.
 
     The trainer's own LocalCluster runs its workers on this machine, with
-    its CUDA devices.
+    its devices.
     """
-    index = _cuda_index(device)
-    count = torch.cuda.device_count()
-    if index is not None and index >= count:
+    found = _accelerator(device)
+    if found is None:
+        return
+    kind, index = found
+    count = _device_counts((kind,))[kind]
+    if index >= count:
         raise ValueError(
             f"device={device!r}, but this machine, where the trainer's LocalCluster would run "
-            f"its workers, has {count} CUDA device(s) (torch {torch.__version__}, built with "
-            f"CUDA {torch.version.cuda}): give device {_cuda_choices(count)}, or "
-            f"{_DEVICE_ADVICE}, or a client of a cluster whose workers have it"
+            f"its workers, has {count} {kind.upper()} device(s) ({_built_with(kind)}): give "
+            f"device {_choices(kind, count)}, or {_DEVICE_ADVICE}, or a client of a cluster "
+            "whose workers have it"
         )
 
 
-def _worker_cuda_devices() -> int:
-    """This worker's CUDA devices (run on the workers by :func:`check_workers_device`)."""
-    return torch.cuda.device_count()
-
-
 def check_workers_device(client: Client, workers: list[str], device: str | None) -> None:
-    """Refuse a CUDA ``device`` that one of ``workers`` lacks, asking them first.
+    """Refuse an accelerator ``device`` that one of ``workers`` lacks, asking them first.
 
     One call to the workers, before the run's replicas are set up on them:
     a replica's setup that failed would log its traceback on each worker.
     """
-    index = _cuda_index(device)
-    if index is None:
+    found = _accelerator(device)
+    if found is None:
         return
-    counts = client.run(_worker_cuda_devices, workers=workers)
+    kind, index = found
+    counts = {addr: c[kind] for addr, c in
+              client.run(_device_counts, (kind,), workers=workers).items()}
     lacking = sorted(addr for addr, count in counts.items() if index >= count)
     if not lacking:
         return
@@ -367,8 +408,8 @@ def check_workers_device(client: Client, workers: list[str], device: str | None)
     more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
     raise ValueError(
         f"device={device!r}, but {len(lacking)} of the run's {len(workers)} worker(s) lack "
-        f"it ({which}{more} CUDA device(s)): give device {_cuda_choices(min(counts.values()))}, "
-        f"or {_DEVICE_ADVICE}"
+        f"it ({which}{more} {kind.upper()} device(s)): give device "
+        f"{_choices(kind, min(counts.values()))}, or {_DEVICE_ADVICE}"
     )
 
 
