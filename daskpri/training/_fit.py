@@ -12,13 +12,22 @@ what it has not had and writes the last checkpoint. One fit runs at a time:
 The warnings here and in the methods the loop calls point at the caller's
 line whatever the depth (:func:`daskpri._warnings.warn` skips daskpri's own
 frames).
+
+An interrupt (Jupyter's stop button, Ctrl-C) while a fit in the main thread
+starts its cluster, sets its run up or steps ends it after what is in flight
+(:func:`stop_on_interrupt`), as the CLI's Ctrl-C does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +36,7 @@ import xarray as xr
 from daskpri import _config
 from daskpri._warnings import warn
 from daskpri.training._checks import check_budget, open_data
+from daskpri.training.cluster import drop_abandoned_gathers
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.recovery import check_config
 from daskpri.training.rounds import crossed
@@ -89,14 +99,36 @@ def check_fit(
 def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
     """The body of :meth:`Trainer.fit`, its caller holding the trainer's ``_fitting``."""
     ds, evalset = request.ds, request.evalset
-    max_steps, max_time = request.max_steps, request.max_time
-    target_accuracy = request.target_accuracy
     t_setup = time.perf_counter()
     # the data and model, checked on the driver before the cluster is started or the
-    # last data's run is released
+    # last data's run is released (an interrupt here raises at once: nothing to undo)
     key, n_classes = trainer._check_data(ds, request.info, request.source)
     if evalset is not None:
         evalset.check(n_classes)
+    with stop_on_interrupt(trainer) as interrupt:
+        history = _set_up_and_step(trainer, request, key, n_classes, t_setup)
+    if interrupt.count:
+        # raised here, where the fit has ended as at the end of its budget: its run,
+        # history and checkpoint are whole, and a notebook's next cells do not run
+        kept = (f", checkpointed to {trainer.checkpoint_path}"
+                if trainer.checkpoint_path is not None else "")
+        raise KeyboardInterrupt(
+            f"the fit was interrupted and stopped at step_={trainer.step_}{kept}: its history "
+            "is trainer.history_; fit again to go on"
+        )
+    return history
+
+
+def _set_up_and_step(
+    trainer: Trainer, request: FitRequest, key: tuple[Any, ...], n_classes: int, t_setup: float
+) -> xr.Dataset:
+    """The run set up in the cluster (the trainer's LocalCluster started), then its steps.
+
+    ``t_setup`` is when the fit's set-up began (``time.perf_counter()``).
+    """
+    ds, evalset = request.ds, request.evalset
+    max_steps, max_time = request.max_steps, request.max_time
+    target_accuracy = request.target_accuracy
     with trainer._blame_scheduler():
         trainer._drop_prefetched()  # left by a fit that raised
     trainer._kept = None  # the model may have changed since the last fit
@@ -158,6 +190,57 @@ def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
     finally:
         bar.close()
     return trainer.history_
+
+
+@dataclass
+class Interrupts:
+    """The interrupts that :func:`stop_on_interrupt` took while its block ran."""
+
+    count: int = 0
+
+
+@contextlib.contextmanager
+def stop_on_interrupt(trainer: Trainer) -> Iterator[Interrupts]:
+    """Make the block's first interrupt end ``trainer``'s fit after what is in flight.
+
+    Python raises ``KeyboardInterrupt`` wherever the main thread is when
+    ``SIGINT`` arrives (Jupyter's stop button sends it): in the middle of a
+    step, whose optimizer step or history record it would leave half made;
+    in a LocalCluster's start, whose worker processes it would leave running
+    unowned; or in a finalizer or callback (distributed's garbage-collection
+    diagnostics, say), where it is printed and dropped while the fit runs
+    on. Inside this block the first interrupt asks :meth:`Trainer.stop`
+    instead and says so on stderr: the fit ends after the step, or the
+    start and set-up, in flight, as at the end of its budget (its history
+    and checkpoint whole), and the caller raises ``KeyboardInterrupt`` once
+    it has (``count`` tells). A second interrupt raises it at once, for a
+    step that does not end.
+
+    It takes ``SIGINT`` only where Python's own handler has it (a kernel
+    running a cell, a script) in the main thread: a handler of the caller's
+    (``daskpri train``'s) is left as it is.
+    """
+    taken = Interrupts()
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield taken
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        taken.count += 1
+        if taken.count == 1:
+            trainer.stop()
+            print("daskpri: stopping the fit after the step in flight (interrupt again to "
+                  "stop at once)", file=sys.stderr, flush=True)
+            return
+        drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield taken
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def write_checkpoint(trainer: Trainer) -> None:

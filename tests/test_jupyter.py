@@ -1,0 +1,153 @@
+"""daskpri as a Jupyter user meets it: a real kernel runs the cells, and is interrupted.
+
+The kernel is this interpreter, found through a ``python3`` kernelspec in a
+temporary ``JUPYTER_PATH`` (as in ``test_notebooks.py``); it is started in a
+process group of its own, as Jupyter starts kernels, so that its interrupt
+(``KernelManager.interrupt_kernel``, the stop button) reaches it and the
+worker processes it starts, and nothing else. One kernel serves the module:
+its tests run in order, each on trainers of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+kernelspec = pytest.importorskip("ipykernel.kernelspec")
+manager = pytest.importorskip("jupyter_client.manager")
+
+#: the cells' shared set-up: small data, a model, the kernel's own dask config
+_SETUP = """
+import gc, os, signal
+import multiprocessing.process
+import daskpri
+from daskpri.models import MLP
+train, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=0)
+def new_trainer(**kw):
+    model = MLP(train["x"].shape[1:], int(train.attrs["n_classes"]), hidden=32)
+    return daskpri.Trainer(model, strategy="uniform", seed=0, n_workers=1, **kw)
+"""
+
+
+@dataclass
+class Cell:
+    """What running one cell gave: its status, error and outputs."""
+
+    status: str
+    ename: str = ""
+    evalue: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    data: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Kernel:
+    """A running kernel, its cells run one at a time."""
+
+    def __init__(self, km: Any) -> None:
+        self.km = km
+        self.kc = km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code: str, *, interrupt_on: str | None = None, timeout: float = 120) -> Cell:
+        """Run ``code``; interrupt the kernel once an output holds ``interrupt_on``.
+
+        ``"*"`` interrupts at the cell's first output.
+        """
+        msg_id = self.kc.execute(code)
+        cell = Cell("")
+        interrupted = False
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the cell did not end in {timeout} s: {code}") from None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                break
+            text = ""
+            if kind == "stream":
+                text = content["text"]
+                if content["name"] == "stdout":
+                    cell.stdout += text
+                else:
+                    cell.stderr += text
+            elif kind in ("display_data", "execute_result"):
+                cell.data.append(content["data"])
+                text = str(content["data"])
+            elif kind == "error":
+                cell.ename, cell.evalue = content["ename"], content["evalue"]
+            if (interrupt_on is not None and not interrupted and text
+                    and (interrupt_on == "*" or interrupt_on in text)):
+                self.km.interrupt_kernel()
+                interrupted = True
+        cell.status = self.kc.get_shell_msg(timeout=30)["content"]["status"]
+        if interrupt_on is not None:
+            assert interrupted, f"no output to interrupt on: {cell}"
+        return cell
+
+    def ok(self, code: str, **kwargs: Any) -> Cell:
+        """Run ``code``, which should end without an error."""
+        cell = self.run(code, **kwargs)
+        assert cell.status == "ok", f"{cell.ename}: {cell.evalue}\n{cell.stderr}"
+        return cell
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    """A kernel of this interpreter, with daskpri's set-up run."""
+    tmp = tmp_path_factory.mktemp("jupyter")
+    kernelspec.write_kernel_spec(tmp / "kernels" / "python3")
+    scratch = tmp / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "JUPYTER_PATH": str(tmp), "TMPDIR": str(scratch),
+           "DASK_DASKPRI__CACHE_DIR": str(tmp / "cache")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_PATH", str(tmp))
+        km = manager.KernelManager(kernel_name="python3")
+        km.start_kernel(cwd=str(scratch), env=env)
+    try:
+        k = Kernel(km)
+        k.ok(_SETUP)
+        yield k
+        k.kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+
+
+def test_an_interrupt_during_fit_stops_it_after_the_step_in_flight(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    kernel.ok(f"trainer = new_trainer(checkpoint_path={str(tmp_path / 'run.ckpt')!r})")
+    # the progress bar appears once the run is set up: the interrupt comes as it steps
+    cell = kernel.run("h = trainer.fit(train, eval_data=test, max_steps=10**6)",
+                      interrupt_on="*")
+    assert cell.status == "error" and cell.ename == "KeyboardInterrupt"
+    assert cell.evalue.startswith("the fit was interrupted and stopped at step_=")
+    assert "its history is trainer.history_; fit again to go on" in cell.evalue
+    assert cell.stderr.startswith("daskpri: stopping the fit after the step in flight")
+    assert "Traceback" not in cell.stderr
+    # the trainer is whole: its history has a record a step, its checkpoint the last
+    # step, and it fits on
+    cell = kernel.ok(
+        "steps = trainer.step_\n"
+        "print(trainer.history_.sizes['step'] == steps, trainer.checkpointed_step_ == steps)\n"
+        "h = trainer.fit(train, max_steps=steps + 3, progress=False)\n"
+        "print(h.sizes['step'] - steps, trainer.table_.sizes['sample'])\n"
+        f"print(trainer.save({str(tmp_path / 'again.ckpt')!r}) is not None)\n"
+        "trainer.close()"
+    )
+    assert cell.stdout.split() == ["True", "True", "3", "1600", "True"]
+    assert cell.stderr == ""
+
