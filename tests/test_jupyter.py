@@ -151,3 +151,37 @@ def test_an_interrupt_during_fit_stops_it_after_the_step_in_flight(
     assert cell.stdout.split() == ["True", "True", "3", "1600", "True"]
     assert cell.stderr == ""
 
+
+def test_an_interrupt_as_the_trainer_starts_its_cluster_leaves_its_workers_running(
+    kernel: Kernel,
+) -> None:
+    """Jupyter's interrupt reaches a worker process that is still starting."""
+    kernel.ok("trainer = new_trainer()")
+    # says when the worker process has been started: it imports its modules then,
+    # before the preload that makes it ignore an interrupt
+    spawned = """
+start = multiprocessing.process.BaseProcess.start
+def say_started(process):
+    start(process)
+    if "Dask Worker" in process.name:
+        print("worker process started", flush=True)
+multiprocessing.process.BaseProcess.start = say_started
+try:
+    trainer.fit(train, max_steps=10**6)
+finally:
+    multiprocessing.process.BaseProcess.start = start
+"""
+    cell = kernel.run(spawned, interrupt_on="worker process started")
+    assert (cell.ename, cell.evalue) == (
+        "KeyboardInterrupt",
+        "the fit was interrupted and stopped at step_=0: its history is trainer.history_; "
+        "fit again to go on",
+    )
+    assert "Nanny failed" not in cell.stderr and "Traceback" not in cell.stderr
+    cell = kernel.ok(
+        "print(len(trainer.client.scheduler_info()['workers']))\n"
+        "print(trainer.fit(train, max_steps=2, progress=False).sizes['step'])\n"
+        "trainer.close()"
+    )
+    assert cell.stdout.split() == ["1", "2"]
+    assert "Traceback" not in cell.stderr

@@ -26,9 +26,11 @@ import concurrent.futures
 import contextlib
 import inspect
 import os
+import signal
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
@@ -280,10 +282,12 @@ class Trainer(PersistMixin):
             # may both start it: one cluster, not two
             with self._starting:
                 if self._client is None:
-                    self._own_cluster = local_cluster(
-                        self.n_workers or 2, resources=self.resources, security=self.security
-                    )
-                    self._client = Client(self._own_cluster)
+                    with _interrupts_held():
+                        self._own_cluster = local_cluster(
+                            self.n_workers or 2, resources=self.resources,
+                            security=self.security,
+                        )
+                        self._client = Client(self._own_cluster)
         if self._client.status in ("closing", "closed"):
             raise RuntimeError(
                 f"the trainer's client is {self._client.status}: the run's cluster is out of "
@@ -538,3 +542,42 @@ class Trainer(PersistMixin):
         from daskpri.dashboard.notebook import show
 
         return show(self.client, height=height)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold ``SIGINT`` (an interrupt, Ctrl-C) off a LocalCluster's start until it has started.
+
+    Jupyter's interrupt and a terminal's Ctrl-C go to the whole process
+    group: a worker process still starting, before the preload of
+    :mod:`~daskpri.training.worker_signals` makes it ignore them, dies of
+    one ("Nanny failed to start", tracebacks in later cells), and an
+    interrupt raised in the middle of ``LocalCluster(...)`` leaves what had
+    started running, owned by no one. This thread blocks ``SIGINT`` while the
+    cluster starts, so that the threads and processes it starts are born
+    with it blocked (a signal mask is inherited), and, in the main thread,
+    an interrupt meanwhile is held and handed to the handler that was in
+    place once the cluster has started, and the trainer owns it: Python's
+    raises ``KeyboardInterrupt`` then, a fit's ends the fit
+    (:func:`~daskpri.training._fit.stop_on_interrupt`).
+    """
+    held: list[Any] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if main:
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    blocking = hasattr(signal, "pthread_sigmask")  # not on Windows
+    if blocking:
+        # started now if not yet: starting it unblocks SIGINT in the thread that
+        # does (the cluster's event loop, by whose threads its workers start)
+        resource_tracker.ensure_running()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if blocking:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if main:  # (None: a handler not set from Python, which cannot be put back)
+            signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+    if held and callable(previous):
+        previous(signal.SIGINT, held[0])
