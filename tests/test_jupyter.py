@@ -185,3 +185,37 @@ finally:
     )
     assert cell.stdout.split() == ["1", "2"]
     assert "Traceback" not in cell.stderr
+
+
+def test_a_trainer_made_again_by_its_cell_closes_the_cluster_of_the_one_it_replaces(
+    kernel: Kernel,
+) -> None:
+    cell = "trainer = new_trainer()\nh = trainer.fit(train, max_steps=2, progress=False)"
+    kernel.ok(cell)
+    kernel.ok("first = trainer._own_cluster")
+    kernel.ok(cell)  # run again: the first trainer is dropped, never closed
+    cell = kernel.ok(
+        "import threading\n"
+        "gc.collect()\n"
+        "for thread in threading.enumerate():\n"
+        "    if thread.name == 'daskpri-close-dropped':\n"
+        "        thread.join()\n"
+        "print(first.status.name, trainer._own_cluster.status.name)\n"
+        "trainer.close()"
+    )
+    assert cell.stdout.split() == ["closed", "running"]
+
+
+def test_closing_a_trainer_leaves_the_cluster_of_another_as_quiet_as_it_was(
+    kernel: Kernel,
+) -> None:
+    """A LocalCluster puts back distributed's INFO logs as it closes, over another's."""
+    kernel.ok(
+        "first, second = new_trainer(), new_trainer()\n"
+        "first.fit(train, max_steps=1, progress=False)\n"
+        "second.fit(train, max_steps=1, progress=False)\n"
+        "first.close()"
+    )
+    # new data: the scheduler registers the second run's replicas, and logs it at INFO
+    cell = kernel.ok("second.fit(test, max_steps=3, progress=False)\nsecond.close()")
+    assert " - INFO - " not in cell.stderr

@@ -3,7 +3,8 @@
 A trainer left without ``close()`` or ``with`` is closed at exit while its
 cluster still runs (:func:`_close_at_exit`), and one garbage-collected
 before then has its run dropped from the user's cluster
-(:func:`drop_run`, a ``weakref.finalize`` callback).
+(:func:`drop_run`, a ``weakref.finalize`` callback), or the LocalCluster it
+started closed (:func:`close_dropped_cluster`, another).
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import threading
 import weakref
 from typing import TYPE_CHECKING
 
 # (distributed is imported before the hook below is registered, so that its own
 # atexit hook runs after it: see _close_at_exit)
-from distributed import Client
+from distributed import Client, LocalCluster, SpecCluster
+from distributed.core import Status
+
+from daskpri.training.cluster import stop_heartbeats
 
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
@@ -62,3 +67,43 @@ def drop_run(client: Client, run: str, plugin: str) -> None:
                 logger.debug("dropping run %s of a trainer never closed: %r", run, e)
 
     client.loop.add_callback(drop)
+
+
+def close_dropped_cluster(client: Client, cluster: LocalCluster) -> None:
+    """Close the LocalCluster of a garbage-collected trainer, in a thread of its own.
+
+    A notebook's cell that makes a trainer, run again, drops the last one:
+    its cluster's worker processes would run (and hold memory and a share
+    of the cores) until the kernel ends. The collector may run on any
+    thread, the cluster's own event loop's among them, where a close that
+    waits for that loop would never end: the close runs in a new thread.
+    """
+
+    def close() -> None:
+        try:
+            close_cluster(client, cluster)
+        except Exception as e:  # the cluster gone already, the interpreter ending
+            logger.debug("closing the LocalCluster of a trainer never closed: %r", e)
+
+    threading.Thread(target=close, name="daskpri-close-dropped", daemon=True).start()
+
+
+def close_cluster(client: Client, cluster: LocalCluster) -> None:
+    """Close a LocalCluster that a trainer started, and its client.
+
+    A LocalCluster silences distributed's and bokeh's stream handlers to
+    warnings while it runs and, closing, puts back the levels it found: the
+    INFO level where another cluster started meanwhile found them silenced
+    already, which then logs each worker's registration and each call into
+    the notebook. The levels are kept as they were while another cluster runs.
+    """
+    stop_heartbeats(client)
+    handlers = [h for root in ("distributed", "bokeh") for h in logging.getLogger(root).handlers
+                if isinstance(h, logging.StreamHandler)]
+    levels = [h.level for h in handlers]
+    client.close()
+    cluster.close()
+    if any(other is not cluster and other.status not in (Status.closing, Status.closed)
+           for other in list(SpecCluster._instances)):
+        for handler, level in zip(handlers, levels, strict=True):
+            handler.setLevel(level)

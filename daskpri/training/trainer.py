@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from multiprocessing import resource_tracker
 from typing import Any
@@ -42,14 +43,14 @@ from torch import nn
 
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
-from daskpri.training._cleanup import TRAINERS
+from daskpri.training._cleanup import TRAINERS, close_cluster, close_dropped_cluster
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
 from daskpri.training._persist import PersistMixin
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
 from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
 from daskpri.training._settings import set_arguments
-from daskpri.training.cluster import local_cluster, stop_heartbeats
+from daskpri.training.cluster import local_cluster
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_timeout
@@ -249,6 +250,8 @@ class Trainer(PersistMixin):
         self._starting = threading.Lock()  # held while the trainer starts its LocalCluster
         # closes the run in the cluster if the trainer is collected without close()
         self._abandoned = None
+        # closes the LocalCluster the trainer started if it is collected without close()
+        self._dropped: weakref.finalize[Any, Any] | None = None
         self._sample_coord = None
         self._scheduler_address: str | None = None
         self._checkpointed = -1  # the step last written to checkpoint_path
@@ -288,6 +291,12 @@ class Trainer(PersistMixin):
                             security=self.security,
                         )
                         self._client = Client(self._own_cluster)
+                    # a trainer dropped without close() (a notebook's cell that made it
+                    # run again) closes its cluster; at exit, _close_at_exit does
+                    self._dropped = weakref.finalize(
+                        self, close_dropped_cluster, self._client, self._own_cluster
+                    )
+                    self._dropped.atexit = False
         if self._client.status in ("closing", "closed"):
             raise RuntimeError(
                 f"the trainer's client is {self._client.status}: the run's cluster is out of "
@@ -318,10 +327,11 @@ class Trainer(PersistMixin):
             self.stop()
             concurrent.futures.wait([background])
         self._release()
+        if self._dropped is not None:
+            self._dropped.detach()
+            self._dropped = None
         if self._own_cluster is not None:
-            stop_heartbeats(self._client)  # type: ignore[arg-type]
-            self._client.close()  # type: ignore[union-attr]
-            self._own_cluster.close()
+            close_cluster(self._client, self._own_cluster)  # type: ignore[arg-type]
             self._own_cluster = self._client = None
 
     def __repr__(self) -> str:
