@@ -219,3 +219,23 @@ def test_closing_a_trainer_leaves_the_cluster_of_another_as_quiet_as_it_was(
     # new data: the scheduler registers the second run's replicas, and logs it at INFO
     cell = kernel.ok("second.fit(test, max_steps=3, progress=False)\nsecond.close()")
     assert " - INFO - " not in cell.stderr
+
+
+def test_a_fit_on_workers_that_the_stop_button_would_kill_warns_once(kernel: Kernel) -> None:
+    cluster = (
+        "from distributed import Client, LocalCluster\n"
+        "cluster = LocalCluster(n_workers=1, threads_per_worker=1, host='127.0.0.1', "
+        "dashboard_address=None{})\n"
+        "client = Client(cluster)\n"
+        "trainer = new_trainer(client=client)\n"
+        "trainer.fit(train, max_steps=1, progress=False)\n"
+    )
+    close = "trainer.close(); client.close(); cluster.close()"
+    cell = kernel.ok(cluster.format("") + "trainer.fit(train, max_steps=2, progress=False)\n"
+                     + close)
+    assert cell.stderr.count("DaskpriWarning") == 1
+    assert ("1 worker(s) of the cluster (tcp://127.0.0.1:" in cell.stderr
+            and "start the LocalCluster with preload=['daskpri.training.worker_signals'] to "
+                "keep them" in cell.stderr)
+    cell = kernel.ok(cluster.format(", preload=['daskpri.training.worker_signals']") + close)
+    assert "DaskpriWarning" not in cell.stderr

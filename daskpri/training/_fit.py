@@ -106,6 +106,7 @@ def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
     if evalset is not None:
         evalset.check(n_classes)
     with stop_on_interrupt(trainer) as interrupt:
+        warn_workers_unshielded(trainer)
         history = _set_up_and_step(trainer, request, key, n_classes, t_setup)
     if interrupt.count:
         # raised here, where the fit has ended as at the end of its budget: its run,
@@ -241,6 +242,48 @@ def stop_on_interrupt(trainer: Trainer) -> Iterator[Interrupts]:
         yield taken
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def warn_workers_unshielded(trainer: Trainer) -> None:
+    """Warn, in a Jupyter kernel, where its interrupt would kill the workers of the user's cluster.
+
+    Jupyter interrupts a kernel's whole process group: the workers of a
+    LocalCluster the notebook started are in it, and die of the stop button
+    (with the run's partitions, for good) unless they ignore ``SIGINT``, as
+    :mod:`~daskpri.training.worker_signals` preloaded makes them (and makes
+    those of the trainer's own LocalCluster). Asked once a trainer, best
+    effort: a cluster that does not answer is not warned of.
+    """
+    from daskpri.dashboard.notebook import in_jupyter
+
+    client = trainer._client
+    if (trainer._own_cluster is not None or client is None or trainer._interrupts_checked
+            or not hasattr(os, "getpgrp") or not in_jupyter()):
+        return
+    trainer._interrupts_checked = True
+    try:
+        exposed = client.run(killed_by_interrupts_of, os.getpgrp(), os.getpid(),
+                             callback_timeout=_config.get_seconds("trainer.scheduler-timeout"))
+    except Exception:
+        return
+    killed = sorted(address for address, yes in exposed.items() if yes)
+    if killed:
+        warn(
+            f"{len(killed)} worker(s) of the cluster ({', '.join(killed)}) are in this "
+            "kernel's process group and do not ignore its interrupt: the stop button kills "
+            "them, with the run's data on them, for good; start the LocalCluster with "
+            "preload=['daskpri.training.worker_signals'] to keep them"
+        )
+
+
+def killed_by_interrupts_of(group: int, driver: int) -> bool:
+    """Whether an interrupt of process group ``group`` kills this worker's process.
+
+    Run on a worker. One in the ``driver``'s own process (a LocalCluster of
+    threads) is only interrupted as the driver is.
+    """
+    return (os.getpid() != driver and os.getpgrp() == group
+            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
 
 
 def write_checkpoint(trainer: Trainer) -> None:

@@ -259,6 +259,7 @@ class Trainer(PersistMixin):
         # round, equal to the master's; None when the master's must be sent
         self._kept = None
         self._prefetch_rounds = True
+        self._interrupts_checked = False  # whether a fit asked if an interrupt kills the workers
         self._keep_state = True
         TRAINERS.add(self)
 
