@@ -239,3 +239,20 @@ def test_a_fit_on_workers_that_the_stop_button_would_kill_warns_once(kernel: Ker
                 "keep them" in cell.stderr)
     cell = kernel.ok(cluster.format(", preload=['daskpri.training.worker_signals']") + close)
     assert "DaskpriWarning" not in cell.stderr
+
+
+def test_an_interrupt_as_a_trainer_closes_its_cluster_leaves_it_closed(kernel: Kernel) -> None:
+    kernel.ok(
+        "trainer = new_trainer()\ntrainer.fit(train, max_steps=1, progress=False)\n"
+        "cluster = trainer._own_cluster\n"
+        "def close(close=cluster.close, **kwargs):\n"  # says when the cluster's close begins
+        "    print('closing the cluster', flush=True)\n"
+        "    return close(**kwargs)\n"
+        "cluster.close = close"
+    )
+    cell = kernel.run("trainer.close()", interrupt_on="closing the cluster")
+    assert cell.ename == "KeyboardInterrupt"
+    # cut short, the cluster stayed "closing", and a second close() waited for it for ever
+    cell = kernel.ok("trainer.close()\nprint(cluster.status.name, repr(trainer))", timeout=60)
+    assert cell.stdout.split() == ["closed", "<Trainer", "Uniform(batch_size=None),", "step",
+                                   "1,", "closed>"]

@@ -138,6 +138,7 @@ def _set_up_and_step(
     trainer._keep_state = _config.get_bool("trainer.keep-state")
     check_config()
     trainer._prepare(ds, request.source, key, n_classes)
+    trainer._closed = False
     trainer._setup_time += time.perf_counter() - t_setup
 
     from tqdm.auto import tqdm

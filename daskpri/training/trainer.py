@@ -260,6 +260,7 @@ class Trainer(PersistMixin):
         self._kept = None
         self._prefetch_rounds = True
         self._interrupts_checked = False  # whether a fit asked if an interrupt kills the workers
+        self._closed = False  # closed, and not fitted or given a cluster since
         self._keep_state = True
         TRAINERS.add(self)
 
@@ -292,6 +293,7 @@ class Trainer(PersistMixin):
                             security=self.security,
                         )
                         self._client = Client(self._own_cluster)
+                    self._closed = False
                     # a trainer dropped without close() (a notebook's cell that made it
                     # run again) closes its cluster; at exit, _close_at_exit does
                     self._dropped = weakref.finalize(
@@ -332,12 +334,18 @@ class Trainer(PersistMixin):
             self._dropped.detach()
             self._dropped = None
         if self._own_cluster is not None:
-            close_cluster(self._client, self._own_cluster)  # type: ignore[arg-type]
-            self._own_cluster = self._client = None
+            # cut by an interrupt, the cluster's close would leave it closing for ever,
+            # and the next close() waiting for it
+            with _interrupts_held():
+                close_cluster(self._client, self._own_cluster)  # type: ignore[arg-type]
+                self._own_cluster = self._client = None
+        self._closed = True
 
     def __repr__(self) -> str:
         client = self._client
-        if client is None:
+        if self._closed:
+            where = "closed"
+        elif client is None:
             where = "no cluster yet"
         elif client.status != "running" or client.scheduler is None:
             where = f"a {client.status} client"
@@ -557,20 +565,21 @@ class Trainer(PersistMixin):
 
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """Hold ``SIGINT`` (an interrupt, Ctrl-C) off a LocalCluster's start until it has started.
+    """Hold ``SIGINT`` (an interrupt, Ctrl-C) off a LocalCluster's start or close until done.
 
     Jupyter's interrupt and a terminal's Ctrl-C go to the whole process
     group: a worker process still starting, before the preload of
     :mod:`~daskpri.training.worker_signals` makes it ignore them, dies of
     one ("Nanny failed to start", tracebacks in later cells), and an
     interrupt raised in the middle of ``LocalCluster(...)`` leaves what had
-    started running, owned by no one. This thread blocks ``SIGINT`` while the
-    cluster starts, so that the threads and processes it starts are born
-    with it blocked (a signal mask is inherited), and, in the main thread,
-    an interrupt meanwhile is held and handed to the handler that was in
-    place once the cluster has started, and the trainer owns it: Python's
-    raises ``KeyboardInterrupt`` then, a fit's ends the fit
-    (:func:`~daskpri.training._fit.stop_on_interrupt`).
+    started running, owned by no one; one raised in its ``close()`` leaves
+    it closing for ever. This thread blocks ``SIGINT`` while the block
+    runs, so that the threads and processes a starting cluster starts are
+    born with it blocked (a signal mask is inherited), and, in the main
+    thread, an interrupt meanwhile is held and handed to the handler that
+    was in place once the block is done, and the trainer's state says what
+    it did: Python's handler raises ``KeyboardInterrupt`` then, a fit's
+    ends the fit (:func:`~daskpri.training._fit.stop_on_interrupt`).
     """
     held: list[Any] = []
     main = threading.current_thread() is threading.main_thread()
