@@ -413,6 +413,14 @@ class Trainer(PersistMixin):
             load their partitions.
         RuntimeError
             If another fit of this trainer is running.
+        KeyboardInterrupt
+            Once a fit in the main thread that was interrupted (Jupyter's stop
+            button, Ctrl-C) has ended: from the start of its cluster and
+            set-up on, an interrupt ends it after the step in flight, as at
+            the end of its budget (it evaluates, keeps its history in
+            ``history_`` and writes its checkpoint), and the message says
+            the step it stopped at; ``fit`` again goes on from there. A
+            second interrupt raises at once.
 
         Examples
         --------
