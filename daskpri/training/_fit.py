@@ -107,7 +107,7 @@ def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
         evalset.check(n_classes)
     with stop_on_interrupt(trainer) as interrupt:
         warn_workers_unshielded(trainer)
-        history = _set_up_and_step(trainer, request, key, n_classes, t_setup)
+        history = _set_up_and_step(trainer, request, key, n_classes, t_setup, interrupt)
     if interrupt.count:
         # raised here, where the fit has ended as at the end of its budget: its run,
         # history and checkpoint are whole, and a notebook's next cells do not run
@@ -121,7 +121,12 @@ def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
 
 
 def _set_up_and_step(
-    trainer: Trainer, request: FitRequest, key: tuple[Any, ...], n_classes: int, t_setup: float
+    trainer: Trainer,
+    request: FitRequest,
+    key: tuple[Any, ...],
+    n_classes: int,
+    t_setup: float,
+    interrupts: Interrupts,
 ) -> xr.Dataset:
     """The run set up in the cluster (the trainer's LocalCluster started), then its steps.
 
@@ -140,6 +145,7 @@ def _set_up_and_step(
     trainer._prepare(ds, request.source, key, n_classes)
     trainer._closed = False
     trainer._setup_time += time.perf_counter() - t_setup
+    interrupts.stepping = True
 
     from tqdm.auto import tqdm
 
@@ -199,6 +205,8 @@ class Interrupts:
     """The interrupts that :func:`stop_on_interrupt` took while its block ran."""
 
     count: int = 0
+    #: whether the fit has set its run up and steps (what an interrupt waits for)
+    stepping: bool = False
 
 
 @contextlib.contextmanager
@@ -232,8 +240,9 @@ def stop_on_interrupt(trainer: Trainer) -> Iterator[Interrupts]:
         taken.count += 1
         if taken.count == 1:
             trainer.stop()
-            print("daskpri: stopping the fit after the step in flight (interrupt again to "
-                  "stop at once)", file=sys.stderr, flush=True)
+            after = "the step in flight" if taken.stepping else "its set-up, before a step"
+            print(f"daskpri: stopping the fit after {after} (interrupt again to stop at once)",
+                  file=sys.stderr, flush=True)
             return
         drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
         raise KeyboardInterrupt
