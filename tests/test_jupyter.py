@@ -15,6 +15,7 @@ import queue
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ class Cell:
     stdout: str = ""
     stderr: str = ""
     data: list[dict[str, Any]] = field(default_factory=list)
+    #: the styles its widgets were given (tqdm's bar: "success", "danger")
+    bar_styles: list[str] = field(default_factory=list)
 
 
 class Kernel:
@@ -88,6 +91,8 @@ class Kernel:
                 text = str(content["data"])
             elif kind == "error":
                 cell.ename, cell.evalue = content["ename"], content["evalue"]
+            elif kind == "comm_msg" and "bar_style" in content["data"].get("state", {}):
+                cell.bar_styles.append(content["data"]["state"]["bar_style"])
             if (interrupt_on is not None and not interrupted and text
                     and (interrupt_on == "*" or interrupt_on in text)):
                 self.km.interrupt_kernel()
@@ -257,3 +262,10 @@ def test_an_interrupt_as_a_trainer_closes_its_cluster_leaves_it_closed(kernel: K
     cell = kernel.ok("trainer.close()\nprint(cluster.status.name, repr(trainer))", timeout=60)
     assert cell.stdout.split() == ["closed", "<Trainer", "Uniform(batch_size=None),", "step",
                                    "1,", "closed>"]
+
+
+@pytest.mark.skipif(not find_spec("ipywidgets"), reason="tqdm draws a widget with ipywidgets")
+def test_a_fit_ended_by_max_time_before_max_steps_draws_its_bar_as_done(kernel: Kernel) -> None:
+    kernel.ok("trainer = new_trainer()")
+    cell = kernel.ok("trainer.fit(train, max_steps=10**6, max_time=0.5)\ntrainer.close()")
+    assert cell.bar_styles == ["success"]  # a bar closed short of its total was "danger"

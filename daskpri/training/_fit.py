@@ -195,6 +195,10 @@ def _set_up_and_step(
             trainer._flush()
             if trainer.checkpoint_path is not None and trainer._checkpointed != trainer.step_:
                 write_checkpoint(trainer)  # where the fit ended, whatever ended it
+        if not interrupts.count and bar.total is not None and bar.n < bar.total:
+            # ended by max_time, target_accuracy or stop() before max_steps: tqdm draws
+            # a bar closed short of its total as failed (a notebook's turns red)
+            bar.total = None
     finally:
         bar.close()
     return trainer.history_
