@@ -24,15 +24,21 @@ import pytest
 kernelspec = pytest.importorskip("ipykernel.kernelspec")
 manager = pytest.importorskip("jupyter_client.manager")
 
-#: the cells' shared set-up: small data, a model, the kernel's own dask config
+#: the cells' shared set-up: small data, a model, and a LocalCluster as the README
+#: starts one, for the tests that are not about the trainer's own
 _SETUP = """
-import gc, os, signal
+import gc, os, signal, time
 import multiprocessing.process
 import daskpri
 from daskpri.models import MLP
+from distributed import Client, LocalCluster
 train, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=0)
-def new_trainer(**kw):
-    model = MLP(train["x"].shape[1:], int(train.attrs["n_classes"]), hidden=32)
+shared = Client(LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
+                             dashboard_address="127.0.0.1:0",
+                             preload=["daskpri.training.worker_signals"]))
+def new_trainer(model=None, **kw):
+    if model is None:
+        model = MLP(train["x"].shape[1:], int(train.attrs["n_classes"]), hidden=32)
     return daskpri.Trainer(model, strategy="uniform", seed=0, n_workers=1, **kw)
 """
 
@@ -60,10 +66,14 @@ class Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
 
-    def run(self, code: str, *, interrupt_on: str | None = None, timeout: float = 120) -> Cell:
+    def run(
+        self, code: str, *, interrupt_on: str | None = None, twice: bool = False,
+        timeout: float = 120,
+    ) -> Cell:
         """Run ``code``; interrupt the kernel once an output holds ``interrupt_on``.
 
-        ``"*"`` interrupts at the cell's first output.
+        ``"*"`` interrupts at the cell's first output; ``twice`` sends a
+        second interrupt a moment after the first.
         """
         msg_id = self.kc.execute(code)
         cell = Cell("")
@@ -96,6 +106,9 @@ class Kernel:
             if (interrupt_on is not None and not interrupted and text
                     and (interrupt_on == "*" or interrupt_on in text)):
                 self.km.interrupt_kernel()
+                if twice:
+                    time.sleep(0.3)  # the first one handled: a second interrupt, not a lost one
+                    self.km.interrupt_kernel()
                 interrupted = True
         cell.status = self.kc.get_shell_msg(timeout=30)["content"]["status"]
         if interrupt_on is not None:
@@ -134,7 +147,8 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
 def test_an_interrupt_during_fit_stops_it_after_the_step_in_flight(
     kernel: Kernel, tmp_path: Path
 ) -> None:
-    kernel.ok(f"trainer = new_trainer(checkpoint_path={str(tmp_path / 'run.ckpt')!r})")
+    kernel.ok(f"trainer = new_trainer(client=shared, "
+              f"checkpoint_path={str(tmp_path / 'run.ckpt')!r})")
     # the progress bar appears once the run is set up: the interrupt comes as it steps
     cell = kernel.run("h = trainer.fit(train, eval_data=test, max_steps=10**6)",
                       interrupt_on="*")
@@ -217,6 +231,11 @@ def test_closing_a_trainer_leaves_the_cluster_of_another_as_quiet_as_it_was(
 ) -> None:
     """A LocalCluster puts back distributed's INFO logs as it closes, over another's."""
     kernel.ok(
+        # distributed's handlers as a kernel has them before any cluster (the shared one
+        # silenced them): the first trainer's cluster finds them so
+        "import logging\n"
+        "for handler in logging.getLogger('distributed').handlers:\n"
+        "    handler.setLevel(logging.NOTSET)\n"
         "first, second = new_trainer(), new_trainer()\n"
         "first.fit(train, max_steps=1, progress=False)\n"
         "second.fit(train, max_steps=1, progress=False)\n"
@@ -266,6 +285,28 @@ def test_an_interrupt_as_a_trainer_closes_its_cluster_leaves_it_closed(kernel: K
 
 @pytest.mark.skipif(not find_spec("ipywidgets"), reason="tqdm draws a widget with ipywidgets")
 def test_a_fit_ended_by_max_time_before_max_steps_draws_its_bar_as_done(kernel: Kernel) -> None:
-    kernel.ok("trainer = new_trainer()")
+    kernel.ok("trainer = new_trainer(client=shared)")
     cell = kernel.ok("trainer.fit(train, max_steps=10**6, max_time=0.5)\ntrainer.close()")
     assert cell.bar_styles == ["success"]  # a bar closed short of its total was "danger"
+
+
+def test_a_second_interrupt_in_an_evaluation_keeps_the_steps_record(kernel: Kernel) -> None:
+    """The second interrupt raises at once: here in the evaluation after a step."""
+    kernel.ok(
+        "class Slow(MLP):\n"  # says when it is evaluated on the driver, and takes its time
+        "    announce = False\n"
+        "    def forward(self, x):\n"
+        "        if self.announce and not self.training:\n"
+        "            print('evaluating', flush=True)\n"
+        "            time.sleep(5)\n"
+        "        return super().forward(x)\n"
+        "model = Slow(train['x'].shape[1:], int(train.attrs['n_classes']), hidden=32)\n"
+        "trainer = new_trainer(model, client=shared, eval_every=1)\n"
+        "trainer.fit(train, eval_data=test, max_steps=1, progress=False)\n"
+        "model.announce = True"
+    )
+    cell = kernel.run("trainer.fit(train, eval_data=test, max_steps=10, progress=False)",
+                      interrupt_on="evaluating", twice=True)
+    assert (cell.ename, cell.evalue) == ("KeyboardInterrupt", "")
+    cell = kernel.ok("print(trainer.step_, trainer.history_.sizes['step'])\ntrainer.close()")
+    assert cell.stdout.split() == ["2", "2"]

@@ -171,9 +171,11 @@ def _set_up_and_step(
             before = trainer.step_
             with trainer._blame_scheduler():
                 record = trainer._step(None if max_steps is None else max_steps - trainer.step_)
-            if evalset is not None and crossed(before, trainer.step_, trainer.eval_every):
-                evaluate(trainer, evalset, record)
-            trainer._recorder.append(record)
+            try:
+                if evalset is not None and crossed(before, trainer.step_, trainer.eval_every):
+                    evaluate(trainer, evalset, record)
+            finally:  # the step was taken: an interrupt in its evaluation keeps its record
+                trainer._recorder.append(record)
             if trainer.checkpoint_every and crossed(
                 before, trainer.step_, trainer.checkpoint_every
             ):
