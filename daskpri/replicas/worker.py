@@ -38,6 +38,7 @@ from daskpri.replicas.replica import Replica, Weights
 from daskpri.replicas.shares import Share, Shares  # noqa: F401  (re-exported)
 from daskpri.replicas.step import StepResult, _train
 from daskpri.strategies.base import Batch, Strategy
+from daskpri.table.plugin import replicas_name
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class ReplicaPlugin(WorkerPlugin):
     idempotent = False
 
     def __init__(self, run: str, module: bytes, n_classes: int, device: str | None = None):
-        self.name = f"daskpri-{run}"
+        self.name = replicas_name(run)
         self.module = module
         self.n_classes = n_classes
         self.device = device

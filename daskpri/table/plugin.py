@@ -62,9 +62,12 @@ class TablePlugin(SchedulerPlugin):
     def __init__(self) -> None:
         self.runs: dict[str, TableRun] = {}
         self.scheduler: Scheduler | None = None
+        #: the client that made each run not closed yet (its driver's), by run
+        self.drivers: dict[str, str] = {}
 
     async def start(self, scheduler: Scheduler) -> None:
         _keep_closed()  # a bad value fails the plugin's registration, not a run's close
+        _orphan_timeout()
         self.scheduler = scheduler
         for op in (
             "create",
@@ -90,6 +93,46 @@ class TablePlugin(SchedulerPlugin):
 
     async def close(self) -> None:
         self.runs.clear()
+        self.drivers.clear()
+
+    def remove_client(self, scheduler: Scheduler, client: str) -> None:
+        """A client left: close its runs unless it is back within ``daskpri.table.orphan-timeout``.
+
+        A driver whose client is closed before ``Trainer.close()`` (by the
+        user, or because the driver's process died) cannot drop its run any
+        more: its replicas (a model and the partitions on every worker,
+        GPU memory included) and its table would stay on the cluster for
+        good. A client whose connection broke reconnects under the same id
+        (within ``distributed.comm.timeouts.connect``), so the runs wait
+        that long before they go.
+        """
+        runs = [run for run, owner in self.drivers.items() if owner == client]
+        if not runs:
+            return
+        delay = _orphan_timeout()
+        asyncio.get_running_loop().call_later(
+            delay, lambda: asyncio.ensure_future(self._drop_orphans(runs, client, delay))
+        )
+
+    async def _drop_orphans(self, runs: list[str], client: str, delay: float) -> None:
+        scheduler = self.scheduler
+        if scheduler is None or client in scheduler.clients:  # it came back
+            return
+        for run in runs:
+            if self.drivers.get(run) != client:  # closed meanwhile, or made again by another
+                continue
+            logger.warning(
+                "daskpri: the client of run %s left %g s ago without closing it "
+                "(daskpri.table.orphan-timeout); its table is closed and its replicas dropped",
+                run, delay,
+            )
+            self._close(run)
+            name = replicas_name(run)
+            if name in scheduler.worker_plugins:
+                try:
+                    await scheduler.unregister_worker_plugin(None, name)
+                except Exception as e:  # a worker that did not answer: it goes with its run
+                    logger.debug("dropping the replicas of run %s: %r", run, e)
 
     def _run(self, run: str, *, live: bool = False) -> TableRun:
         """The run named ``run``; with ``live``, only one not closed (for writes)."""
@@ -120,6 +163,7 @@ class TablePlugin(SchedulerPlugin):
         staleness: str,
         n_bins: int,
         info: dict,
+        client: str | None = None,
     ) -> None:
         table = PriorityTable(unpack(sizes), staleness=staleness, n_bins=n_bins)
         strat = pickle.loads(strategy)
@@ -136,6 +180,8 @@ class TablePlugin(SchedulerPlugin):
         tr.set_owner(unpack(owner))
         self.runs.pop(run, None)  # a run made again (new data) is the newest
         self.runs[run] = tr
+        if client is not None:
+            self.drivers[run] = client
 
     def _apply(self, tr: TableRun, updates: list | None, metrics: list | dict | None) -> None:
         for u in updates or ():
@@ -240,6 +286,7 @@ class TablePlugin(SchedulerPlugin):
         as its uniform baseline (a run is usually closed before the next starts).
         """
         keep = _keep_closed()  # checked before the run changes
+        self.drivers.pop(run, None)
         tr = self.runs.get(run)
         if tr is None:
             return
@@ -258,6 +305,20 @@ def _keep_closed() -> int:
             f"table when it closes), but got {value!r}"
         )
     return value
+
+
+def _orphan_timeout() -> float:
+    """``daskpri.table.orphan-timeout``: how long a run outlives its driver's client, in s."""
+    return _config.get_seconds("table.orphan-timeout")
+
+
+def replicas_name(run: str) -> str:
+    """The name of run ``run``'s replica plugin on the workers.
+
+    >>> replicas_name("uniform-1a2b3c4d")
+    'daskpri-uniform-1a2b3c4d'
+    """
+    return f"daskpri-{run}"
 
 
 def dask_setup(scheduler: Scheduler) -> None:
@@ -315,6 +376,8 @@ class RemoteTable:
             staleness=staleness,
             n_bins=n_bins,
             info=info,
+            # the scheduler closes the run if this client leaves for good
+            client=self.client.id,
         )
 
     def step(

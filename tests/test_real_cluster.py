@@ -1,0 +1,103 @@
+"""daskpri on a cluster the user starts: `dask scheduler` and `dask worker` processes.
+
+One scheduler (without ``--preload daskpri.table.plugin``: the trainer
+registers it) and one ``dask worker --nworkers 2 --nthreads 2`` command, on
+loopback, as README's "running against a cluster" starts them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+from _procs import _stop, start_scheduler
+from distributed import Client
+
+import daskpri
+from daskpri.models import build_model
+
+#: how long the scheduler keeps a run whose driver's client has left
+ORPHAN_TIMEOUT = "1s"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of a `dask scheduler` with two worker processes of two threads each."""
+    directory = tmp_path_factory.mktemp("real-cluster")
+    log = (directory / "cluster.log").open("wb")
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        # read in the scheduler's process, which inherits this environment
+        with mock.patch.dict(os.environ, {"DASK_DASKPRI__TABLE__ORPHAN_TIMEOUT": ORPHAN_TIMEOUT}):
+            address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
+        procs.append(scheduler)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "2",
+             "--nthreads", "2", "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
+            stdout=log, stderr=subprocess.STDOUT,
+        ))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        _stop(procs[1:])  # the workers first, so that they do not wait for the scheduler
+        _stop(procs[:1])
+        log.close()
+
+
+def _on_cluster(client: Client) -> dict[str, Any]:
+    """The runs the scheduler's table plugin holds (closed or not) and the worker plugins."""
+
+    def look(dask_scheduler: Any) -> dict[str, Any]:
+        plugin = dask_scheduler.plugins.get("daskpri")
+        runs = {} if plugin is None else {n: r.closed for n, r in plugin.runs.items()}
+        return {"runs": runs, "worker_plugins": sorted(dask_scheduler.worker_plugins)}
+
+    on_workers = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+    return {**client.run_on_scheduler(look), "on_workers": on_workers}
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the cluster never got there"
+        time.sleep(0.1)
+
+
+def test_a_run_whose_client_left_without_closing_it_is_dropped_from_the_cluster(
+    cluster, small_data
+):
+    train, _ = small_data
+    left = Client(cluster, timeout=60)
+    stays = Client(cluster, timeout=60)
+    try:
+        gone = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=left)
+        kept = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=stays)
+        gone.fit(train, max_steps=3, progress=False)
+        kept.fit(train, max_steps=3, progress=False)
+        replicas = {n: f"daskpri-{t.run_id}" for n, t in (("gone", gone), ("kept", kept))}
+        assert set(replicas.values()) <= set(_on_cluster(stays)["worker_plugins"])
+        left.close()  # before gone.close(): the trainer can no longer reach the cluster
+
+        def dropped() -> bool:
+            return _on_cluster(stays)["runs"].get(gone.run_id) is True
+
+        _wait_for(dropped)
+        state = _on_cluster(stays)
+        assert replicas["gone"] not in state["worker_plugins"]
+        for plugins in state["on_workers"].values():
+            assert replicas["gone"] not in plugins and replicas["kept"] in plugins
+        assert state["runs"][kept.run_id] is False  # another client's run stays
+        gone.close()  # nothing left to do, and no error
+        kept.fit(train, max_steps=6, progress=False)
+        kept.close()
+        assert replicas["kept"] not in _on_cluster(stays)["worker_plugins"]
+    finally:
+        left.close()
+        stays.close()
