@@ -101,3 +101,32 @@ def test_a_run_whose_client_left_without_closing_it_is_dropped_from_the_cluster(
     finally:
         left.close()
         stays.close()
+
+
+def test_a_worker_that_lost_its_partitions_as_it_closes_counts_as_lost(cluster, small_data):
+    train, _ = small_data
+
+    def _close_like_a_restart(replicas: str, keys: list[str], dask_worker: Any) -> None:
+        """What a worker closing in ``client.restart()`` does before its comms close.
+
+        The scheduler frees every key (the partitions' scattered data goes), and
+        the worker's close tears its plugins down (the replica's loaded
+        partitions go): a step's call can still arrive in between.
+        """
+        from distributed.worker_state_machine import FreeKeysEvent
+
+        dask_worker.plugins[replicas].teardown(dask_worker)
+        dask_worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id="daskpri-test-closing"))
+
+    with Client(cluster, timeout=60) as client:
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  transport="direct")
+        trainer.fit(train, max_steps=3, progress=False)
+        deployment = trainer._deployment
+        worker = deployment.owner_addr[0]
+        keys = [f.key for p, f in deployment.parts.items() if deployment.owner_addr[p] == worker]
+        assert keys
+        client.run(_close_like_a_restart, f"daskpri-{trainer.run_id}", keys, workers=[worker])
+        history = trainer.fit(train, max_steps=8, progress=False)
+        assert trainer.step_ == 8 and history.sizes["step"] == 8
+        trainer.close()

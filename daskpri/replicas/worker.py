@@ -28,7 +28,9 @@ from distributed.protocol.serialize import to_serialize
 
 from daskpri.data.io import FILE_ERRORS, check_values, open_dataset
 from daskpri.replicas.errors import (
+    PARTITIONS_LOST,
     STATE_LOST,
+    PartitionsLost,
     ReplicaStateLost,
     UnreadableDataError,
     raise_state_lost,  # noqa: F401  (re-exported)
@@ -156,8 +158,10 @@ class ReplicaPlugin(WorkerPlugin):
             try:
                 ref = self.worker.data[ref]
             except KeyError:
-                raise LookupError(
-                    f"partition {pid} is neither loaded nor held on worker {self.address}"
+                # its data freed and the replica torn down: the worker is closing
+                raise PartitionsLost(
+                    f"partition {pid} is neither loaded nor held on worker {self.address} "
+                    f"(status {getattr(self.worker, 'status', '?')})", [pid]
                 ) from None
         if isinstance(ref, StoreRef):
             where = f"partition {pid} (samples {ref.start}-{ref.stop - 1} of {ref.path})"
@@ -333,7 +337,7 @@ def _warm_up(
         opt.step()
 
 
-def train_task(name: str, *args: Any) -> StepResult | dict[str, str]:
+def train_task(name: str, *args: Any) -> StepResult | dict[str, Any]:
     """One worker's share of a step, as a Dask task (the ``tasks`` transport).
 
     ``args`` are those of :func:`_train` after the plugin, which is looked
@@ -342,17 +346,20 @@ def train_task(name: str, *args: Any) -> StepResult | dict[str, str]:
     return _train_or_lost(_plugin(name), *args)
 
 
-def _train_or_lost(plugin: ReplicaPlugin, *args: Any) -> StepResult | dict[str, str]:
-    """:func:`_train`, answering ``{STATE_LOST: message}`` for a state not held.
+def _train_or_lost(plugin: ReplicaPlugin, *args: Any) -> StepResult | dict[str, Any]:
+    """:func:`_train`, answering ``{STATE_LOST: message}`` for a state not held,
+    ``{PARTITIONS_LOST: message, "pids": [...]}`` for partitions not held.
 
-    Expected (a restarted worker), so answered rather than raised: the
-    worker then logs no failed task or call with a traceback.
+    Expected (a restarted worker, one closing), so answered rather than
+    raised: the worker then logs no failed task or call with a traceback.
     """
     try:
         with plugin.busy:
             return _train(plugin, *args)
     except ReplicaStateLost as e:
         return {STATE_LOST: str(e)}
+    except PartitionsLost as e:
+        return {PARTITIONS_LOST: str(e), "pids": e.pids}
 
 
 def _train_handler(worker: Any) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 from distributed import Client, Future
 
+from daskpri.replicas.errors import PartitionsLost
 from daskpri.replicas.optim import LocalSteps
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import (
@@ -258,8 +259,28 @@ class Deployment:
             )
             parts = {int(p): self.parts[int(p)] for p in shares.partitions()}
             args.append([strategy, shares, parts, local])
-        if transport == "direct":
-            return self._run_direct(weights, args, then)
+        try:
+            if transport == "direct":
+                return self._run_direct(weights, args, then)
+            return self._run_tasks(weights, args, step, resources, then)
+        except PartitionsLost as e:
+            # a worker closing, all of whose partitions are gone: the caller
+            # recovers (a lost worker), which places them again, on it if it stays
+            closing = {self.owner_addr[p] for p in e.pids if 0 <= p < len(self.owner_addr)}
+            for pid, addr in enumerate(self.owner_addr):
+                if addr in closing or pid in e.pids:
+                    self.parts.pop(pid, None)
+            raise
+
+    def _run_tasks(
+        self,
+        weights: Weights,
+        args: list[list[Any]],
+        step: int,
+        resources: dict[str, float] | None,
+        then: Callable[[], None] | None,
+    ) -> list[StepResult]:
+        """One Dask task per worker, through the scheduler."""
         client = self.client
         [wfut] = client.scatter([weights], hash=False)
         futures = [
