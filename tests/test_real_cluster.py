@@ -51,6 +51,31 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
+@pytest.fixture
+def small_memory_cluster(tmp_path: Any) -> Iterator[str]:
+    """A `dask scheduler` and one worker whose memory, with torch imported, is over Dask's
+    pause threshold: 10% of a 2 GB ``--memory-limit`` (a worker that has not imported torch
+    is well under it)."""
+    log = (tmp_path / "cluster.log").open("wb")
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        address, scheduler = start_scheduler(tmp_path, "--no-dashboard", output=log)
+        procs.append(scheduler)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+             "--memory-limit", "2GB", "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
+            stdout=log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE="0.1"),
+        ))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+        yield address
+    finally:
+        _stop(procs[1:])
+        _stop(procs[:1])
+        log.close()
+
+
 def _on_cluster(client: Client) -> dict[str, Any]:
     """The runs the scheduler's table plugin holds (closed or not) and the worker plugins."""
 
@@ -129,4 +154,31 @@ def test_a_worker_that_lost_its_partitions_as_it_closes_counts_as_lost(cluster, 
         client.run(_close_like_a_restart, f"daskpri-{trainer.run_id}", keys, workers=[worker])
         history = trainer.fit(train, max_steps=8, progress=False)
         assert trainer.step_ == 8 and history.sizes["step"] == 8
+        trainer.close()
+
+
+def test_workers_over_the_memory_pause_threshold_are_refused_naming_their_memory(
+    small_memory_cluster, small_data
+):
+    train, _ = small_data
+    with Client(small_memory_cluster, timeout=60) as client:
+        [worker] = client.scheduler_info(n_workers=-1)["workers"]
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+        # the replica (torch, the model) takes it over: refused before the data is placed,
+        # where a scatter to the paused worker waited 30 s, then failed
+        with pytest.raises(ValueError, match=(
+            rf"cluster at {small_memory_cluster} .* over Dask's pause threshold once they hold "
+            rf"the run's replica: {worker} uses .* of its 1.86 GiB memory limit; .*"
+            r"distributed.worker.memory.pause .* --memory-limit"
+        )):
+            trainer.fit(train, max_steps=3, progress=False)
+        _wait_for(lambda: client.scheduler_info(n_workers=-1)["workers"][worker]["status"]
+                  == "paused")
+        # paused by now (Dask measures its memory every 100 ms): refused before set-up
+        with pytest.raises(ValueError, match=(
+            rf"are paused by Dask: {worker} has a memory limit of 1.86 GiB; .*--memory-limit"
+        )):
+            trainer.fit(train, max_steps=3, progress=False)
+        state = _on_cluster(client)
+        assert state["worker_plugins"] == ["shuffle"] and all(state["runs"].values())
         trainer.close()

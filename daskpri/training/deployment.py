@@ -35,6 +35,7 @@ from daskpri.table.plugin import RemoteTable, Round
 from daskpri.training.placement import (
     cluster_workers,
     eligible_workers,
+    paused_workers,
     reassign_owners,
     rebalance_owners,
 )
@@ -132,8 +133,11 @@ class Deployment:
 
         A worker lost during set-up is handled as during training: its
         partitions move to the workers left (bounded by ``no-workers-timeout``).
+        Workers whose memory the replicas took over Dask's pause threshold
+        are refused first (:func:`check_memory`).
         """
         n_partitions = len(self.bounds) - 1
+        check_memory(self.client, sorted(set(self.owner_addr)))
         deadline = time.monotonic() + dask_timeout()
         while True:
             try:
@@ -433,6 +437,44 @@ class Deployment:
         if moved:
             self.place(moved, resources)
         self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64))
+
+
+def check_memory(client: Client, addresses: list[str]) -> None:
+    """Raise ``ValueError`` if a worker's memory is over Dask's pause threshold.
+
+    Called once the run's replicas are built: torch and the model often
+    take a worker with a small ``--memory-limit`` over
+    ``distributed.worker.memory.pause``, and Dask then pauses it (a moment
+    later, at its next memory check): the partitions' scatter would wait
+    30 s for a worker that takes data and fail with "No valid workers
+    found", and a task sent to it would wait for good. Measured on each
+    worker, as Dask's memory monitor measures it; a worker that does not
+    answer is left to the set-up (a lost worker).
+    """
+    try:
+        found = client.run(_memory, workers=addresses, on_error="return",
+                           callback_timeout=dask_timeout())
+    except Exception:  # a worker lost meanwhile: the set-up recovers from it
+        return
+    over = {
+        addr: (memory, limit)
+        for addr, answer in found.items()
+        if isinstance(answer, tuple)
+        for memory, limit, pause in [answer]
+        if limit and pause and memory > pause * limit
+    }
+    if over:
+        raise ValueError(paused_workers(
+            over, client.scheduler.address,
+            "are over Dask's pause threshold once they hold the run's replica",
+        ))
+
+
+def _memory(dask_worker: Any) -> tuple[int, int | None, float | bool]:
+    """On a worker: its process memory, its memory limit and its pause fraction."""
+    manager = dask_worker.memory_manager
+    return (dask_worker.monitor.get_process_memory(), manager.memory_limit,
+            manager.memory_pause_fraction)
 
 
 def _release_keys(keys: list[Any], client: str, dask_scheduler: Any) -> None:

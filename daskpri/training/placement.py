@@ -92,11 +92,16 @@ def all_have_gpus(workers: Mapping[str, Mapping[str, Any]]) -> bool:
 def eligible_workers(
     workers: Mapping[str, Mapping[str, Any]], resources: dict[str, float] | None, address: str
 ) -> list[str]:
-    """Sorted addresses of the workers that have ``resources``.
+    """Sorted addresses of the workers that have ``resources`` and are not paused.
 
     ``workers`` is :func:`cluster_workers`'s. Raises
     ``ValueError`` naming the resource and how to start such workers when
-    none has it, instead of letting tasks wait forever.
+    none has it, instead of letting tasks wait forever, and naming their
+    memory when all that have it are paused (Dask pauses a worker whose
+    memory is over ``distributed.worker.memory.pause`` of its limit).
+
+    >>> eligible_workers({"tcp://a": {"status": "paused"}, "tcp://b": {}}, None, "tcp://s")
+    ['tcp://b']
     """
     if not workers:
         raise RuntimeError(
@@ -104,13 +109,23 @@ def eligible_workers(
             "(a LocalCluster's workers killed by Ctrl-C or Jupyter's interrupt do not come "
             "back: start it with preload=['daskpri.training.worker_signals'] to keep them)"
         )
-    if not resources:
-        return sorted(workers)
     ok = [
         addr
         for addr, info in workers.items()
-        if all(info.get("resources", {}).get(k, 0) >= v for k, v in resources.items())
+        if all(info.get("resources", {}).get(k, 0) >= v for k, v in (resources or {}).items())
     ]
+    if ok:
+        # a paused worker (its memory over distributed.worker.memory.pause) runs no
+        # task and takes no scattered data: a scatter to it waits 30 s, then fails
+        running = [a for a in ok if workers[a].get("status") != "paused"]
+        if not running:
+            raise ValueError(paused_workers(
+                {a: (None, workers[a].get("memory_limit")) for a in ok}, address,
+                "are paused by Dask",
+            ))
+        ok = running
+    if not resources:
+        return sorted(ok)
     if not ok:
         have = sorted({k for info in workers.values() for k in info.get("resources", {})})
         want = ",".join(f"{k}={v:g}" for k, v in resources.items())
@@ -121,6 +136,39 @@ def eligible_workers(
             f"LocalCluster(resources={resources!r}), or drop resources="
         )
     return sorted(ok)
+
+
+def paused_workers(
+    workers: Mapping[str, tuple[int | None, int | None]], address: str, why: str
+) -> str:
+    """Why a run cannot use ``workers``, that ``why``.
+
+    ``workers`` map an address to its worker's process memory (``None``:
+    not measured) and memory limit, in bytes.
+
+    Examples
+    --------
+    >>> print(paused_workers({"tcp://a": (2**28 - 2**24, 2**28)},
+    ...                      "tcp://s", "are paused by Dask"))  # doctest: +ELLIPSIS
+    the workers ... tcp://s ... are paused by Dask: tcp://a uses 240.00 MiB of its 256.00 MiB ...
+    """
+    from dask.utils import format_bytes
+
+    def use(memory: int | None, limit: int | None) -> str:
+        if not limit:
+            return "has no memory limit"
+        if memory is None:
+            return f"has a memory limit of {format_bytes(limit)}"
+        return f"uses {format_bytes(memory)} of its {format_bytes(limit)} memory limit"
+
+    each = "; ".join(f"{a} {use(*m)}" for a, m in sorted(workers.items()))
+    return (
+        f"the workers of the cluster at {address} that could train this run {why}: {each}; "
+        "a worker whose memory is over distributed.worker.memory.pause (80% of its limit by "
+        "default) runs no task and takes no data, and each holds torch, a replica of the model and "
+        f"its share of the data; start workers with a larger limit (dask worker {address} "
+        "--memory-limit 4GB, or 0 for none), or free their memory"
+    )
 
 
 #: chunks holding fewer samples than this on average are grouped into partitions
