@@ -28,7 +28,10 @@ ORPHAN_TIMEOUT = "1s"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The address of a `dask scheduler` with two worker processes of two threads each."""
+    """The address of a `dask scheduler` with two worker processes of two threads each.
+
+    The workers run in a working directory of their own, not the driver's.
+    """
     directory = tmp_path_factory.mktemp("real-cluster")
     log = (directory / "cluster.log").open("wb")
     procs: list[subprocess.Popen[Any]] = []
@@ -40,7 +43,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "2",
              "--nthreads", "2", "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, cwd=directory,  # not the driver's
         ))
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=60)
@@ -181,4 +184,27 @@ def test_workers_over_the_memory_pause_threshold_are_refused_naming_their_memory
             trainer.fit(train, max_steps=3, progress=False)
         state = _on_cluster(client)
         assert state["worker_plugins"] == ["shuffle"] and all(state["runs"].values())
+        trainer.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/cwd"), reason="needs Linux's /proc")
+def test_a_store_the_workers_cannot_see_is_refused_once_naming_them(
+    cluster, small_data, tmp_path, monkeypatch
+):
+    train, _ = small_data
+    monkeypatch.chdir(tmp_path)
+    train.to_zarr("data.zarr", consolidated=False)
+    # the driver's working directory here, each worker's own there: a path the
+    # driver reads and the workers do not, as on a driver's own disk
+    path = "/proc/self/cwd/data.zarr"
+    with Client(cluster, timeout=60) as client:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+        with pytest.raises(FileNotFoundError, match=(
+            rf"data names '{path}', which 2 of the 2 workers cannot read \({workers[0]}: no "
+            rf"such file or directory; {workers[1]}: .*\); .*a shared file system.*in memory"
+        )):
+            trainer.fit(path, max_steps=3, progress=False)
+        state = _on_cluster(client)
+        assert not any(trainer.run_id in p for p in state["worker_plugins"])
         trainer.close()

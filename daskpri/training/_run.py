@@ -52,6 +52,7 @@ from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import (
     all_have_gpus,
     assign_owners,
+    check_workers_see,
     cluster_workers,
     eligible_workers,
     partition_bounds,
@@ -202,6 +203,8 @@ class RunMixin:
         self._check_batch_fits(sizes, owner, len(addrs))
         check_workers_device(client, addrs, self.device)
         check_cluster_imports(client, addrs, self.model, self.strategy)
+        if isinstance(source, str):
+            check_workers_see(client, addrs, source)
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
         self._n_classes = n_classes
