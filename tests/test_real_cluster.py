@@ -54,21 +54,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-@pytest.fixture
-def small_memory_cluster(tmp_path: Any) -> Iterator[str]:
-    """A `dask scheduler` and one worker whose memory, with torch imported, is over Dask's
-    pause threshold: 10% of a 2 GB ``--memory-limit`` (a worker that has not imported torch
-    is well under it)."""
-    log = (tmp_path / "cluster.log").open("wb")
+def _small_memory_cluster(directory: Any, **config: str) -> Iterator[str]:
+    """A `dask scheduler` and one worker of a 2 GB ``--memory-limit``, under Dask's
+    ``config`` (environment variables)."""
+    log = (directory / "cluster.log").open("wb")
     procs: list[subprocess.Popen[Any]] = []
     try:
-        address, scheduler = start_scheduler(tmp_path, "--no-dashboard", output=log)
+        address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
         procs.append(scheduler)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
              "--memory-limit", "2GB", "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
-            stdout=log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE="0.1"),
+            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **config),
         ))
         with Client(address, timeout=60) as client:
             client.wait_for_workers(1, timeout=60)
@@ -77,6 +74,22 @@ def small_memory_cluster(tmp_path: Any) -> Iterator[str]:
         _stop(procs[1:])
         _stop(procs[:1])
         log.close()
+
+
+@pytest.fixture
+def pausing_cluster(tmp_path: Any) -> Iterator[str]:
+    """A worker whose memory, once it imports torch, is over Dask's pause threshold (10%
+    of its limit; a worker that has not imported torch is well under it)."""
+    yield from _small_memory_cluster(tmp_path, DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE="0.1")
+
+
+@pytest.fixture
+def terminating_cluster(tmp_path: Any) -> Iterator[str]:
+    """A worker that its nanny kills and restarts once it imports torch (10% of its limit)."""
+    yield from _small_memory_cluster(
+        tmp_path, DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE="0.1",
+        DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE="False",
+    )
 
 
 def _on_cluster(client: Client) -> dict[str, Any]:
@@ -161,16 +174,16 @@ def test_a_worker_that_lost_its_partitions_as_it_closes_counts_as_lost(cluster, 
 
 
 def test_workers_over_the_memory_pause_threshold_are_refused_naming_their_memory(
-    small_memory_cluster, small_data
+    pausing_cluster, small_data
 ):
     train, _ = small_data
-    with Client(small_memory_cluster, timeout=60) as client:
+    with Client(pausing_cluster, timeout=60) as client:
         [worker] = client.scheduler_info(n_workers=-1)["workers"]
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
         # the replica (torch, the model) takes it over: refused before the data is placed,
         # where a scatter to the paused worker waited 30 s, then failed
         with pytest.raises(ValueError, match=(
-            rf"cluster at {small_memory_cluster} .* over Dask's pause threshold once they hold "
+            rf"cluster at {pausing_cluster} .* over Dask's pause threshold once they hold "
             rf"the run's replica: {worker} uses .* of its 1.86 GiB memory limit; .*"
             r"distributed.worker.memory.pause .* --memory-limit"
         )):
@@ -207,4 +220,22 @@ def test_a_store_the_workers_cannot_see_is_refused_once_naming_them(
             trainer.fit(path, max_steps=3, progress=False)
         state = _on_cluster(client)
         assert not any(trainer.run_id in p for p in state["worker_plugins"])
+        trainer.close()
+
+
+def test_workers_their_nanny_restarts_for_memory_as_the_replica_is_built_are_named(
+    terminating_cluster, small_data
+):
+    train, _ = small_data
+    with Client(terminating_cluster, timeout=60) as client:
+        [worker] = client.scheduler_info(n_workers=-1)["workers"]
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+        with pytest.raises(RuntimeError, match=(
+            rf"worker\(s\) {worker} \(at .*\) were killed and restarted by their nanny as they "
+            r"built the run's replica .*distributed.worker.memory.terminate .*--memory-limit"
+        )):
+            trainer.fit(train, max_steps=3, progress=False)
+        # the replicas are gone from the scheduler, so the worker back is left alone
+        client.wait_for_workers(1, timeout=60)
+        assert _on_cluster(client)["worker_plugins"] == ["shuffle"]
         trainer.close()

@@ -57,7 +57,14 @@ from daskpri.training.placement import (
     eligible_workers,
     partition_bounds,
 )
-from daskpri.training.recovery import FILE_ERRORS, LOST, check_scheduler, rescan_interval
+from daskpri.training.recovery import (
+    FILE_ERRORS,
+    LOST,
+    check_scheduler,
+    memory_restarts,
+    rescan_interval,
+    restarted_for_memory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -236,13 +243,17 @@ class RunMixin:
             # not a layer of such a module inside a Sequential
             self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device
         )
+        restarts = memory_restarts(client)
         try:
             client.register_plugin(self._plugin)
-        except Exception:
+        except Exception as e:
             # its setup failed on a worker (a device the worker lacks): the scheduler
             # keeps the plugin all the same, and would set it up on each worker that joins
             with contextlib.suppress(Exception):
                 self._unregister_replicas()
+            why = restarted_for_memory(client, addrs, restarts) if isinstance(e, LOST) else None
+            if why is not None:
+                raise RuntimeError(why) from e
             raise
         RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)

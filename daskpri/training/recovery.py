@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError
 
@@ -99,6 +100,56 @@ def responsive(client: Client, addresses: list[str], timeout: float = 2.0) -> li
         return list(await asyncio.gather(*(answers(a) for a in addresses)))
 
     return [a for a, ok in zip(addresses, client.sync(probe), strict=True) if ok]
+
+
+#: the topic of the event a nanny logs on the scheduler when it restarts its worker for memory
+MEMORY_RESTART = "worker-restart-memory"
+
+
+def memory_restarts(client: Client) -> int:
+    """How many workers' restarts for memory the scheduler has logged so far (see
+    :func:`restarted_for_memory`); 0 if it does not say."""
+    try:
+        return len(client.get_events(MEMORY_RESTART))
+    except Exception:
+        return 0
+
+
+def restarted_for_memory(
+    client: Client, addresses: list[str], since: int, wait: float = 2.0
+) -> str | None:
+    """Why some of ``addresses`` were lost: their nanny restarted them for memory (or ``None``).
+
+    ``since`` is :func:`memory_restarts` from before. A nanny whose worker's
+    memory passes ``distributed.worker.memory.terminate`` (95% of its
+    ``--memory-limit``) kills it, then starts it again, under a new address,
+    and logs an event on the scheduler, which may arrive after the call that
+    lost the worker failed: it is waited for ``wait`` seconds at most.
+    """
+    from dask.utils import format_bytes
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            events = list(client.get_events(MEMORY_RESTART))[since:]
+        except Exception:
+            return None
+        hits = [e for _, e in events if isinstance(e, dict) and e.get("worker") in addresses]
+        if hits or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if not hits:
+        return None
+    each = ", ".join(
+        f"{e['worker']} (at {format_bytes(e['rss'])})" if e.get("rss") else str(e["worker"])
+        for e in hits
+    )
+    return (
+        f"worker(s) {each} were killed and restarted by their nanny as they built the run's "
+        "replica (torch and the model): their memory passed distributed.worker.memory.terminate "
+        "(95% of a worker's memory limit by default); start the workers with a larger limit "
+        "(dask worker --memory-limit 4GB, or 0 for none)"
+    )
 
 
 def check_scheduler(
