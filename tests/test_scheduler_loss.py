@@ -63,6 +63,47 @@ def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, 
         _stop([worker, scheduler])
 
 
+def test_a_scheduler_restarted_at_its_address_is_a_lost_scheduler_naming_the_checkpoint(
+    small_data, tmp_path
+):
+    address, scheduler, worker = _scheduler_and_worker(tmp_path)
+    port = address.rsplit(":", 1)[1]
+    ckpt = tmp_path / "run.ckpt"
+    again: list[subprocess.Popen] = []
+    try:
+        client = Client(address, timeout=60)
+        client.wait_for_workers(1, timeout=60)
+        train, _ = small_data
+
+        class RestartsAfterTheSecondCheckpoint(daskpri.Trainer):
+            def save(self, path):  # the real save, then a supervisor's restart: no race
+                written = super().save(path)
+                if self.step_ == 10:
+                    scheduler.kill()
+                    scheduler.wait()
+                    (tmp_path / "again").mkdir()
+                    again.append(start_scheduler(
+                        tmp_path / "again", "--no-dashboard", "--port", port)[1])
+                return written
+
+        trainer = RestartsAfterTheSecondCheckpoint(
+            build_model("mlp", train), strategy="uniform", client=client,
+            checkpoint_path=ckpt, checkpoint_every=5,
+        )
+        with dask.config.set({"daskpri.trainer.scheduler-timeout": "3s"}):
+            # the client and the worker reconnect to the new scheduler, which answers,
+            # but knows nothing of the run: not the user's error, a lost scheduler
+            with pytest.raises(daskpri.SchedulerLostError, match=(
+                rf"lost the scheduler at {address}: it was restarted .*the run's table, "
+                rf"replicas and partitions went with the one before; the last checkpoint is "
+                rf"'{ckpt}' \(step 10\)"
+            )):
+                trainer.fit(train, max_steps=100_000, progress=False)
+        client.close(timeout=5)
+    finally:
+        _stop([worker, scheduler, *again])
+
+
 def test_a_client_closed_during_a_fit_is_a_lost_scheduler_naming_the_checkpoint(
     small_data, tmp_path
 ):

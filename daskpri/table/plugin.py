@@ -393,7 +393,15 @@ class RemoteTable:
         :class:`Round`, which also keeps them packed).
         """
         message = self._step_message(step, updates, metrics, count)
-        return Round(self._call("step", **message))
+        packed = self._call("step", **message)
+        if packed is None:
+            # what a Dask scheduler answers to an operation it has no handler for
+            raise RuntimeError(
+                f"the scheduler at {self.client.scheduler.address} has no daskpri table for "
+                f"run {self.run!r} (no daskpri_step handler: it was started again without "
+                "--preload daskpri.table.plugin, or the plugin was removed)"
+            )
+        return Round(packed)
 
     def step_ahead(
         self,

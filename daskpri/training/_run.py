@@ -64,6 +64,7 @@ from daskpri.training.recovery import (
     memory_restarts,
     rescan_interval,
     restarted_for_memory,
+    scheduler_id,
 )
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class RunMixin:
     _abandoned: weakref.finalize[Any, Any] | None
     _sample_coord: np.ndarray | None
     _scheduler_address: str | None
+    #: the id of the scheduler the run was set up on, to tell one restarted at its address
+    _scheduler_id: str | None = None
     _excluded: set[str]
     _recorder: HistoryRecorder
     _opt: torch.optim.Optimizer | None
@@ -293,6 +296,7 @@ class RunMixin:
         )
         self._data_key = key
         self._scheduler_address = client.scheduler.address  # for a message once it is gone
+        self._scheduler_id = scheduler_id(client)
         # the data's own labels of its samples, for table_
         self._sample_coord = ds["sample"].values if "sample" in ds.coords else None
         if self._own_cluster is None:  # a cluster of the trainer's own goes with it
@@ -467,7 +471,8 @@ class RunMixin:
         """
         if self._client is None:
             return
-        check_scheduler(self._client, self.checkpoint_path, self._scheduler_address)
+        check_scheduler(self._client, self.checkpoint_path, self._scheduler_address,
+                        self._scheduler_id)
 
     def _recover(self) -> None:
         """Re-plan after losing workers: move their partitions to live ones."""

@@ -152,17 +152,36 @@ def restarted_for_memory(
     )
 
 
+def scheduler_id(client: Client) -> str | None:
+    """The id of the scheduler ``client`` is connected to (``None`` if it does not say).
+
+    A scheduler started again at the same address (by a supervisor) has
+    another: the client and the workers reconnect to it, but the runs'
+    tables, replicas and partitions went with the first.
+    """
+    try:
+        return str(client.sync(client.scheduler.identity)["id"])
+    except Exception:
+        return None
+
+
 def check_scheduler(
-    client: Client, checkpoint_path: str | None, address: str | None = None
+    client: Client,
+    checkpoint_path: str | None,
+    address: str | None = None,
+    expected_id: str | None = None,
 ) -> None:
-    """Raise :class:`SchedulerLostError` if the scheduler does not answer.
+    """Raise :class:`SchedulerLostError` if the scheduler does not answer, or is another.
 
     Waits ``daskpri.trainer.scheduler-timeout`` for an answer; the message
     names the checkpoint to resume from (``checkpoint_path``, if written).
     A client that has closed (distributed gives up reconnecting to a lost
     scheduler after ``distributed.comm.timeouts.connect``, and closes it)
     lost its scheduler too; ``address`` is the scheduler's, for the message,
-    where the client no longer knows it.
+    where the client no longer knows it. A scheduler whose id is not
+    ``expected_id`` (that of the scheduler the run was set up on, from
+    :func:`scheduler_id`) was started again at its address: the run is lost
+    with the first.
     """
     timeout = _config.get_seconds("trainer.scheduler-timeout")
     address = getattr(client.scheduler, "address", None) or address or "?"
@@ -171,11 +190,19 @@ def check_scheduler(
         why = f"the client has {client.status} (it lost its connection, or was closed)"
     else:
         try:
-            client.sync(client.scheduler.identity, callback_timeout=timeout)
-            return
+            identity = client.sync(client.scheduler.identity, callback_timeout=timeout)
         except Exception as e:
             cause = e
-        why = f"no answer within {timeout:g} s (daskpri.trainer.scheduler-timeout)"
+            why = f"no answer within {timeout:g} s (daskpri.trainer.scheduler-timeout)"
+        else:
+            if expected_id is None or identity.get("id") == expected_id:
+                return
+            cause = None
+            why = (
+                f"it was restarted (the scheduler there now is {identity.get('id')}, not "
+                f"{expected_id}), and the run's table, replicas and partitions went with the "
+                "one before"
+            )
     where = checkpoint_path
     if where is not None and os.path.exists(where):
         step = checkpoint.read(where)["step"]
