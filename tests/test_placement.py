@@ -114,7 +114,7 @@ def test_cluster_workers_lists_every_worker_while_the_client_polls():
     with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
         with (
             LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                         dashboard_address=None) as cluster,
+                         dashboard_address="127.0.0.1:0") as cluster,
             Client(cluster) as client,
         ):
             expected = set(cluster.scheduler.workers)

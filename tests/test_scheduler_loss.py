@@ -110,7 +110,7 @@ def test_a_client_closed_during_a_fit_is_a_lost_scheduler_naming_the_checkpoint(
     train, _ = small_data
     ckpt = tmp_path / "run.ckpt"
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster:
+                      dashboard_address="127.0.0.1:0") as cluster:
         client = Client(cluster)
         address = client.scheduler.address
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
