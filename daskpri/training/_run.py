@@ -254,7 +254,7 @@ class RunMixin:
             # keeps the plugin all the same, and would set it up on each worker that joins
             with contextlib.suppress(Exception):
                 self._unregister_replicas()
-            why = restarted_for_memory(client, addrs, restarts) if isinstance(e, LOST) else None
+            why = restarted_for_memory(client, restarts) if isinstance(e, LOST) else None
             if why is not None:
                 raise RuntimeError(why) from e
             raise

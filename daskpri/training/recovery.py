@@ -115,12 +115,12 @@ def memory_restarts(client: Client) -> int:
         return 0
 
 
-def restarted_for_memory(
-    client: Client, addresses: list[str], since: int, wait: float = 2.0
-) -> str | None:
-    """Why some of ``addresses`` were lost: their nanny restarted them for memory (or ``None``).
+def restarted_for_memory(client: Client, since: int, wait: float = 2.0) -> str | None:
+    """Why workers were lost since ``since``: their nanny restarted them for memory (or ``None``).
 
-    ``since`` is :func:`memory_restarts` from before. A nanny whose worker's
+    ``since`` is :func:`memory_restarts` from before. Any worker of the
+    cluster counts: the replicas are built on every one, those that the run
+    does not use included. A nanny whose worker's
     memory passes ``distributed.worker.memory.terminate`` (95% of its
     ``--memory-limit``) kills it, then starts it again, under a new address,
     and logs an event on the scheduler, which may arrive after the call that
@@ -134,7 +134,7 @@ def restarted_for_memory(
             events = list(client.get_events(MEMORY_RESTART))[since:]
         except Exception:
             return None
-        hits = [e for _, e in events if isinstance(e, dict) and e.get("worker") in addresses]
+        hits = [e for _, e in events if isinstance(e, dict) and e.get("worker")]
         if hits or time.monotonic() > deadline:
             break
         time.sleep(0.1)
