@@ -92,6 +92,29 @@ def terminating_cluster(tmp_path: Any) -> Iterator[str]:
     )
 
 
+@pytest.fixture
+def mixed_cluster(tmp_path: Any) -> Iterator[str]:
+    """A `dask scheduler` with a worker that has the resource ``FOO=1`` and one that has not."""
+    log = (tmp_path / "cluster.log").open("wb")
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        address, scheduler = start_scheduler(tmp_path, "--no-dashboard", output=log)
+        procs.append(scheduler)
+        for resources in (["--resources", "FOO=1"], []):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                 *resources, "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
+                stdout=log, stderr=subprocess.STDOUT,
+            ))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        _stop(procs[1:])
+        _stop(procs[:1])
+        log.close()
+
+
 def _on_cluster(client: Client) -> dict[str, Any]:
     """The runs the scheduler's table plugin holds (closed or not) and the worker plugins."""
 
@@ -238,4 +261,25 @@ def test_workers_their_nanny_restarts_for_memory_as_the_replica_is_built_are_nam
         # the replicas are gone from the scheduler, so the worker back is left alone
         client.wait_for_workers(1, timeout=60)
         assert _on_cluster(client)["worker_plugins"] == ["shuffle"]
+        trainer.close()
+
+
+def test_resources_that_some_workers_lack_build_replicas_only_on_those_that_have_them(
+    mixed_cluster, small_data
+):
+    train, _ = small_data
+    with Client(mixed_cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        [foo] = [a for a, w in workers.items() if w["resources"].get("FOO")]
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  resources={"FOO": 1}, transport="tasks")
+        trainer.fit(train, max_steps=5, progress=False)
+        assert trainer._deployment.slots == [foo]
+        name = f"daskpri-{trainer.run_id}"
+
+        def replica(dask_worker: Any) -> bool:
+            return hasattr(dask_worker.plugins[name], "replica")
+
+        # the other never trains the run: no model there (memory, a device it may lack)
+        assert client.run(replica) == {a: a == foo for a in workers}
         trainer.close()

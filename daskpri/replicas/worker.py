@@ -101,17 +101,41 @@ class ReplicaPlugin(WorkerPlugin):
         Labels must lie in ``[0, n_classes)``.
     device : str, optional
         Force a device (for example ``"cpu"``); ``None`` picks per worker.
+    resources : dict, optional
+        The resources the run's tasks ask for: a worker that lacks them
+        never trains the run, and builds no replica (its memory and devices
+        stay free for other work; a device forced with ``device`` need not
+        exist there).
+
+    Attributes
+    ----------
+    serves : bool
+        Whether this worker has the run's resources, and so a replica.
     """
 
     idempotent = False
 
-    def __init__(self, run: str, module: bytes, n_classes: int, device: str | None = None):
+    def __init__(
+        self,
+        run: str,
+        module: bytes,
+        n_classes: int,
+        device: str | None = None,
+        resources: dict[str, float] | None = None,
+    ):
         self.name = replicas_name(run)
         self.module = module
         self.n_classes = n_classes
         self.device = device
+        self.resources = resources
+        self.serves = True
 
     def setup(self, worker: Any) -> None:
+        have = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
+        self.serves = all(have.get(k, 0) >= v for k, v in (self.resources or {}).items())
+        self.address = worker.address
+        if not self.serves:
+            return
         try:
             module = pickle.loads(self.module)
         except ImportError as e:  # a module of the model's that the driver checks missed
@@ -137,7 +161,6 @@ class ReplicaPlugin(WorkerPlugin):
         #: (name, optimizer) of the state a round of local steps left in the
         #: replica, for the next round to resume from (see :class:`LocalSteps`)
         self.kept: tuple[str, torch.optim.Optimizer] | None = None
-        self.address = worker.address
         self.worker = worker
         # The direct transport: steps arrive as RPCs from the driver, past the
         # scheduler's task machinery (one handler serves every run).
@@ -255,12 +278,18 @@ def _plugin(name: str, worker: Worker | None = None) -> ReplicaPlugin:
     """The replica ``name`` of ``worker`` (this task's worker by default)."""
     worker = get_worker() if worker is None else worker
     try:
-        return worker.plugins[name]  # type: ignore[return-value]
+        plugin: ReplicaPlugin = worker.plugins[name]  # type: ignore[assignment]
     except KeyError:
         raise RuntimeError(
             f"worker {worker.address} has no daskpri replica {name!r}: its run was closed "
             "meanwhile, or the worker joined the cluster without it"
         ) from None
+    if not plugin.serves:
+        raise RuntimeError(
+            f"worker {worker.address} has no daskpri replica {name!r}: it lacks the run's "
+            f"resources {plugin.resources!r}"
+        )
+    return plugin
 
 
 def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:

@@ -244,7 +244,8 @@ class RunMixin:
             # cloudpickle itself: distributed's pickle sends by value only a top-level
             # object of __main__ or of a module registered with register_pickle_by_value,
             # not a layer of such a module inside a Sequential
-            self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device
+            self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device,
+            resources=self.resources,
         )
         restarts = memory_restarts(client)
         try:
