@@ -110,7 +110,11 @@ class TablePlugin(SchedulerPlugin):
         if not runs:
             return
         delay = _orphan_timeout()
-        asyncio.get_running_loop().call_later(
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called off the scheduler's event loop: nothing to wait on
+            return
+        loop.call_later(
             delay, lambda: asyncio.ensure_future(self._drop_orphans(runs, client, delay))
         )
 
