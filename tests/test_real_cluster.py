@@ -1,8 +1,9 @@
 """daskpri on a cluster the user starts: `dask scheduler` and `dask worker` processes.
 
 One scheduler (without ``--preload daskpri.table.plugin``: the trainer
-registers it) and one ``dask worker --nworkers 2 --nthreads 2`` command, on
-loopback, as README's "running against a cluster" starts them.
+registers it), one ``dask worker --nworkers 2 --nthreads 2`` command and a
+worker with a resource, on loopback, as a user starts them; clusters of
+small memory limits where a test needs them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ ORPHAN_TIMEOUT = "1s"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The address of a `dask scheduler` with two worker processes of two threads each.
+    """The address of a `dask scheduler` with two worker processes of two threads each
+    (one ``dask worker --nworkers 2 --nthreads 2``) and one of one thread that has the
+    resource ``FOO=1``.
 
     The workers run in a working directory of their own, not the driver's.
     """
@@ -40,13 +43,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with mock.patch.dict(os.environ, {"DASK_DASKPRI__TABLE__ORPHAN_TIMEOUT": ORPHAN_TIMEOUT}):
             address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
         procs.append(scheduler)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "2",
-             "--nthreads", "2", "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=directory,  # not the driver's
-        ))
+        for options in (["--nworkers", "2", "--nthreads", "2"],
+                        ["--nthreads", "1", "--resources", "FOO=1"]):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, *options,
+                 "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=directory,  # not the driver's
+            ))
         with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
+            client.wait_for_workers(3, timeout=60)
         yield address
     finally:
         _stop(procs[1:])  # the workers first, so that they do not wait for the scheduler
@@ -90,29 +95,6 @@ def terminating_cluster(tmp_path: Any) -> Iterator[str]:
         tmp_path, DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE="0.1",
         DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE="False",
     )
-
-
-@pytest.fixture
-def mixed_cluster(tmp_path: Any) -> Iterator[str]:
-    """A `dask scheduler` with a worker that has the resource ``FOO=1`` and one that has not."""
-    log = (tmp_path / "cluster.log").open("wb")
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        address, scheduler = start_scheduler(tmp_path, "--no-dashboard", output=log)
-        procs.append(scheduler)
-        for resources in (["--resources", "FOO=1"], []):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                 *resources, "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
-                stdout=log, stderr=subprocess.STDOUT,
-            ))
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
-        yield address
-    finally:
-        _stop(procs[1:])
-        _stop(procs[:1])
-        log.close()
 
 
 def _on_cluster(client: Client) -> dict[str, Any]:
@@ -237,8 +219,9 @@ def test_a_store_the_workers_cannot_see_is_refused_once_naming_them(
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
         with pytest.raises(FileNotFoundError, match=(
-            rf"data names '{path}', which 2 of the 2 workers cannot read \({workers[0]}: no "
-            rf"such file or directory; {workers[1]}: .*\); .*a shared file system.*in memory"
+            rf"data names '{path}', which 3 of the 3 workers cannot read \({workers[0]}: no "
+            rf"such file or directory; {workers[1]}: .*; {workers[2]}: .*\); "
+            r".*a shared file system.*in memory"
         )):
             trainer.fit(path, max_steps=3, progress=False)
         state = _on_cluster(client)
@@ -265,10 +248,10 @@ def test_workers_their_nanny_restarts_for_memory_as_the_replica_is_built_are_nam
 
 
 def test_resources_that_some_workers_lack_build_replicas_only_on_those_that_have_them(
-    mixed_cluster, small_data
+    cluster, small_data
 ):
     train, _ = small_data
-    with Client(mixed_cluster, timeout=60) as client:
+    with Client(cluster, timeout=60) as client:
         workers = client.scheduler_info(n_workers=-1)["workers"]
         [foo] = [a for a, w in workers.items() if w["resources"].get("FOO")]
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
