@@ -130,9 +130,10 @@ class Trainer(PersistMixin):
         Staleness model of the table: ``"keep"``, ``"exp-linear"``,
         ``"exp-quadratic"``.
     device : str, optional
-        Force the replicas' device (default: each worker's GPU, else CPU).
-        A CUDA device is checked as a fit starts, before the replicas are
-        set up: every worker of the run should have it.
+        Force the replicas' device (default: each worker's GPU, else CPU):
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"xpu"`` or
+        ``"xpu:N"``. An accelerator is checked as a fit starts, before the
+        replicas are set up: every worker of the run should have it.
     checkpoint_path, checkpoint_every : optional
         Write a checkpoint to ``checkpoint_path`` every ``checkpoint_every``
         steps and where each :meth:`fit` ends (its budget spent, its target
