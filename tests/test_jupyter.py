@@ -43,6 +43,22 @@ def new_trainer(model=None, **kw):
 """
 
 
+#: a fit of ``trainer`` that says when a worker process has been started: it imports
+#: its modules then, before the preload that makes it ignore an interrupt
+_SPAWNED = """
+start = multiprocessing.process.BaseProcess.start
+def say_started(process):
+    start(process)
+    if "Dask Worker" in process.name:
+        print("worker process started", flush=True)
+multiprocessing.process.BaseProcess.start = say_started
+try:
+    trainer.fit(train, max_steps=10**6)
+finally:
+    multiprocessing.process.BaseProcess.start = start
+"""
+
+
 @dataclass
 class Cell:
     """What running one cell gave: its status, error and outputs."""
@@ -176,21 +192,7 @@ def test_an_interrupt_as_the_trainer_starts_its_cluster_leaves_its_workers_runni
 ) -> None:
     """Jupyter's interrupt reaches a worker process that is still starting."""
     kernel.ok("trainer = new_trainer()")
-    # says when the worker process has been started: it imports its modules then,
-    # before the preload that makes it ignore an interrupt
-    spawned = """
-start = multiprocessing.process.BaseProcess.start
-def say_started(process):
-    start(process)
-    if "Dask Worker" in process.name:
-        print("worker process started", flush=True)
-multiprocessing.process.BaseProcess.start = say_started
-try:
-    trainer.fit(train, max_steps=10**6)
-finally:
-    multiprocessing.process.BaseProcess.start = start
-"""
-    cell = kernel.run(spawned, interrupt_on="worker process started")
+    cell = kernel.run(_SPAWNED, interrupt_on="worker process started")
     assert (cell.ename, cell.evalue) == (
         "KeyboardInterrupt",
         "the fit was interrupted and stopped at step_=0: its history is trainer.history_; "
@@ -310,3 +312,4 @@ def test_a_second_interrupt_in_an_evaluation_keeps_the_steps_record(kernel: Kern
     assert (cell.ename, cell.evalue) == ("KeyboardInterrupt", "")
     cell = kernel.ok("print(trainer.step_, trainer.history_.sizes['step'])\ntrainer.close()")
     assert cell.stdout.split() == ["2", "2"]
+

@@ -589,6 +589,8 @@ def _interrupts_held() -> Iterator[None]:
     was in place once the block is done, and the trainer's state says what
     it did: Python's handler raises ``KeyboardInterrupt`` then, a fit's
     ends the fit (:func:`~daskpri.training._fit.stop_on_interrupt`).
+    Interrupts that arrive while the main thread waits on the cluster are
+    one: Python runs the handler once for the signals since it last ran.
     """
     held: list[Any] = []
     main = threading.current_thread() is threading.main_thread()
