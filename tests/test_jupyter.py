@@ -234,37 +234,37 @@ def test_closing_a_trainer_leaves_the_cluster_of_another_as_quiet_as_it_was(
     """A LocalCluster puts back distributed's INFO logs as it closes, over another's."""
     kernel.ok(
         # distributed's handlers as a kernel has them before any cluster (the shared one
-        # silenced them): the first trainer's cluster finds them so
+        # silenced them): the trainer's cluster finds them so
         "import logging\n"
         "for handler in logging.getLogger('distributed').handlers:\n"
         "    handler.setLevel(logging.NOTSET)\n"
-        "first, second = new_trainer(), new_trainer()\n"
+        "first = new_trainer()\n"
         "first.fit(train, max_steps=1, progress=False)\n"
-        "second.fit(train, max_steps=1, progress=False)\n"
         "first.close()"
     )
-    # new data: the scheduler registers the second run's replicas, and logs it at INFO
-    cell = kernel.ok("second.fit(test, max_steps=3, progress=False)\nsecond.close()")
+    # the shared cluster's scheduler registers the new run's replicas, logging it at INFO
+    cell = kernel.ok("second = new_trainer(client=shared)\n"
+                     "second.fit(train, max_steps=1, progress=False)\nsecond.close()")
     assert " - INFO - " not in cell.stderr
 
 
 def test_a_fit_on_workers_that_the_stop_button_would_kill_warns_once(kernel: Kernel) -> None:
-    cluster = (
-        "from distributed import Client, LocalCluster\n"
+    cell = kernel.ok(
         "cluster = LocalCluster(n_workers=1, threads_per_worker=1, host='127.0.0.1', "
-        "dashboard_address=None{})\n"
+        "dashboard_address='127.0.0.1:0')\n"
         "client = Client(cluster)\n"
         "trainer = new_trainer(client=client)\n"
         "trainer.fit(train, max_steps=1, progress=False)\n"
+        "trainer.fit(train, max_steps=2, progress=False)\n"
+        "trainer.close(); client.close(); cluster.close()"
     )
-    close = "trainer.close(); client.close(); cluster.close()"
-    cell = kernel.ok(cluster.format("") + "trainer.fit(train, max_steps=2, progress=False)\n"
-                     + close)
     assert cell.stderr.count("DaskpriWarning") == 1
     assert ("1 worker(s) of the cluster (tcp://127.0.0.1:" in cell.stderr
             and "start the LocalCluster with preload=['daskpri.training.worker_signals'] to "
                 "keep them" in cell.stderr)
-    cell = kernel.ok(cluster.format(", preload=['daskpri.training.worker_signals']") + close)
+    # the shared cluster's workers have it preloaded
+    cell = kernel.ok("trainer = new_trainer(client=shared)\n"
+                     "trainer.fit(train, max_steps=1, progress=False)\ntrainer.close()")
     assert "DaskpriWarning" not in cell.stderr
 
 
