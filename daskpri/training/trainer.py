@@ -294,13 +294,14 @@ class Trainer(PersistMixin):
                             security=self.security,
                         )
                         self._client = Client(self._own_cluster)
-                    self._closed = False
-                    # a trainer dropped without close() (a notebook's cell that made it
-                    # run again) closes its cluster; at exit, _close_at_exit does
-                    self._dropped = weakref.finalize(
-                        self, close_dropped_cluster, self._client, self._own_cluster
-                    )
-                    self._dropped.atexit = False
+                        self._closed = False
+                        # a trainer dropped without close() (a notebook's cell that made
+                        # it run again) closes its cluster; at exit, _close_at_exit does.
+                        # Made before an interrupt held meanwhile is raised.
+                        self._dropped = weakref.finalize(
+                            self, close_dropped_cluster, self._client, self._own_cluster
+                        )
+                        self._dropped.atexit = False
         if self._client.status in ("closing", "closed"):
             raise RuntimeError(
                 f"the trainer's client is {self._client.status}: the run's cluster is out of "
