@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -332,3 +333,16 @@ def test_a_second_interrupt_in_an_evaluation_keeps_the_steps_record(kernel: Kern
     cell = kernel.ok("print(trainer.step_, trainer.history_.sizes['step'])\ntrainer.close()")
     assert cell.stdout.split() == ["2", "2"]
 
+
+
+def test_a_background_fits_warning_points_at_the_cell_that_started_it(kernel: Kernel) -> None:
+    cell = kernel.ok(
+        "trainer = new_trainer(client=shared, lr_schedule='cosine', schedule_steps=2)\n"
+        "future = trainer.fit_in_background(train, max_steps=3)\n"
+        "future.result()\n"
+        "trainer.close()"
+    )
+    [line, source, _] = cell.stderr.split("\n")
+    assert re.fullmatch(r".*/ipykernel_\d+/\d+\.py:2: DaskpriWarning: lr_schedule='cosine' "
+                        r"decays to 0 at step 2 .*", line)  # not the thread pool's line
+    assert source == "  future = trainer.fit_in_background(train, max_steps=3)"

@@ -41,6 +41,7 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 from torch import nn
 
+from daskpri._warnings import caller, warnings_from
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.training._cleanup import TRAINERS, close_cluster, close_dropped_cluster
@@ -531,9 +532,12 @@ class Trainer(PersistMixin):
             self._fitting.release()
             raise
 
+        origin = caller()  # the warnings of the fit's thread point at this call's line
+
         def run() -> xr.Dataset:
             try:
-                return self._fit_holding(request)
+                with warnings_from(origin):
+                    return self._fit_holding(request)
             finally:
                 self._fitting.release()
 
