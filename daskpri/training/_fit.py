@@ -15,19 +15,15 @@ frames).
 
 An interrupt (Jupyter's stop button, Ctrl-C) while a fit in the main thread
 starts its cluster, sets its run up or steps ends it after what is in flight
-(:func:`stop_on_interrupt`), as the CLI's Ctrl-C does.
+(:func:`~daskpri.training._interrupts.stop_on_interrupt`), as the CLI's
+Ctrl-C does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
-import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +32,7 @@ import xarray as xr
 from daskpri import _config
 from daskpri._warnings import warn
 from daskpri.training._checks import check_budget, open_data
-from daskpri.training.cluster import drop_abandoned_gathers
+from daskpri.training._interrupts import Interrupts, stop_on_interrupt, warn_workers_unshielded
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.recovery import check_config
 from daskpri.training.rounds import crossed
@@ -204,102 +200,6 @@ def _set_up_and_step(
     finally:
         bar.close()
     return trainer.history_
-
-
-@dataclass
-class Interrupts:
-    """The interrupts that :func:`stop_on_interrupt` took while its block ran."""
-
-    count: int = 0
-    #: whether the fit has set its run up and steps (what an interrupt waits for)
-    stepping: bool = False
-
-
-@contextlib.contextmanager
-def stop_on_interrupt(trainer: Trainer) -> Iterator[Interrupts]:
-    """Make the block's first interrupt end ``trainer``'s fit after what is in flight.
-
-    Python raises ``KeyboardInterrupt`` wherever the main thread is when
-    ``SIGINT`` arrives (Jupyter's stop button sends it): in the middle of a
-    step, whose optimizer step or history record it would leave half made;
-    in a LocalCluster's start, whose worker processes it would leave running
-    unowned; or in a finalizer or callback (distributed's garbage-collection
-    diagnostics, say), where it is printed and dropped while the fit runs
-    on. Inside this block the first interrupt asks :meth:`Trainer.stop`
-    instead and says so on stderr: the fit ends after the step, or the
-    start and set-up, in flight, as at the end of its budget (its history
-    and checkpoint whole), and the caller raises ``KeyboardInterrupt`` once
-    it has (``count`` tells). A second interrupt raises it at once, for a
-    step that does not end.
-
-    It takes ``SIGINT`` only where Python's own handler has it (a kernel
-    running a cell, a script) in the main thread: a handler of the caller's
-    (``daskpri train``'s) is left as it is.
-    """
-    taken = Interrupts()
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield taken
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        taken.count += 1
-        if taken.count == 1:
-            trainer.stop()
-            after = "the step in flight" if taken.stepping else "its set-up, before a step"
-            print(f"daskpri: stopping the fit after {after} (interrupt again to stop at once)",
-                  file=sys.stderr, flush=True)
-            return
-        drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield taken
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def warn_workers_unshielded(trainer: Trainer) -> None:
-    """Warn, in a Jupyter kernel, where its interrupt would kill the workers of the user's cluster.
-
-    Jupyter interrupts a kernel's whole process group: the workers of a
-    LocalCluster the notebook started are in it, and die of the stop button
-    (with the run's partitions, for good) unless they ignore ``SIGINT``, as
-    :mod:`~daskpri.training.worker_signals` preloaded makes them (and makes
-    those of the trainer's own LocalCluster). Asked once a trainer, best
-    effort: a cluster that does not answer is not warned of.
-    """
-    from daskpri.dashboard.notebook import in_jupyter
-
-    client = trainer._client
-    if (trainer._own_cluster is not None or client is None or trainer._interrupts_checked
-            or not hasattr(os, "getpgrp") or not in_jupyter()):
-        return
-    trainer._interrupts_checked = True
-    try:
-        exposed = client.run(killed_by_interrupts_of, os.getpgrp(), os.getpid(),
-                             callback_timeout=_config.get_seconds("trainer.scheduler-timeout"))
-    except Exception:
-        return
-    killed = sorted(address for address, yes in exposed.items() if yes)
-    if killed:
-        warn(
-            f"{len(killed)} worker(s) of the cluster ({', '.join(killed)}) are in this "
-            "kernel's process group and do not ignore its interrupt: the stop button kills "
-            "them, with the run's data on them, for good; start the LocalCluster with "
-            "preload=['daskpri.training.worker_signals'] to keep them"
-        )
-
-
-def killed_by_interrupts_of(group: int, driver: int) -> bool:
-    """Whether an interrupt of process group ``group`` kills this worker's process.
-
-    Run on a worker. One in the ``driver``'s own process (a LocalCluster of
-    threads) is only interrupted as the driver is.
-    """
-    return (os.getpid() != driver and os.getpgrp() == group
-            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
 
 
 def write_checkpoint(trainer: Trainer) -> None:

@@ -10,7 +10,8 @@ This module holds the :class:`Trainer`'s public face: its parameters, its
 cluster and the fit loop; the work behind them is in private modules:
 ``_settings`` checks and sets its arguments, ``_fit`` runs a fit's loop,
 ``_resume`` writes and reads checkpoints, ``_results`` builds ``history_``
-and ``table_``, ``_cleanup`` closes a trainer never closed, and its mixins
+and ``table_``, ``_cleanup`` closes a trainer never closed, ``_interrupts``
+says what an interrupt (Jupyter's, Ctrl-C) does meanwhile, and its mixins
 ``_run.RunMixin``, ``_step.StepMixin`` and ``_persist.PersistMixin`` hold
 the run in the cluster, each step, and the checkpoints and results
 (:meth:`~Trainer.save`, :meth:`~Trainer.resume`, ``history_``, ``table_``).
@@ -26,12 +27,10 @@ import concurrent.futures
 import contextlib
 import inspect
 import os
-import signal
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
-from multiprocessing import resource_tracker
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.training._cleanup import TRAINERS, close_cluster, close_dropped_cluster
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
+from daskpri.training._interrupts import interrupts_held
 from daskpri.training._persist import PersistMixin
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
@@ -289,7 +289,7 @@ class Trainer(PersistMixin):
             # may both start it: one cluster, not two
             with self._starting:
                 if self._client is None:
-                    with _interrupts_held():
+                    with interrupts_held():
                         self._own_cluster = local_cluster(
                             self.n_workers or 2, resources=self.resources,
                             security=self.security,
@@ -339,7 +339,7 @@ class Trainer(PersistMixin):
         if self._own_cluster is not None:
             # cut by an interrupt, the cluster's close would leave it closing for ever,
             # and the next close() waiting for it
-            with _interrupts_held():
+            with interrupts_held():
                 close_cluster(self._client, self._own_cluster)  # type: ignore[arg-type]
                 self._own_cluster = self._client = None
         self._closed = True
@@ -575,45 +575,3 @@ class Trainer(PersistMixin):
         from daskpri.dashboard.notebook import show
 
         return show(self.client, height=height)
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold ``SIGINT`` (an interrupt, Ctrl-C) off a LocalCluster's start or close until done.
-
-    Jupyter's interrupt and a terminal's Ctrl-C go to the whole process
-    group: a worker process still starting, before the preload of
-    :mod:`~daskpri.training.worker_signals` makes it ignore them, dies of
-    one ("Nanny failed to start", tracebacks in later cells), and an
-    interrupt raised in the middle of ``LocalCluster(...)`` leaves what had
-    started running, owned by no one; one raised in its ``close()`` leaves
-    it closing for ever. This thread blocks ``SIGINT`` while the block
-    runs, so that the threads and processes a starting cluster starts are
-    born with it blocked (a signal mask is inherited), and, in the main
-    thread, an interrupt meanwhile is held and handed to the handler that
-    was in place once the block is done, and the trainer's state says what
-    it did: Python's handler raises ``KeyboardInterrupt`` then, a fit's
-    ends the fit (:func:`~daskpri.training._fit.stop_on_interrupt`).
-    Interrupts that arrive while the main thread waits on the cluster are
-    one: Python runs the handler once for the signals since it last ran.
-    """
-    held: list[Any] = []
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
-    if main:
-        signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
-    blocking = hasattr(signal, "pthread_sigmask")  # not on Windows
-    if blocking:
-        # started now if not yet: starting it unblocks SIGINT in the thread that
-        # does (the cluster's event loop, by whose threads its workers start)
-        resource_tracker.ensure_running()
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        if blocking:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if main:  # (None: a handler not set from Python, which cannot be put back)
-            signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
-    if held and callable(previous):
-        previous(signal.SIGINT, held[0])
