@@ -481,6 +481,11 @@ def test_fit_on_new_data_rebuilds_the_table_on_the_same_cluster(small_data):
     try:
         trainer.fit(train, max_steps=2, progress=False)
         client = trainer.client
+        # the trainer's own client is not made the process's default: a user's later
+        # dask.compute() does not go to the training workers
+        from distributed.client import _get_global_client
+
+        assert _get_global_client() is not client
         smaller = train.isel(sample=slice(0, 500))
         trainer.fit(smaller, max_steps=4, progress=False)
         assert trainer.client is client and client.status == "running"

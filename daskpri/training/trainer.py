@@ -294,7 +294,7 @@ class Trainer(PersistMixin):
                             self.n_workers or 2, resources=self.resources,
                             security=self.security,
                         )
-                        self._client = Client(self._own_cluster)
+                        self._client = Client(self._own_cluster, set_as_default=False)
                         self._closed = False
                         # a trainer dropped without close() (a notebook's cell that made
                         # it run again) closes its cluster; at exit, _close_at_exit does.
