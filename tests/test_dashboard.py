@@ -689,7 +689,7 @@ def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh
 
     with (
         LocalCluster(n_workers=0, processes=False, host="127.0.0.1",
-                     dashboard_address=None, protocol="tcp") as cluster,
+                     dashboard_address="127.0.0.1:0", protocol="tcp") as cluster,
         Client(cluster) as client,
     ):
         with pytest.raises(NoPlugin, match="the scheduler has no daskpri table yet"):

@@ -814,7 +814,7 @@ def test_the_table_of_a_scheduler_in_this_process_is_called_without_a_comm_shari
     with Client(gpu_client.scheduler.address) as client:
         assert _in_process(client) is None
     # and a closed one too, where calls then fail as for a scheduler lost
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster, \
             Client(cluster) as client:
         RemoteTable.ensure_plugin(client)
         assert _in_process(client) is cluster.scheduler

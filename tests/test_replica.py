@@ -92,7 +92,7 @@ def test_strategies_of_per_sample_gradients_train_a_model_with_dropout(strategy)
     model = _dropout_mlp(0.5, n_in=int(train["x"].shape[1]), n_out=train.attrs["n_classes"])
     with (
         LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
         ) as cluster,
         Client(cluster, set_as_default=False) as client,
         daskpri.Trainer(model, strategy=strategy, client=client, batch_size=16, seed=0) as t,

@@ -454,7 +454,7 @@ def test_step_metrics_reach_the_scheduler(gpu_client, small_data):
 def test_trainer_uses_its_own_client_not_the_default(small_data):
     train, test = small_data
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster:
+                      dashboard_address="127.0.0.1:0") as cluster:
         client = Client(cluster, set_as_default=False)
         try:
             trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
@@ -851,7 +851,7 @@ def test_numbers_of_numpy_types_are_taken_and_other_bad_budgets_refused_early(sm
         with pytest.raises(ValueError, match=r"target_accuracy should be a number in \(0, 1\]"):
             trainer.fit(train, eval_data=test, max_steps=3, target_accuracy=bad)
     assert trainer._client is None
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster:
         client = _Client(cluster)
         client.close()
         with pytest.raises(ValueError, match="client is closed: give a running"):
@@ -992,7 +992,7 @@ def test_workers_of_a_cluster_preloading_worker_signals_outlive_an_interrupt():
     """As the README and notebooks start theirs: Jupyter's interrupt reaches the workers."""
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
-                     dashboard_address=None, preload=["daskpri.training.worker_signals"])
+                     dashboard_address="127.0.0.1:0", preload=["daskpri.training.worker_signals"])
         as cluster,
         Client(cluster) as client,
     ):
@@ -1062,7 +1062,7 @@ def test_a_trainer_dropped_without_close_leaves_nothing_in_the_cluster(gpu_clien
 def test_a_closed_client_stops_fit_and_table_with_a_message_saying_so(small_data):
     train, _ = small_data
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster:
+                      dashboard_address="127.0.0.1:0") as cluster:
         client = Client(cluster)
         trainer = daskpri.Trainer(build_model("mlp", train), client=client)
         trainer.fit(train, max_steps=1, progress=False)
