@@ -27,13 +27,37 @@ from daskpri.models import build_model
 ORPHAN_TIMEOUT = "1s"
 
 
+#: a model's module that the cluster's workers can import, and a worker started elsewhere cannot
+MODEL_MODULE = """
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self, n_features, n_classes):
+        super().__init__()
+        self.layer = torch.nn.Linear(n_features, n_classes)
+
+    def forward(self, x):
+        return self.layer(x.flatten(1))
+"""
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A directory on the workers' ``PYTHONPATH`` holding the module ``realclustermodel``."""
+    directory = tmp_path_factory.mktemp("models")
+    (directory / "realclustermodel.py").write_text(MODEL_MODULE)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, models_dir: Any) -> Iterator[str]:
     """The address of a `dask scheduler` with two worker processes of two threads each
     (one ``dask worker --nworkers 2 --nthreads 2``) and one of one thread that has the
     resource ``FOO=1``.
 
-    The workers run in a working directory of their own, not the driver's.
+    The workers run in a working directory of their own, not the driver's,
+    and can import the module of :data:`MODEL_MODULE`.
     """
     directory = tmp_path_factory.mktemp("real-cluster")
     log = (directory / "cluster.log").open("wb")
@@ -43,12 +67,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with mock.patch.dict(os.environ, {"DASK_DASKPRI__TABLE__ORPHAN_TIMEOUT": ORPHAN_TIMEOUT}):
             address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
         procs.append(scheduler)
+        path = os.pathsep.join(filter(None, [str(models_dir), os.environ.get("PYTHONPATH")]))
         for options in (["--nworkers", "2", "--nthreads", "2"],
                         ["--nthreads", "1", "--resources", "FOO=1"]):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "distributed.cli.dask_worker", address, *options,
                  "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
                 stdout=log, stderr=subprocess.STDOUT, cwd=directory,  # not the driver's
+                env=dict(os.environ, PYTHONPATH=path),
             ))
         with Client(address, timeout=60) as client:
             client.wait_for_workers(3, timeout=60)
@@ -266,3 +292,34 @@ def test_resources_that_some_workers_lack_build_replicas_only_on_those_that_have
         # the other never trains the run: no model there (memory, a device it may lack)
         assert client.run(replica) == {a: a == foo for a in workers}
         trainer.close()
+
+
+def test_a_worker_that_joins_unable_to_build_the_model_is_left_out_of_the_run(
+    cluster, models_dir, small_data, tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(models_dir))
+    import realclustermodel
+
+    train, _ = small_data
+    model = realclustermodel.Net(int(train["x"].shape[1]), int(train["y"].max()) + 1)
+    joiner = None
+    with Client(cluster, timeout=60) as client:
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, partition_size=100)
+        trainer.fit(train, max_steps=3, progress=False)
+        before = set(client.scheduler_info(n_workers=-1)["workers"])
+        # a worker of another environment: the model's module is not on its path
+        joiner = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", cluster, "--nthreads", "1",
+             "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        )
+        try:
+            client.wait_for_workers(len(before) + 1, timeout=60)
+            [new] = set(client.scheduler_info(n_workers=-1)["workers"]) - before
+            # the next fit looks at the cluster before its first round: the worker joined
+            history = trainer.fit(train, max_steps=8, progress=False)
+            assert history.sizes["step"] == 8 and new not in trainer._deployment.slots
+            assert "No module named 'realclustermodel'" in trainer._deployment.unfit[new]
+            trainer.close()
+        finally:
+            _stop([joiner])

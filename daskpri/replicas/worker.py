@@ -110,7 +110,10 @@ class ReplicaPlugin(WorkerPlugin):
     Attributes
     ----------
     serves : bool
-        Whether this worker has the run's resources, and so a replica.
+        Whether this worker holds a replica: it has the run's resources, and
+        the replica was built.
+    unfit : str
+        Why it holds none, where it does not.
     """
 
     idempotent = False
@@ -129,23 +132,24 @@ class ReplicaPlugin(WorkerPlugin):
         self.device = device
         self.resources = resources
         self.serves = True
+        #: why this worker holds no replica, where it does not serve the run
+        self.unfit = ""
 
     def setup(self, worker: Any) -> None:
         have = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
         self.serves = all(have.get(k, 0) >= v for k, v in (self.resources or {}).items())
         self.address = worker.address
         if not self.serves:
+            self.unfit = f"it lacks the run's resources {self.resources!r}"
             return
         try:
-            module = pickle.loads(self.module)
-        except ImportError as e:  # a module of the model's that the driver checks missed
-            raise ModuleNotFoundError(
-                f"worker {worker.address} could not rebuild the model: {e}; install the "
-                "module where the workers run, send it with client.upload_file(path), or "
-                "have it sent with the model (cloudpickle.register_pickle_by_value)",
-                name=e.name,
-            ) from e
-        self.replica = Replica(module, worker_device(worker, self.device))
+            self.replica = self._build(worker)
+        except Exception as e:
+            # a worker that joins later from another environment (the model's module
+            # missing, a forced device it lacks) must not take partitions: the driver
+            # leaves it out (its failure is in its log, and the driver's warning)
+            self.serves, self.unfit = False, f"{type(e).__name__}: {e}"
+            raise
         self.partitions: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # All loaded partitions in one pair of tensors (``partitions`` holds
         # views into them), so that a batch spanning many partitions is one
@@ -165,6 +169,18 @@ class ReplicaPlugin(WorkerPlugin):
         # The direct transport: steps arrive as RPCs from the driver, past the
         # scheduler's task machinery (one handler serves every run).
         worker.handlers["daskpri_train"] = _train_handler(worker)
+
+    def _build(self, worker: Any) -> Replica:
+        try:
+            module = pickle.loads(self.module)
+        except ImportError as e:  # a module of the model's that the driver checks missed
+            raise ModuleNotFoundError(
+                f"worker {worker.address} could not rebuild the model: {e}; install the "
+                "module where the workers run, send it with client.upload_file(path), or "
+                "have it sent with the model (cloudpickle.register_pickle_by_value)",
+                name=e.name,
+            ) from e
+        return Replica(module, worker_device(worker, self.device))
 
     def teardown(self, worker: Any) -> None:
         # a setup that failed (a device the worker lacks) may not have made them
@@ -286,10 +302,20 @@ def _plugin(name: str, worker: Worker | None = None) -> ReplicaPlugin:
         ) from None
     if not plugin.serves:
         raise RuntimeError(
-            f"worker {worker.address} has no daskpri replica {name!r}: it lacks the run's "
-            f"resources {plugin.resources!r}"
+            f"worker {worker.address} has no daskpri replica {name!r}: {plugin.unfit}"
         )
     return plugin
+
+
+def why_no_replica(name: str, dask_worker: Worker) -> str | None:
+    """On a worker (``client.run``): why it holds no replica of run plugin ``name``
+    (``None``: it holds one)."""
+    plugin = dask_worker.plugins.get(name)
+    if plugin is None:
+        return "it has no replica of the run (it joined as the run was set up or closed)"
+    if not getattr(plugin, "serves", False):
+        return str(getattr(plugin, "unfit", "")) or "its replica was not built"
+    return None
 
 
 def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:

@@ -9,6 +9,7 @@ losing workers: their partitions move to the workers left.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from daskpri.replicas.worker import (
     load_task,
     train_task,
     warmup_task,
+    why_no_replica,
 )
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
@@ -48,6 +50,8 @@ from daskpri.training.recovery import (
     step_timeout,
 )
 from daskpri.training.transport import run_direct, wait_tasks
+
+logger = logging.getLogger(__name__)
 
 
 class Deployment:
@@ -78,6 +82,10 @@ class Deployment:
     ----------
     parts : dict
         Each placed partition's scattered future or store reference.
+    unfit : dict
+        Workers of the cluster that hold no replica of the run (one that
+        joined from an environment that cannot build it), by address: why.
+        They take no partitions.
     """
 
     def __init__(
@@ -102,6 +110,7 @@ class Deployment:
         self.source = source
         self.ds = ds
         self.parts: dict[int, StoreRef | Future] = {}
+        self.unfit: dict[str, str] = {}
 
     def release(self) -> None:
         """Drop the partitions, the scheduler releasing those scattered before it returns.
@@ -341,7 +350,8 @@ class Deployment:
             live = eligible_workers(workers, resources, self.client.scheduler.address)
         except (RuntimeError, ValueError):
             return gone, []
-        new = [a for a in live if a not in self.slots and a not in excluded]
+        new = [a for a in live if a not in self.slots and a not in excluded
+               and a not in self.unfit]
         if limit is not None:
             new = new[: max(0, limit - len(self.slots))]
         return gone, new
@@ -354,7 +364,7 @@ class Deployment:
         does not answer is left out; one lost meanwhile raises as in a step
         (the caller recovers).
         """
-        new = responsive(self.client, new)
+        new = self.serving(responsive(self.client, new))
         if not new:
             return []
         old = self.owner_addr
@@ -370,6 +380,31 @@ class Deployment:
         slot_of = {a: i for i, a in enumerate(self.slots)}
         self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64))
         return [a for a in new if a in slot_of]
+
+    def serving(self, addresses: list[str]) -> list[str]:
+        """Those of ``addresses`` that hold a replica of the run; the others go to ``unfit``.
+
+        A worker that joined the cluster from an environment that cannot
+        build the model (its module missing, a device forced that it lacks)
+        has the run's plugin but no replica: partitions placed there would
+        fail the run. Each is logged once, with why. A worker that does not
+        answer is kept (the caller finds it lost).
+        """
+        if not addresses:
+            return []
+        try:
+            found = self.client.run(why_no_replica, self.plugin, workers=addresses,
+                                   on_error="return")
+        except Exception:
+            return addresses
+        for addr, why in found.items():
+            if isinstance(why, str) and addr not in self.unfit:
+                self.unfit[addr] = why
+                logger.warning(
+                    "worker %s holds no replica of run %s (%s): it takes no partitions",
+                    addr, self.run_id, why,
+                )
+        return [a for a in addresses if a not in self.unfit]
 
     # -- lost workers ----------------------------------------------------------------
 
@@ -412,10 +447,10 @@ class Deployment:
             workers = cluster_workers(client)
             try:
                 live = eligible_workers(workers, resources, client.scheduler.address)
-                live = [a for a in live if a not in excluded]
+                live = [a for a in live if a not in excluded and a not in self.unfit]
                 # The scheduler may still list a worker that just died; data
                 # scattered to it would wait for the connect timeout.
-                live = responsive(client, live)
+                live = self.serving(responsive(client, live))
                 if not live:
                     raise RuntimeError("no suitable worker answers")
                 break
