@@ -147,7 +147,9 @@ def test_a_run_whose_client_left_without_closing_it_is_dropped_from_the_cluster(
 ):
     train, _ = small_data
     left = Client(cluster, timeout=60)
-    stays = Client(cluster, timeout=60)
+    # not the default: closed after left, a default client would put back the dask
+    # config it found (left's "dask.distributed" scheduler) with no client behind it
+    stays = Client(cluster, timeout=60, set_as_default=False)
     try:
         gone = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=left)
         kept = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=stays)
