@@ -224,8 +224,9 @@ def partition_bounds(ds: xr.Dataset, partition_size: int | None, n_workers: int)
     chunk, or, where its chunks hold fewer than ``SMALL_CHUNK`` samples on
     average (a store written a sample or a few at a time), runs of whole
     chunks, cut at the chunk boundaries nearest the pieces' (a partition
-    a chunk of one sample made thousands of tasks: 20 steps of 2,400 such
-    partitions took 33 s on 2 cores, 13 s grouped). Fewer chunks
+    a chunk of one sample made thousands of tasks: a fit of 20 steps from
+    2,400 such chunks took 22.7 s on 2 cores, 9.4 s grouped;
+    ``benchmarks/small_chunks.py``). Fewer chunks
     than workers (a netCDF file's contiguous variables open as one) would
     leave workers without data: such data is cut as if unchunked. A given
     ``partition_size`` cuts pieces of that size.
