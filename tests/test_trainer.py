@@ -1158,3 +1158,19 @@ def test_a_model_that_cannot_run_on_the_data_says_what_it_was_given_and_what_fai
     )):
         trainer.fit(train, max_steps=1, progress=False)
     trainer.close()
+
+
+def test_a_fit_after_close_says_it_starts_a_new_run_from_the_weights(gpu_client, small_data):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
+                              batch_size=16)
+    try:
+        trainer.fit(train, max_steps=2, progress=False)
+        trainer.close()
+        with pytest.warns(daskpri.DaskpriWarning, match=re.escape(
+                "this trainer was closed at step 2: this fit sets up a new run from the model's "
+                "weights, its optimizer state and priorities afresh")):
+            history = trainer.fit(train, max_steps=4, progress=False)
+        assert history.sizes["step"] == 4 and trainer.step_ == 4
+    finally:
+        trainer.close()

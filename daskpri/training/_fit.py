@@ -138,8 +138,16 @@ def _set_up_and_step(
     trainer._prefetch_rounds = _config.get_bool("trainer.prefetch")
     trainer._keep_state = _config.get_bool("trainer.keep-state")
     check_config()
+    reopened = trainer._closed and trainer.step_ > 0
     trainer._prepare(ds, request.source, key, n_classes)
     trainer._closed = False
+    if reopened:
+        warn(
+            f"this trainer was closed at step {trainer.step_}: this fit sets up a new run from "
+            "the model's weights, its optimizer state and priorities afresh (step_ and the "
+            "history go on counting); to go on exactly, save() before close() and "
+            "Trainer.resume(path)"
+        )
     trainer._setup_time += time.perf_counter() - t_setup
     interrupts.stepping = True
 

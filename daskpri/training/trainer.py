@@ -316,7 +316,10 @@ class Trainer(PersistMixin):
 
         A fit running in the background (:meth:`fit_in_background`) is
         stopped first, after its step in flight, and waited for: its future
-        keeps the history so far.
+        keeps the history so far. A later :meth:`fit` sets up a new run from
+        the model's weights, its optimizer state and priorities afresh, and
+        warns so (:meth:`save` before closing, then :meth:`resume`, goes on
+        exactly).
 
         Examples
         --------
