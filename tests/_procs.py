@@ -60,3 +60,50 @@ def _stop(procs: list[subprocess.Popen[Any]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+@contextlib.contextmanager
+def dask_cluster(
+    directory: Path,
+    workers: list[list[str]],
+    *,
+    expect: int | None = None,
+    scheduler_args: tuple[str, ...] = ("--no-dashboard",),
+    scheduler_env: dict[str, str] | None = None,
+    worker_env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[str]:
+    """A ``dask scheduler`` and a ``dask worker`` process for each option list of ``workers``.
+
+    Each worker binds to loopback, its dashboard to a free port; their output
+    goes to ``directory/cluster.log``. The block runs once ``expect`` workers
+    (one a list where not given) have joined, and gets the scheduler's
+    address; the workers are stopped first after it, so that they do not
+    wait for the scheduler.
+    """
+    import os
+    from unittest import mock
+
+    from distributed import Client
+
+    log = (directory / "cluster.log").open("wb")
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        # read in the scheduler's process, which inherits this environment
+        with mock.patch.dict(os.environ, scheduler_env or {}):
+            address, scheduler = start_scheduler(directory, *scheduler_args, output=log)
+        procs.append(scheduler)
+        for options in workers:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, *options,
+                 "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                env=dict(os.environ, **(worker_env or {})),
+            ))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(len(workers) if expect is None else expect, timeout=60)
+        yield address
+    finally:
+        _stop(procs[1:])
+        _stop(procs[:1])
+        log.close()

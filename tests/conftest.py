@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
-from typing import Any
 
 import dask
 import pytest
-from _procs import _stop, start_scheduler
+from _procs import dask_cluster
 from distributed import Client, LocalCluster
 from distributed.utils import get_mp_context
 
@@ -71,22 +68,6 @@ def gpu_client():
 def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The address of a scheduler with two one-thread workers that have ``GPU=1``."""
     directory = tmp_path_factory.mktemp("cluster")
-    log = (directory / "cluster.log").open("wb")
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
-        procs.append(scheduler)
-        for _ in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                 "--resources", "GPU=1", "--host", "127.0.0.1", "--no-dashboard",
-                 "--dashboard-address", "127.0.0.1:0"],
-                stdout=log, stderr=subprocess.STDOUT,
-            ))
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
+    worker = ["--nthreads", "1", "--resources", "GPU=1", "--no-dashboard"]
+    with dask_cluster(directory, [worker, worker]) as address:
         yield address
-    finally:
-        _stop(procs[1:])  # the workers first, so that they do not wait for the scheduler
-        _stop(procs[:1])
-        log.close()

@@ -14,10 +14,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
-from unittest import mock
 
 import pytest
-from _procs import _stop, start_scheduler
+from _procs import _stop, dask_cluster
 from distributed import Client
 
 import daskpri
@@ -60,51 +59,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, models_dir: Any) -> Iterat
     and can import the module of :data:`MODEL_MODULE`.
     """
     directory = tmp_path_factory.mktemp("real-cluster")
-    log = (directory / "cluster.log").open("wb")
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        # read in the scheduler's process, which inherits this environment
-        with mock.patch.dict(os.environ, {"DASK_DASKPRI__TABLE__ORPHAN_TIMEOUT": ORPHAN_TIMEOUT}):
-            address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
-        procs.append(scheduler)
-        path = os.pathsep.join(filter(None, [str(models_dir), os.environ.get("PYTHONPATH")]))
-        for options in (["--nworkers", "2", "--nthreads", "2"],
-                        ["--nthreads", "1", "--resources", "FOO=1"]):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", address, *options,
-                 "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=directory,  # not the driver's
-                env=dict(os.environ, PYTHONPATH=path),
-            ))
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(3, timeout=60)
+    path = os.pathsep.join(filter(None, [str(models_dir), os.environ.get("PYTHONPATH")]))
+    with dask_cluster(
+        directory,
+        [["--nworkers", "2", "--nthreads", "2"], ["--nthreads", "1", "--resources", "FOO=1"]],
+        expect=3,
+        scheduler_env={"DASK_DASKPRI__TABLE__ORPHAN_TIMEOUT": ORPHAN_TIMEOUT},
+        worker_env={"PYTHONPATH": path},
+        cwd=directory,  # not the driver's
+    ) as address:
         yield address
-    finally:
-        _stop(procs[1:])  # the workers first, so that they do not wait for the scheduler
-        _stop(procs[:1])
-        log.close()
 
 
 def _small_memory_cluster(directory: Any, **config: str) -> Iterator[str]:
     """A `dask scheduler` and one worker of a 2 GB ``--memory-limit``, under Dask's
     ``config`` (environment variables)."""
-    log = (directory / "cluster.log").open("wb")
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        address, scheduler = start_scheduler(directory, "--no-dashboard", output=log)
-        procs.append(scheduler)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-             "--memory-limit", "2GB", "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
-            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **config),
-        ))
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(1, timeout=60)
+    with dask_cluster(directory, [["--nthreads", "1", "--memory-limit", "2GB"]],
+                      worker_env=config) as address:
         yield address
-    finally:
-        _stop(procs[1:])
-        _stop(procs[:1])
-        log.close()
 
 
 @pytest.fixture
