@@ -761,7 +761,9 @@ def test_train_on_scheduler_uses_its_gpu_workers(gpu_cluster: str, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     summary = SUMMARY.search(result.stdout)
     assert summary and summary["strategy"] == "selective-backprop"  # the default
-    assert re.search(r"^dashboard: ", result.stdout, re.M)
+    # started with --no-dashboard: its HTTP server lists a dashboard port, with no page there
+    assert (f"dashboard: none (the scheduler serves no dashboard; watch the run with "
+            f"`daskpri dashboard --scheduler {gpu_cluster}`)\n") in result.stdout
     with _open(path) as ds:
         assert ds.attrs["n_workers"] == 2
         assert ds.attrs["resources"] == "{'GPU': 1.0}"
@@ -779,6 +781,22 @@ def test_resource_no_worker_has_fails_fast(gpu_cluster: str) -> None:
     assert result.stderr.startswith("daskpri: error: resources={'TPU': 1.0} were asked for")
     assert f"`dask worker {gpu_cluster} --resources TPU=1`" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_scheduler_without_a_dashboard_gets_no_dead_link(gpu_cluster: str) -> None:
+    from distributed import Client
+
+    from daskpri.dashboard.notebook import dashboard_url
+
+    with Client(gpu_cluster, timeout=60) as client:
+        # dask scheduler --no-dashboard: a "dashboard" service (health, metrics) all the same
+        assert client.dashboard_link.endswith("/status")
+        with pytest.raises(RuntimeError, match=(
+            r"the scheduler serves no Bokeh dashboard, so there is no /daskpri page: .* or "
+            rf"serve the page from this machine with `daskpri dashboard --scheduler "
+            rf"{re.escape(gpu_cluster)}`"
+        )):
+            dashboard_url(client)
 
 
 def test_dashboard_command_serves_the_page_on_loopback(gpu_cluster: str, tmp_path: Path) -> None:

@@ -302,6 +302,21 @@ def test_show_outside_jupyter_prints_and_returns_the_page(capsys: pytest.Capture
         assert show(client) == url  # the plugin is registered once
 
 
+def test_the_cli_links_the_dashboard_and_the_page_once_it_is_served() -> None:
+    from daskpri.cli._summary import _dashboard
+    from daskpri.table.plugin import RemoteTable
+
+    with (
+        LocalCluster(n_workers=0, processes=False, protocol="tcp://", host="127.0.0.1",
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        base = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
+        assert _dashboard(client) == f"{base}/status"  # the page comes with daskpri's plugin
+        RemoteTable.ensure_plugin(client)
+        assert _dashboard(client) == f"{base}/status (daskpri's page: {base}/daskpri)"
+
+
 def test_show_refuses_bad_arguments() -> None:
     with pytest.raises(TypeError, match="client should be a distributed.Client"):
         show("tcp://127.0.0.1:8786")  # type: ignore[arg-type]

@@ -8,13 +8,36 @@ import numpy as np
 import xarray as xr
 from distributed import Client
 
+from daskpri.dashboard.notebook import _link, bokeh_pages, page_url
+
 
 def _dashboard(client: Client) -> str:
+    """Where to watch the run on ``client``'s scheduler, after ``dashboard: ``.
+
+    The dashboard's link where the scheduler serves Bokeh's pages (and the
+    ``/daskpri`` page's, where it is registered already); else how to serve
+    the page from this machine. A scheduler started with ``--no-dashboard``
+    still has an HTTP server (``/health``, ``/metrics``), so
+    ``client.dashboard_link`` names a page it does not serve: it is asked.
+    """
+    address = client.scheduler.address
+    # the dashboard command takes the --tls-* options that reach a TLS scheduler
+    none = _NONE.format(address=address, tls=" --tls-..." if address.startswith("tls://") else "")
+    link = _link(client)
     try:
-        link = client.dashboard_link
-    except KeyError:  # a scheduler without an HTTP server reports no dashboard port
-        link = None
-    return link or "none (the scheduler runs without one)"
+        pages = bokeh_pages(client)
+    except Exception:  # one that refuses client.run_on_scheduler: its link, unchecked
+        return link or none
+    if link is None or pages is None:
+        return none
+    if "/daskpri" in pages:
+        return f"{link} (daskpri's page: {page_url(link)})"
+    return link
+
+
+#: what ``dashboard: `` says of a scheduler that serves no Bokeh pages
+_NONE = ("none (the scheduler serves no dashboard; watch the run with "
+         "`daskpri dashboard --scheduler {address}{tls}`)")
 
 
 def _summary(history: xr.Dataset) -> str:

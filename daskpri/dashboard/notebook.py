@@ -20,10 +20,12 @@ from typing import Any
 
 from distributed import Client
 
-__all__ = ["dashboard_url", "in_jupyter", "show"]
+__all__ = ["bokeh_pages", "dashboard_url", "in_jupyter", "page_url", "show"]
 
 #: The path of distributed's own status page, which the dashboard link names.
 _STATUS = "/status"
+#: The page's path (:data:`daskpri.dashboard.page.ROUTE`, which imports Bokeh's models)
+_ROUTE = "/daskpri"
 
 
 def dashboard_url(client: Client) -> str:
@@ -48,7 +50,10 @@ def dashboard_url(client: Client) -> str:
     TypeError
         If ``client`` is not a ``distributed.Client``.
     RuntimeError
-        If the scheduler serves no dashboard.
+        If the scheduler serves no Bokeh dashboard (``dask scheduler
+        --no-dashboard``, or no Bokeh where it runs): its HTTP server then
+        answers ``/health`` and ``/metrics`` on the dashboard's port, and
+        ``client.dashboard_link`` names a page that is not there.
 
     Examples
     --------
@@ -57,20 +62,71 @@ def dashboard_url(client: Client) -> str:
     """
     if not isinstance(client, Client):
         raise TypeError(f"client should be a distributed.Client, but got {type(client).__name__}")
-    try:
-        link = client.dashboard_link
-    except KeyError:  # a scheduler started without a dashboard has no such service
-        link = None
-    if not link:
+    link = _link(client)
+    if link is None or bokeh_pages(client) is None:
         raise RuntimeError(
-            "the scheduler serves no dashboard, so there is no /daskpri page: start it with "
-            "one (dask scheduler without --no-dashboard, or LocalCluster(dashboard_address="
-            "'127.0.0.1:0'))"
+            "the scheduler serves no Bokeh dashboard, so there is no /daskpri page: start it "
+            "with one (dask scheduler without --no-dashboard, or LocalCluster(dashboard_address="
+            "'127.0.0.1:0')) and with bokeh installed in its environment, or serve the page "
+            f"from this machine with `daskpri dashboard --scheduler {client.scheduler.address}`"
         )
+    return page_url(link)
+
+
+def page_url(link: str) -> str:
+    """The ``/daskpri`` page beside the dashboard page ``link`` names.
+
+    Examples
+    --------
+    >>> page_url("http://127.0.0.1:8787/status")
+    'http://127.0.0.1:8787/daskpri'
+    >>> page_url("https://hub.example.org/user/me/proxy/8787/status/")
+    'https://hub.example.org/user/me/proxy/8787/daskpri'
+    """
     base = str(link).rstrip("/")
     if base.endswith(_STATUS):
         base = base[: -len(_STATUS)]
-    return f"{base}/daskpri"
+    return f"{base}{_ROUTE}"
+
+
+def bokeh_pages(client: Client) -> list[str] | None:
+    """The paths of the Bokeh pages ``client``'s scheduler serves now (``None``: it serves none).
+
+    The scheduler answers this, not its ``services``: one started with
+    ``--no-dashboard`` still lists a ``dashboard`` service, its HTTP server
+    of ``/health`` and ``/metrics``. ``/daskpri`` is among the paths once
+    daskpri's table plugin is registered there (a trainer's first fit, or
+    ``--preload daskpri.table.plugin``).
+
+    Examples
+    --------
+    >>> "/status" in bokeh_pages(client)  # doctest: +SKIP
+    True
+    """
+
+    # Nested, so cloudpickle sends it by value: a scheduler without daskpri
+    # installed answers it too (its own error comes when a run starts).
+    def pages(dask_scheduler: Any) -> list[str] | None:
+        try:
+            from bokeh.server.server import BokehTornado
+        except ImportError:  # then distributed serves no Bokeh page either
+            return None
+        http_app = getattr(dask_scheduler, "http_application", None)
+        found = [path for app in getattr(http_app, "applications", ())
+                 if isinstance(app, BokehTornado) for path in app.app_paths]
+        return sorted(found) or None
+
+    result: list[str] | None = client.run_on_scheduler(pages)
+    return result
+
+
+def _link(client: Client) -> str | None:
+    """``client.dashboard_link``, or ``None`` where the scheduler has no HTTP server."""
+    try:
+        link = client.dashboard_link
+    except KeyError:  # a scheduler without an HTTP server lists no dashboard service
+        return None
+    return str(link) if link else None
 
 
 def in_jupyter() -> bool:
@@ -136,7 +192,7 @@ def show(client: Client, *, height: int = 900) -> Any:
     """
     if isinstance(height, bool) or not isinstance(height, int) or height < 1:
         raise ValueError(f"height should be a positive integer, but got height={height!r}")
-    url = dashboard_url(client)
+    url = dashboard_url(client)  # refuses a scheduler without Bokeh's pages
     from daskpri.table.plugin import RemoteTable
 
     RemoteTable.ensure_plugin(client)
