@@ -17,7 +17,21 @@ from daskpri.models import build_model
 from daskpri.strategies import STRATEGIES, get_strategy
 
 CUDA = torch.cuda.is_available()
+GPUS = torch.cuda.device_count() if CUDA else 0
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+
+def _spread(n_workers: int) -> list[str]:
+    """The devices of ``n_workers`` GPU-tagged worker processes of this host, sorted.
+
+    The processes take one GPU each, round the host's GPUs (one: all share
+    it); without CUDA, each trains on its CPU.
+    """
+    return sorted(f"cuda:{i % GPUS}" if CUDA else "cpu" for i in range(n_workers))
+
+
+def _all(devices: dict[str, list[str]]) -> list[str]:
+    return sorted(d for found in devices.values() for d in found)
 
 
 def _replica_devices(dask_worker) -> list[str]:
@@ -55,9 +69,8 @@ def test_gpu_tagged_workers_train_on_their_gpu_or_else_on_the_cpu(gpu_client, sm
                                                                  tmp_path):
     path = tmp_path / "run.ckpt"
     history, devices = _fit(gpu_client, small_data, "selective-backprop", path)
-    expected = "cuda:0" if CUDA else "cpu"
     assert len(devices) == 2
-    assert all(found == [expected] for found in devices.values()), devices
+    assert _all(devices) == _spread(2), devices
     assert np.isfinite(history["loss"]).all()
     assert float(history["accuracy"].dropna("step")[-1]) > 0.3
     # the checkpoint holds CPU tensors: it loads weights-only on a machine with no GPU
@@ -71,7 +84,7 @@ def test_gpu_tagged_workers_train_on_their_gpu_or_else_on_the_cpu(gpu_client, sm
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_every_strategy_trains_on_the_gpu(gpu_client, small_data, strategy, model):
     history, devices = _fit(gpu_client, small_data, strategy, model=model, steps=16)
-    assert all(found == ["cuda:0"] for found in devices.values()), devices
+    assert _all(devices) == _spread(2), devices
     assert np.isfinite(history["loss"]).all()
     assert int(history["grad_samples"][-1]) > 0
     assert float(history["accuracy"].dropna("step")[-1]) > 0.25
@@ -81,7 +94,7 @@ def test_every_strategy_trains_on_the_gpu(gpu_client, small_data, strategy, mode
 def test_a_forced_cuda_device_and_a_bfloat16_score_run_on_the_gpu(gpu_client, small_data):
     history, devices = _fit(gpu_client, small_data, "upper-bound", tau_threshold=1.0,
                             smoothing=0.0, score_dtype="bfloat16")
-    assert all(found == ["cuda:0"] for found in devices.values()), devices
+    assert _all(devices) == _spread(2), devices
     assert np.isfinite(history["loss"]).all()
     train, test = small_data
     trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
@@ -124,3 +137,25 @@ def test_the_driver_evaluates_on_its_gpu_a_copy_of_the_cpu_model(small_data):
     second = on_gpu.evaluate(model)
     assert second[1] != first[1]
     assert second[1] == pytest.approx(on_cpu.evaluate(model)[1], rel=1e-4)
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("device", [None, "cuda"])
+def test_two_worker_processes_of_a_host_of_several_gpus_train_on_different_ones(
+    small_data, tmp_path, device
+):
+    from _procs import dask_cluster
+    from distributed import Client
+
+    train, _ = small_data
+    # as a user starts them: one command, two processes, each seeing every GPU
+    workers = [["--nworkers", "2", "--nthreads", "1", "--resources", "GPU=1"]]
+    with dask_cluster(tmp_path, workers, expect=2) as address, Client(address) as client:
+        trainer = daskpri.Trainer(build_model("mlp", train, seed=0), strategy="uniform",
+                                  client=client, device=device, resources={"GPU": 1})
+        try:
+            trainer.fit(train, max_steps=4, progress=False)
+            devices = client.run(_replica_devices)
+        finally:
+            trainer.close()
+    assert _all(devices) == ["cuda:0", "cuda:1"], devices

@@ -297,3 +297,21 @@ def test_a_worker_that_joins_unable_to_build_the_model_is_left_out_of_the_run(
             trainer.close()
         finally:
             _stop([joiner])
+
+
+def test_dask_worker_nworkers_processes_are_given_distinct_devices_by_the_scheduler(cluster):
+    from daskpri.replicas.devices import choose_device
+
+    async def chosen(count: int, resources: Any, dask_worker: Any) -> str:
+        # what ReplicaPlugin runs on a worker whose process sees `count` GPUs
+        return str(await choose_device(dask_worker, "cuda", count, resources))
+
+    with Client(cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        # `dask worker --nworkers 2` starts a nanny for each process, as a worker alone has
+        assert len({w["nanny"] for w in workers.values()}) == len(workers) == 3
+        # the three processes of the host, three GPUs: one each
+        assert sorted(client.run(chosen, 3, None).values()) == ["cuda:0", "cuda:1", "cuda:2"]
+        # with the run's resources, only those that have them count: the FOO worker alone
+        [foo] = [a for a, w in workers.items() if w["resources"].get("FOO")]
+        assert client.run(chosen, 3, {"FOO": 1}, workers=[foo]) == {foo: "cuda:0"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
 from daskpri.data.io import FILE_ERRORS, check_values, open_dataset
+from daskpri.replicas.devices import choose_device, device_count, spread_kind, worker_device
 from daskpri.replicas.errors import (
     PARTITIONS_LOST,
     STATE_LOST,
@@ -64,29 +66,6 @@ class ArrayPart:
 PartitionRef = StoreRef | ArrayPart
 
 
-def worker_device(worker: Any, requested: str | None = None) -> torch.device:
-    """The device a worker trains on.
-
-    ``requested`` wins; else the GPU that the worker's ``GPU`` resource
-    stands for (``cuda:0`` of the worker's ``CUDA_VISIBLE_DEVICES``) when
-    CUDA is available, else the CPU.
-    """
-    if requested is not None:
-        device = torch.device(requested)
-        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"device={requested!r}, but worker {getattr(worker, 'address', '?')} has "
-                f"{torch.cuda.device_count()} CUDA device(s) (torch {torch.__version__}, "
-                f"built with CUDA {torch.version.cuda}); leave device unset to train on each "
-                "worker's GPU where its GPU resource names one, else on its CPU"
-            )
-        return device
-    resources = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
-    if resources.get("GPU", 0) > 0 and torch.cuda.is_available():
-        return torch.device("cuda", 0)
-    return torch.device("cpu")
-
-
 class ReplicaPlugin(WorkerPlugin):
     """Builds and holds one replica of a run's module on each worker.
 
@@ -101,6 +80,10 @@ class ReplicaPlugin(WorkerPlugin):
         Labels must lie in ``[0, n_classes)``.
     device : str, optional
         Force a device (for example ``"cpu"``); ``None`` picks per worker.
+        Where it names a kind (``"cuda"``, or ``None`` on a worker with a
+        ``GPU`` resource) and the worker's process sees several such
+        devices, the worker processes of a host take one each
+        (:mod:`daskpri.replicas.devices`).
     resources : dict, optional
         The resources the run's tasks ask for: a worker that lacks them
         never trains the run, and builds no replica (its memory and devices
@@ -135,15 +118,40 @@ class ReplicaPlugin(WorkerPlugin):
         #: why this worker holds no replica, where it does not serve the run
         self.unfit = ""
 
-    def setup(self, worker: Any) -> None:
+    def setup(self, worker: Any) -> Awaitable[None] | None:
+        """Build the replica; a coroutine (which the worker awaits) where it asks the scheduler.
+
+        The worker's own device is known at once; one of several GPUs is
+        chosen from the scheduler's list of the host's workers.
+        """
+        # The plugin goes to every worker (register_plugin has no choice of
+        # workers, and a worker that joins later gets it too): the workers that
+        # placement chose by resources are not the only ones that set it up.
         have = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
         self.serves = all(have.get(k, 0) >= v for k, v in (self.resources or {}).items())
         self.address = worker.address
         if not self.serves:
             self.unfit = f"it lacks the run's resources {self.resources!r}"
-            return
+            return None
+        kind = spread_kind(worker, self.device)
+        if kind is not None:  # several GPUs: which is this process's asks the scheduler
+            return self._set_up_spread(worker, kind)
+        self._set_up(worker, lambda: worker_device(worker, self.device))
+        return None
+
+    async def _set_up_spread(self, worker: Any, kind: str) -> None:
+        """Set up on one of the host's ``kind`` devices, shared out among its worker processes."""
         try:
-            self.replica = self._build(worker)
+            device = await choose_device(worker, kind, device_count(kind), self.resources,
+                                         gpu=self.device is None)
+        except Exception as e:  # the scheduler gone meanwhile
+            self.serves, self.unfit = False, f"{type(e).__name__}: {e}"
+            raise
+        self._set_up(worker, lambda: device)
+
+    def _set_up(self, worker: Any, device: Callable[[], torch.device]) -> None:
+        try:
+            self.replica = self._build(worker, device)
         except Exception as e:
             # a worker that joins later from another environment (the model's module
             # missing, a forced device it lacks) must not take partitions: the driver
@@ -170,7 +178,7 @@ class ReplicaPlugin(WorkerPlugin):
         # scheduler's task machinery (one handler serves every run).
         worker.handlers["daskpri_train"] = _train_handler(worker)
 
-    def _build(self, worker: Any) -> Replica:
+    def _build(self, worker: Any, device: Callable[[], torch.device]) -> Replica:
         try:
             module = pickle.loads(self.module)
         except ImportError as e:  # a module of the model's that the driver checks missed
@@ -180,7 +188,7 @@ class ReplicaPlugin(WorkerPlugin):
                 "have it sent with the model (cloudpickle.register_pickle_by_value)",
                 name=e.name,
             ) from e
-        return Replica(module, worker_device(worker, self.device))
+        return Replica(module, device())
 
     def teardown(self, worker: Any) -> None:
         # a setup that failed (a device the worker lacks) may not have made them

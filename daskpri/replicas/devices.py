@@ -1,0 +1,196 @@
+"""The device a worker's replica trains on: one accelerator per worker process.
+
+``dask worker --nworkers 2 --resources GPU=1`` on a host of two GPUs starts
+two worker processes that each see both GPUs. Each asked for ``"cuda"``
+(a ``GPU`` resource, or ``device="cuda"``), and each took ``cuda:0``: both
+replicas shared one GPU while the other idled. Now where a device names
+only an accelerator's kind, ``"cuda"`` or ``"xpu"``, and the worker's
+process sees several of that kind, the worker processes of a host share
+them out (:func:`spread_device`): each takes the one at its place among
+them, ordered by their nannies' addresses (a nanny restarts its worker under
+a new address, on the same device). ``CUDA_VISIBLE_DEVICES`` holds as torch
+applies it (a process that sees one GPU trains on it), and a numbered
+device (``"cuda:1"``) is taken as given.
+
+Examples
+--------
+>>> peers = ["tcp://10.0.0.5:40417", "tcp://10.0.0.5:39811"]  # nannies of one host
+>>> [spread_device("cuda", 2, me, peers) for me in peers]
+['cuda:1', 'cuda:0']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import torch
+from distributed.comm.addressing import get_address_host
+
+#: accelerator kinds of which a process may see several, numbered from 0
+SPREAD_KINDS = ("cuda", "xpu")
+
+
+def spread_device(kind: str, count: int, me: str, peers: Collection[str]) -> str:
+    """The device of ``kind`` for worker process ``me`` among ``peers``, those of its host.
+
+    Each takes the device at its place among ``me`` and ``peers`` sorted
+    by address (ports as numbers), modulo ``count``: as many processes as
+    devices train on one each, and more share them round the host.
+
+    Parameters
+    ----------
+    kind : {"cuda", "xpu"}
+        The accelerator kind the worker trains on.
+    count : int
+        How many devices of ``kind`` the worker's process sees (torch's
+        ``device_count()``, within ``CUDA_VISIBLE_DEVICES``).
+    me : str
+        The worker process: its nanny's address (its own, where it has no
+        nanny).
+    peers : collection of str
+        The worker processes on the same host that train on ``kind``,
+        likewise (``me`` among them or not).
+
+    Returns
+    -------
+    str
+        A numbered device, ``"cuda:1"`` say.
+
+    Raises
+    ------
+    ValueError
+        If ``kind`` is not an accelerator kind or ``count`` not positive.
+
+    Examples
+    --------
+    >>> nannies = ["tcp://10.0.0.5:9000", "tcp://10.0.0.5:10000", "tcp://10.0.0.5:8999"]
+    >>> [spread_device("cuda", 4, n, nannies) for n in nannies]
+    ['cuda:1', 'cuda:2', 'cuda:0']
+    >>> [spread_device("cuda", 2, n, nannies) for n in nannies]  # three on two: one shared
+    ['cuda:1', 'cuda:0', 'cuda:0']
+    >>> spread_device("xpu", 1, "tcp://10.0.0.5:9000", nannies)
+    'xpu:0'
+    >>> spread_device("cpu", 2, "tcp://10.0.0.5:9000", nannies)
+    Traceback (most recent call last):
+    ...
+    ValueError: kind should be one of 'cuda', 'xpu', but got kind='cpu'
+    """
+    if kind not in SPREAD_KINDS:
+        raise ValueError(
+            f"kind should be one of {', '.join(map(repr, SPREAD_KINDS))}, but got kind={kind!r}"
+        )
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count should be a positive integer, but got count={count!r}")
+    order = sorted({me, *peers}, key=_address_order)
+    return f"{kind}:{order.index(me) % count}"
+
+
+def _address_order(address: str) -> tuple[str, int, str]:
+    """A sort key of ``address`` that orders its port as a number.
+
+    >>> sorted(["tcp://h:10000", "tcp://h:9000"], key=_address_order)
+    ['tcp://h:9000', 'tcp://h:10000']
+    """
+    head, _, port = address.rpartition(":")
+    return (head, int(port), address) if port.isdigit() else (address, -1, address)
+
+
+def device_count(kind: str) -> int:
+    """How many devices of accelerator ``kind`` this process sees (0 where torch has none)."""
+    module = getattr(torch, kind, None)
+    if module is None or not module.is_available():
+        return 0
+    return int(module.device_count())
+
+
+def spread_kind(worker: Any, requested: str | None) -> str | None:
+    """The accelerator kind whose devices ``worker``'s host shares out, if any.
+
+    ``requested`` is the run's ``device``: a bare ``"cuda"`` or ``"xpu"``,
+    or ``None`` on a worker with a ``GPU`` resource where CUDA is available,
+    names a kind; where this process sees more than one device of it, the
+    worker processes of the host share them out (:func:`spread_device`).
+    ``None`` where there is nothing to choose (:func:`worker_device` then
+    decides).
+    """
+    if requested is None:
+        kind = "cuda" if _has_gpu_resource(worker) else None
+    else:
+        device = torch.device(requested)
+        kind = device.type if device.index is None and device.type in SPREAD_KINDS else None
+    if kind is None or device_count(kind) < 2:
+        return None
+    return kind
+
+
+async def host_workers(
+    worker: Any, resources: Mapping[str, float] | None, *, gpu: bool = False
+) -> tuple[str, list[str]]:
+    """``worker``'s process, and those of its host that train with it, as the scheduler lists them.
+
+    Each process is named by its nanny's address (its own where it has
+    none): a nanny restarts its worker under a new address. Those listed
+    are the workers on ``worker``'s host that have ``resources`` (and a
+    ``GPU`` resource where ``gpu``): those that build the run's replica on
+    the same kind of device.
+
+    Returns
+    -------
+    (str, list of str)
+        ``worker``'s name, and those of its host's processes (``worker``'s
+        own among them).
+    """
+    info = await worker.scheduler.identity(n_workers=-1)
+    host = get_address_host(worker.address)
+    need = dict(resources or {})
+    me = worker.nanny or worker.address
+    peers = {me}
+    for address, w in info.get("workers", {}).items():
+        have = w.get("resources") or {}
+        if (w.get("host") == host and all(have.get(k, 0) >= v for k, v in need.items())
+                and (not gpu or have.get("GPU", 0) > 0)):
+            peers.add(w.get("nanny") or address)
+    return me, sorted(peers, key=_address_order)
+
+
+async def choose_device(
+    worker: Any, kind: str, count: int, resources: Mapping[str, float] | None, *,
+    gpu: bool = False,
+) -> torch.device:
+    """The device of ``kind`` (``count`` of them) that ``worker`` takes among its host's processes.
+
+    What :class:`~daskpri.replicas.worker.ReplicaPlugin` runs where
+    :func:`spread_kind` names a kind: :func:`host_workers` (``resources``
+    and ``gpu`` as there), then :func:`spread_device`.
+    """
+    me, peers = await host_workers(worker, resources, gpu=gpu)
+    return torch.device(spread_device(kind, count, me, peers))
+
+
+def worker_device(worker: Any, requested: str | None = None) -> torch.device:
+    """The device a worker trains on, where its host has none to share out.
+
+    ``requested`` wins; else the GPU that the worker's ``GPU`` resource
+    stands for (``cuda:0`` of the worker's ``CUDA_VISIBLE_DEVICES``) when
+    CUDA is available, else the CPU. (Where the process sees several GPUs,
+    :func:`spread_kind` names the kind and :func:`spread_device` the GPU.)
+    """
+    if requested is not None:
+        device = torch.device(requested)
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"device={requested!r}, but worker {getattr(worker, 'address', '?')} has "
+                f"{torch.cuda.device_count()} CUDA device(s) (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda}); leave device unset to train on each "
+                "worker's GPU where its GPU resource names one, else on its CPU"
+            )
+        return device
+    if _has_gpu_resource(worker) and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _has_gpu_resource(worker: Any) -> bool:
+    resources = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
+    return bool(resources.get("GPU", 0) > 0)
