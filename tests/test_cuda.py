@@ -7,6 +7,8 @@ docs/bench/LOG.md) every test here runs on the GPU.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -150,12 +152,19 @@ def test_two_worker_processes_of_a_host_of_several_gpus_train_on_different_ones(
     train, _ = small_data
     # as a user starts them: one command, two processes, each seeing every GPU
     workers = [["--nworkers", "2", "--nthreads", "1", "--resources", "GPU=1"]]
-    with dask_cluster(tmp_path, workers, expect=2) as address, Client(address) as client:
+    # this module on the workers' path, for client.run(_replica_devices)
+    path = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    with (dask_cluster(tmp_path, workers, expect=2, worker_env={"PYTHONPATH": path}) as address,
+          Client(address) as client):
         trainer = daskpri.Trainer(build_model("mlp", train, seed=0), strategy="uniform",
                                   client=client, device=device, resources={"GPU": 1})
         try:
             trainer.fit(train, max_steps=4, progress=False)
             devices = client.run(_replica_devices)
+            # a worker its nanny restarts sets the replica up as it joins: on its own GPU
+            client.restart_workers([sorted(devices)[0]])
+            trainer.fit(train, max_steps=8, progress=False)
+            again = client.run(_replica_devices)
         finally:
             trainer.close()
-    assert _all(devices) == ["cuda:0", "cuda:1"], devices
+    assert _all(devices) == _all(again) == ["cuda:0", "cuda:1"], (devices, again)
