@@ -1,16 +1,21 @@
 """The device a worker's replica trains on: one accelerator per worker process.
 
 ``dask worker --nworkers 2 --resources GPU=1`` on a host of two GPUs starts
-two worker processes that each see both GPUs. Each asked for ``"cuda"``
-(a ``GPU`` resource, or ``device="cuda"``), and each took ``cuda:0``: both
-replicas shared one GPU while the other idled. Now where a device names
-only an accelerator's kind, ``"cuda"`` or ``"xpu"``, and the worker's
-process sees several of that kind, the worker processes of a host share
-them out (:func:`spread_device`): each takes the one at its place among
-them, ordered by their nannies' addresses (a nanny restarts its worker under
-a new address, on the same device). ``CUDA_VISIBLE_DEVICES`` holds as torch
-applies it (a process that sees one GPU trains on it), and a numbered
-device (``"cuda:1"``) is taken as given.
+two worker processes that each see both GPUs. Where the run's device names
+only an accelerator's kind (``"cuda"`` or ``"xpu"``, or no device on a
+worker with a ``GPU`` resource) and a worker's process sees several devices
+of it, the worker processes of a host share them out
+(:func:`spread_device`): each takes the one at its place among them, as the
+scheduler lists them, ordered by their nannies' addresses (a nanny restarts
+its worker under a new address, which then takes the same device). Without
+this, every process took device 0, and the other GPUs idled.
+``CUDA_VISIBLE_DEVICES`` holds as torch applies it (a process that sees one
+GPU trains on it), and a numbered device (``"cuda:1"``) is taken as given.
+
+A worker process that joins later takes its place among the host's
+processes then: where others have left or joined since the first ones
+chose, it may share a GPU with one of them. Start one process per GPU with
+``CUDA_VISIBLE_DEVICES`` set to pin each for good.
 
 Examples
 --------
@@ -21,11 +26,14 @@ Examples
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 from distributed.comm.addressing import get_address_host
+
+logger = logging.getLogger(__name__)
 
 #: accelerator kinds of which a process may see several, numbered from 0
 SPREAD_KINDS = ("cuda", "xpu")
@@ -165,7 +173,10 @@ async def choose_device(
     and ``gpu`` as there), then :func:`spread_device`.
     """
     me, peers = await host_workers(worker, resources, gpu=gpu)
-    return torch.device(spread_device(kind, count, me, peers))
+    device = spread_device(kind, count, me, peers)
+    logger.info("daskpri: worker %s trains on %s, one of %d %s devices shared by the host's %d "
+                "worker processes", worker.address, device, count, kind.upper(), len(peers))
+    return torch.device(device)
 
 
 def worker_device(worker: Any, requested: str | None = None) -> torch.device:
