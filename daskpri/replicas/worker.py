@@ -135,6 +135,9 @@ class ReplicaPlugin(WorkerPlugin):
             return None
         kind = spread_kind(worker, self.device)
         if kind is not None:  # several GPUs: which is this process's asks the scheduler
+            #: set once the replica is built (or failed): the plugin is in the worker's
+            #: plugins meanwhile, where the driver may find a worker that joins mid-run
+            self.ready = asyncio.Event()
             return self._set_up_spread(worker, kind)
         self._set_up(worker, lambda: worker_device(worker, self.device))
         return None
@@ -142,14 +145,18 @@ class ReplicaPlugin(WorkerPlugin):
     async def _set_up_spread(self, worker: Any, kind: str) -> None:
         """Set up on one of the host's ``kind`` devices, shared out among its worker processes."""
         try:
-            device = await choose_device(worker, kind, device_count(kind), self.resources,
-                                         gpu=self.device is None)
-        except Exception as e:  # the scheduler gone meanwhile
-            self.serves, self.unfit = False, f"{type(e).__name__}: {e}"
-            raise
-        self._set_up(worker, lambda: device)
+            try:
+                device = await choose_device(worker, kind, device_count(kind), self.resources,
+                                             gpu=self.device is None)
+            except Exception as e:  # the scheduler gone meanwhile
+                self.serves, self.unfit = False, f"{type(e).__name__}: {e}"
+                raise
+            self._set_up(worker, lambda: device)
+        finally:
+            self.ready.set()
 
     def _set_up(self, worker: Any, device: Callable[[], torch.device]) -> None:
+        # the device is made in here: one a worker lacks fails as a missing module does
         try:
             self.replica = self._build(worker, device)
         except Exception as e:
@@ -315,12 +322,15 @@ def _plugin(name: str, worker: Worker | None = None) -> ReplicaPlugin:
     return plugin
 
 
-def why_no_replica(name: str, dask_worker: Worker) -> str | None:
+async def why_no_replica(name: str, dask_worker: Worker) -> str | None:
     """On a worker (``client.run``): why it holds no replica of run plugin ``name``
-    (``None``: it holds one)."""
+    (``None``: it holds one), once a set-up under way has ended."""
     plugin = dask_worker.plugins.get(name)
     if plugin is None:
         return "it has no replica of the run (it joined as the run was set up or closed)"
+    ready = getattr(plugin, "ready", None)
+    if ready is not None:  # one of several GPUs being chosen (ReplicaPlugin.setup)
+        await ready.wait()
     if not getattr(plugin, "serves", False):
         return str(getattr(plugin, "unfit", "")) or "its replica was not built"
     return None
