@@ -337,5 +337,12 @@ def test_show_without_a_dashboard_says_how_to_get_one() -> None:
         ) as cluster,
         Client(cluster) as client,
     ):
+        assert client.dashboard_link  # of an HTTP server without the page it names
+        with pytest.raises(RuntimeError, match=(
+            r"the scheduler serves no Bokeh dashboard, so there is no /daskpri page: .* or "
+            rf"serve the page from this machine with `daskpri dashboard --scheduler "
+            rf"{cluster.scheduler_address}`"
+        )):
+            dashboard_url(client)
         with pytest.raises(RuntimeError, match="the scheduler serves no Bokeh dashboard"):
             show(client)
