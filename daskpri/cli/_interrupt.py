@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import signal
-import sys
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 import dask.config
 
 import daskpri
 from daskpri.cli._prog import _PROG
-from daskpri.training.cluster import drop_abandoned_gathers
+from daskpri.training._interrupts import stop_on_interrupt
 
 
 class StopAtOnce(KeyboardInterrupt):
@@ -31,32 +27,17 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
     middle of a step, whose checkpoint could not be written, or in a
     finalizer or a callback, where Python prints and drops it. The second
     interrupt, for a step that does not end, raises :class:`StopAtOnce` at
-    once (a ``KeyboardInterrupt``).
+    once (a ``KeyboardInterrupt``). The library's handler
+    (:func:`~daskpri.training._interrupts.stop_on_interrupt`), in the CLI's
+    words; the fit inside leaves it in place.
     """
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
-        yield  # signals go to the main thread; an ignored SIGINT stays ignored
-        return
-    interrupted = False  # no lock: the handler may run inside anything, itself included
-
-    def handler(signum: int, frame: Any) -> None:
-        nonlocal interrupted
-        if not interrupted:
-            interrupted = True
-            trainer.stop()
-            print(f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop at once)",
-                  file=sys.stderr, flush=True)
-            return
-        drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
-        raise StopAtOnce
-
-    signal.signal(signal.SIGINT, handler)
-    try:
+    with stop_on_interrupt(
+        trainer, at_once=StopAtOnce,
+        says=lambda taken: f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop "
+                           "at once)",
+    ) as taken:
         yield
-    finally:
-        # None: a handler not set from Python, which cannot be put back; the default then
-        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
-    if interrupted:  # fit returned: the interrupt was lost on the way
+    if taken.count:  # fit returned: the interrupt was lost on the way
         raise KeyboardInterrupt
 
 

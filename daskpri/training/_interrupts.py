@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from typing import TYPE_CHECKING, Any
@@ -40,8 +40,40 @@ class Interrupts:
     stepping: bool = False
 
 
+def _fit_says(taken: Interrupts) -> str:
+    """What a fit's first interrupt says on stderr (the library's, Jupyter's stop button)."""
+    after = "the step in flight" if taken.stepping else "its set-up, before a step"
+    return f"daskpri: stopping the fit after {after} (interrupt again to stop at once)"
+
+
+class _Stopper:
+    """The ``SIGINT`` handler of :func:`stop_on_interrupt`: stop, then raise at once."""
+
+    def __init__(
+        self, trainer: Trainer, says: Callable[[Interrupts], str],
+        at_once: type[KeyboardInterrupt],
+    ) -> None:
+        self.trainer, self.says, self.at_once = trainer, says, at_once
+        # no lock: the handler may run inside anything, itself included
+        self.taken = Interrupts()
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.taken.count += 1
+        if self.taken.count == 1:
+            self.trainer.stop()
+            print(self.says(self.taken), file=sys.stderr, flush=True)
+            return
+        drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
+        raise self.at_once
+
+
 @contextlib.contextmanager
-def stop_on_interrupt(trainer: Trainer) -> Iterator[Interrupts]:
+def stop_on_interrupt(
+    trainer: Trainer,
+    *,
+    says: Callable[[Interrupts], str] = _fit_says,
+    at_once: type[KeyboardInterrupt] = KeyboardInterrupt,
+) -> Iterator[Interrupts]:
     """Make the block's first interrupt end ``trainer``'s fit after what is in flight.
 
     Python raises ``KeyboardInterrupt`` wherever the main thread is when
@@ -51,38 +83,31 @@ def stop_on_interrupt(trainer: Trainer) -> Iterator[Interrupts]:
     unowned; or in a finalizer or callback (distributed's garbage-collection
     diagnostics, say), where it is printed and dropped while the fit runs
     on. Inside this block the first interrupt asks :meth:`Trainer.stop`
-    instead and says so on stderr: the fit ends after the step, or the
-    start and set-up, in flight, as at the end of its budget (its history
-    and checkpoint whole), and the caller raises ``KeyboardInterrupt`` once
-    it has (``count`` tells). A second interrupt raises it at once, for a
-    step that does not end.
+    instead and says so on stderr (``says``): the fit ends after the step,
+    or the start and set-up, in flight, as at the end of its budget (its
+    history and checkpoint whole), and the caller raises
+    ``KeyboardInterrupt`` once it has (``count`` tells). A second interrupt
+    raises ``at_once`` (a ``KeyboardInterrupt``) at once, for a step that
+    does not end.
 
-    It takes ``SIGINT`` only where Python's own handler has it (a kernel
-    running a cell, a script) in the main thread: a handler of the caller's
-    (``daskpri train``'s) is left as it is.
+    The one implementation for the library's fit and ``daskpri train`` /
+    ``demo`` (:mod:`daskpri.cli._interrupt`, with its own words). It takes
+    ``SIGINT`` only where Python's own handler has it (a kernel running a
+    cell, a script, the CLI as a foreground job) in the main thread: an
+    ignored one (a background job's) stays ignored, and a handler of the
+    caller's (the CLI's around :meth:`Trainer.fit`) is left as it is.
     """
-    taken = Interrupts()
+    previous = signal.getsignal(signal.SIGINT)
     if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield taken
+            or previous is not signal.default_int_handler):
+        yield Interrupts()
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        taken.count += 1
-        if taken.count == 1:
-            trainer.stop()
-            after = "the step in flight" if taken.stepping else "its set-up, before a step"
-            print(f"daskpri: stopping the fit after {after} (interrupt again to stop at once)",
-                  file=sys.stderr, flush=True)
-            return
-        drop_abandoned_gathers()  # a gather the interrupt leaves behind ends with the cluster
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, handler)
+    stopper = _Stopper(trainer, says, at_once)
+    signal.signal(signal.SIGINT, stopper)
     try:
-        yield taken
+        yield stopper.taken
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous)
 
 
 def warn_workers_unshielded(trainer: Trainer) -> None:
