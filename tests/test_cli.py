@@ -403,11 +403,11 @@ def test_train_stops_at_its_target_accuracy_evaluating_as_asked(tmp_path: Path) 
 
 
 def test_train_with_tls_on_its_own_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    from daskpri.training import trainer as trainer_module
+    from daskpri.training import _cleanup  # (where the trainer starts its cluster)
 
     argv = ["train", *SMALL, "--workers", "1", "--no-progress", "--tls", "--transport", "tasks"]
     addresses = []
-    start = trainer_module.local_cluster
+    start = _cleanup.local_cluster
 
     def recording_cluster(*args, **kwargs):  # calls through: records where it listens
         cluster = start(*args, **kwargs)
@@ -415,7 +415,7 @@ def test_train_with_tls_on_its_own_cluster(tmp_path: Path, capsys: pytest.Captur
         return cluster
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer_module, "local_cluster", recording_cluster)
+        mp.setattr(_cleanup, "local_cluster", recording_cluster)
         assert main(argv) == 0
     assert len(addresses) == 1 and addresses[0].startswith("tls://127.0.0.1:"), addresses
     assert "dashboard: http" in capsys.readouterr().out

@@ -902,7 +902,7 @@ def test_a_strategy_of_ones_own_is_held_to_the_selection_contract(
 
 def test_two_threads_asking_for_the_client_start_one_cluster(small_data, monkeypatch):
     """A background fit and the caller's dashboard() both reach for it at once."""
-    import daskpri.training.trainer as trainer_module
+    import daskpri.training._cleanup as cleanup  # (where the trainer starts its cluster)
 
     started = []
 
@@ -911,8 +911,8 @@ def test_two_threads_asking_for_the_client_start_one_cluster(small_data, monkeyp
         time.sleep(0.5)  # the other thread comes in meanwhile
         return local_cluster(*args, **kwargs)
 
-    local_cluster = trainer_module.local_cluster
-    monkeypatch.setattr(trainer_module, "local_cluster", slow_local_cluster)
+    local_cluster = cleanup.local_cluster
+    monkeypatch.setattr(cleanup, "local_cluster", slow_local_cluster)
     train, _ = small_data
     trainer = daskpri.Trainer(build_model("mlp", train), n_workers=1)
     clients = []

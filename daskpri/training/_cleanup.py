@@ -1,10 +1,11 @@
-"""Closing the runs of trainers that were never closed.
+"""The LocalCluster a trainer starts, and closing the runs of trainers never closed.
 
-A trainer left without ``close()`` or ``with`` is closed at exit while its
-cluster still runs (:func:`_close_at_exit`), and one garbage-collected
-before then has its run dropped from the user's cluster
-(:func:`drop_run`, a ``weakref.finalize`` callback), or the LocalCluster it
-started closed (:func:`close_dropped_cluster`, another).
+:func:`start_own_cluster` starts a trainer's LocalCluster whole, an
+interrupt held meanwhile. A trainer left without ``close()`` or ``with`` is
+closed at exit while its cluster still runs (:func:`_close_at_exit`), and
+one garbage-collected before then has its run dropped from the user's
+cluster (:func:`drop_run`, a ``weakref.finalize`` callback), or the
+LocalCluster it started closed (:func:`close_dropped_cluster`, another).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import TYPE_CHECKING
 from distributed import Client, LocalCluster, SpecCluster
 from distributed.core import Status
 
-from daskpri.training.cluster import stop_heartbeats
+from daskpri.training._interrupts import interrupts_held
+from daskpri.training.cluster import local_cluster, stop_heartbeats
 
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
@@ -46,6 +48,36 @@ def _close_at_exit() -> None:
         if client is not None and client.status == "running":
             with contextlib.suppress(Exception):  # the cluster may be going already
                 trainer.close()
+
+
+def start_own_cluster(trainer: Trainer) -> None:
+    """Start ``trainer``'s own LocalCluster, and its client, whole: interrupts are held.
+
+    An interrupt meanwhile is handed on once it has started (to a fit's
+    handler, which ends the fit after its set-up, or Python's, which raises
+    ``KeyboardInterrupt``), the cluster the trainer's. Two or more are a
+    "stop at once": the start is given up, the cluster closed, and
+    ``KeyboardInterrupt`` raised once.
+    """
+    with interrupts_held() as held:
+        closed = trainer._closed
+        cluster = local_cluster(trainer.n_workers or 2, resources=trainer.resources,
+                                security=trainer.security)
+        trainer._own_cluster = cluster
+        trainer._client = client = Client(cluster, set_as_default=False)
+        trainer._closed = False
+        # a trainer dropped without close() (a notebook's cell that made it run again)
+        # closes its cluster; at exit, _close_at_exit does. Made before an interrupt
+        # held meanwhile is raised.
+        trainer._dropped = weakref.finalize(trainer, close_dropped_cluster, client, cluster)
+        trainer._dropped.atexit = False
+        if held.count > 1:
+            trainer._dropped.detach()
+            close_cluster(client, cluster)  # (held too, as close() does)
+            trainer._own_cluster = trainer._client = trainer._dropped = None
+            trainer._closed = closed
+    if trainer._client is None:  # (the handler raised it, where it is Python's or a fit's)
+        raise KeyboardInterrupt
 
 
 def drop_run(client: Client, run: str, plugin: str) -> None:

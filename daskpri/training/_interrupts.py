@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -152,8 +153,34 @@ def killed_by_interrupts_of(group: int, driver: int) -> bool:
             and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
 
 
+class Held:
+    """The interrupts that :func:`interrupts_held` holds off, counted one by one."""
+
+    def __init__(self, wakeup: socket.socket | None) -> None:
+        #: the frames the held handler was called in (the first is handed on)
+        self.frames: list[Any] = []
+        self._wakeup = wakeup
+        self._bytes = b""
+
+    @property
+    def count(self) -> int:
+        """The interrupts so far, for a handler that takes them (none where ``SIGINT`` is ignored).
+
+        Python runs a handler once for all the signals that came since it
+        last ran, and the main thread runs it only when it wakes: two
+        interrupts while it waits on a starting cluster would be one. Each
+        signal writes its number to the wakeup socket, where they are counted.
+        """
+        if self._wakeup is None:
+            return 0
+        with contextlib.suppress(BlockingIOError, InterruptedError):  # read all there is
+            while data := self._wakeup.recv(256):
+                self._bytes += data
+        return max(self._bytes.count(signal.SIGINT), len(self.frames))
+
+
 @contextlib.contextmanager
-def interrupts_held() -> Iterator[None]:
+def interrupts_held() -> Iterator[Held]:
     """Hold ``SIGINT`` (an interrupt, Ctrl-C) off a LocalCluster's start or close until done.
 
     Jupyter's interrupt and a terminal's Ctrl-C go to the whole process
@@ -168,27 +195,54 @@ def interrupts_held() -> Iterator[None]:
     thread, an interrupt meanwhile is held and handed to the handler that
     was in place once the block is done, and the trainer's state says what
     it did: Python's handler raises ``KeyboardInterrupt`` then, a fit's
-    ends the fit (:func:`stop_on_interrupt`).
-    Interrupts that arrive while the main thread waits on the cluster are
-    one: Python runs the handler once for the signals since it last ran.
+    ends the fit (:func:`stop_on_interrupt`). Two or more are handed on as
+    two, a fit's "stop at once"; the block sees them counted in
+    :attr:`Held.count` as they come (:meth:`Trainer.client` gives its
+    start up on a second).
     """
-    held: list[Any] = []
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
+    # counted for a Python handler; an ignored SIGINT is held, and dropped, uncounted
+    counted = callable(previous)
+    reader = writer = None
+    if counted:
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+    held = Held(reader)
     if main:
-        signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+        signal.signal(signal.SIGINT, lambda signum, frame: held.frames.append(frame))
+    wakeup = -1 if writer is None else signal.set_wakeup_fd(writer.fileno())
     blocking = hasattr(signal, "pthread_sigmask")  # not on Windows
+    listening = threading.Event()
     if blocking:
         # started now if not yet: starting it unblocks SIGINT in the thread that
         # does (the cluster's event loop, by whose threads its workers start)
         resource_tracker.ensure_running()
+        if counted:
+            # a thread that takes each interrupt as it comes: where every thread blocks
+            # it (a script's), the system keeps one pending, however many came
+            threading.Thread(target=listening.wait, name="daskpri-interrupts",
+                             daemon=True).start()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        yield
+        yield held
     finally:
         if blocking:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        listening.set()
+        if writer is not None:
+            signal.set_wakeup_fd(wakeup)
         if main:  # (None: a handler not set from Python, which cannot be put back)
+            # (signal.signal runs the held handler for signals not handled yet first)
             signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
-    if held and callable(previous):
-        previous(signal.SIGINT, held[0])
+        count = held.count
+        if reader is not None and writer is not None:
+            if wakeup != -1:  # the signals' numbers are the wakeup fd's owner's too
+                with contextlib.suppress(OSError):
+                    os.write(wakeup, held._bytes)
+            reader.close()
+            writer.close()
+    if count and callable(previous):
+        for _ in range(min(count, 2)):
+            previous(signal.SIGINT, held.frames[0] if held.frames else None)

@@ -43,7 +43,7 @@ from torch import nn
 from daskpri._warnings import caller, warnings_from
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
-from daskpri.training._cleanup import TRAINERS, close_cluster, close_dropped_cluster
+from daskpri.training._cleanup import TRAINERS, close_cluster, start_own_cluster
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
 from daskpri.training._interrupts import interrupts_held
 from daskpri.training._persist import PersistMixin
@@ -51,7 +51,6 @@ from daskpri.training._persist import PersistMixin
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
 from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
 from daskpri.training._settings import set_arguments
-from daskpri.training.cluster import local_cluster
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_timeout
@@ -289,27 +288,16 @@ class Trainer(PersistMixin):
             # may both start it: one cluster, not two
             with self._starting:
                 if self._client is None:
-                    with interrupts_held():
-                        self._own_cluster = local_cluster(
-                            self.n_workers or 2, resources=self.resources,
-                            security=self.security,
-                        )
-                        self._client = Client(self._own_cluster, set_as_default=False)
-                        self._closed = False
-                        # a trainer dropped without close() (a notebook's cell that made
-                        # it run again) closes its cluster; at exit, _close_at_exit does.
-                        # Made before an interrupt held meanwhile is raised.
-                        self._dropped = weakref.finalize(
-                            self, close_dropped_cluster, self._client, self._own_cluster
-                        )
-                        self._dropped.atexit = False
-        if self._client.status in ("closing", "closed"):
+                    start_own_cluster(self)
+        client = self._client
+        assert client is not None  # (started, or start_own_cluster raised)
+        if client.status in ("closing", "closed"):
             raise RuntimeError(
-                f"the trainer's client is {self._client.status}: the run's cluster is out of "
+                f"the trainer's client is {client.status}: the run's cluster is out of "
                 "reach; give a new Trainer a running client (Trainer.resume(path, client=...) "
                 "goes on from a checkpoint)"
             )
-        return self._client
+        return client
 
     def close(self) -> None:
         """Release the run's state in the cluster; close a cluster we started.
