@@ -230,6 +230,28 @@ def test_a_trainer_made_again_by_its_cell_closes_the_cluster_of_the_one_it_repla
     assert cell.stdout.split() == ["closed", "running"]
 
 
+def test_a_trainer_dropped_after_an_interrupted_fit_closes_its_cluster(kernel: Kernel) -> None:
+    """IPython keeps the interrupt's traceback until the next error: not the trainer."""
+    kernel.ok("trainer = new_trainer()")
+    cell = kernel.run("trainer.fit(train, max_steps=10**6)", interrupt_on="*")
+    assert cell.ename == "KeyboardInterrupt"
+    cell = kernel.ok(
+        "import threading, weakref, psutil\n"
+        "cluster = trainer._own_cluster\n"
+        "pids = [nanny.pid for nanny in cluster.workers.values()]\n"
+        "dropped = weakref.ref(trainer)\n"
+        "del trainer\n"
+        "gc.collect()\n"
+        "for thread in threading.enumerate():\n"
+        "    if thread.name == 'daskpri-close-dropped':\n"
+        "        thread.join()\n"
+        "print(len(pids), dropped() is None, cluster.status.name,\n"
+        "      any(psutil.pid_exists(pid) for pid in pids))"
+    )
+    # the worker processes ran on, held by sys.last_traceback's frames, until the next error
+    assert cell.stdout.split() == ["1", "True", "closed", "False"]
+
+
 def test_a_trainer_interrupted_as_it_starts_its_cluster_outside_a_fit_owns_it(
     kernel: Kernel,
 ) -> None:

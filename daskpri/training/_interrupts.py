@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
@@ -109,6 +110,23 @@ def stop_on_interrupt(
         yield stopper.taken
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def without_locals(interrupt: KeyboardInterrupt) -> KeyboardInterrupt:
+    """``interrupt``, the variables of the frames it left (and its context's) cleared.
+
+    IPython keeps the last error's traceback (``sys.last_traceback``, for
+    ``%debug``) until the next error: the frames it passed would keep the
+    trainer alive, and the LocalCluster it closes as it is dropped running.
+    The lines stay, for the traceback shown.
+    """
+    seen: set[int] = set()
+    exc: BaseException | None = interrupt
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # (the one still running is left)
+        exc = exc.__cause__ or exc.__context__
+    return interrupt
 
 
 def warn_workers_unshielded(trainer: Trainer) -> None:

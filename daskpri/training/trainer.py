@@ -45,7 +45,7 @@ from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.training._cleanup import TRAINERS, close_cluster, start_own_cluster
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
-from daskpri.training._interrupts import interrupts_held
+from daskpri.training._interrupts import interrupts_held, without_locals
 from daskpri.training._persist import PersistMixin
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
@@ -414,7 +414,9 @@ class Trainer(PersistMixin):
             the end of its budget (it evaluates, keeps its history in
             ``history_`` and writes its checkpoint), and the message says
             the step it stopped at; ``fit`` again goes on from there. A
-            second interrupt raises at once.
+            second interrupt raises at once. Its traceback keeps the lines
+            it passed, not their variables: a trainer a notebook drops after
+            it closes its LocalCluster.
 
         Examples
         --------
@@ -431,8 +433,15 @@ class Trainer(PersistMixin):
             request = check_fit(self, data, eval_data, max_steps=max_steps, max_time=max_time,
                                 target_accuracy=target_accuracy, progress=progress)
             return self._fit_holding(request)
+        except KeyboardInterrupt as e:
+            interrupt = e
         finally:
             self._fitting.release()
+        # IPython keeps an error's traceback (sys.last_traceback) until the next error, and
+        # with it the frames it passed: a trainer held there, that a notebook then drops,
+        # would keep its LocalCluster's workers running
+        del self
+        raise without_locals(interrupt)
 
     def _fit_holding(self, request: FitRequest) -> xr.Dataset:
         """:meth:`fit`, its caller holding ``_fitting`` (one fit at a time)."""
