@@ -4,8 +4,10 @@ Jupyter's interrupt and a terminal's Ctrl-C are ``SIGINT`` sent to the whole
 process group: the kernel or driver, and the worker processes of the
 LocalClusters it started. Python raises ``KeyboardInterrupt`` wherever the
 main thread is when it arrives. Here: a fit's first interrupt ends it after
-what is in flight (:func:`stop_on_interrupt`); a trainer's LocalCluster
-starts and closes whole, its workers born deaf to it
+what is in flight (:func:`stop_on_interrupt`, the library's and the CLI's
+one handler), and its ``KeyboardInterrupt`` keeps no trainer alive
+(:func:`without_locals`); a trainer's LocalCluster starts and closes whole,
+its workers born deaf to it, the interrupts meanwhile counted
 (:func:`interrupts_held`); and a Jupyter user is warned where the stop
 button would kill the workers of a cluster of their own
 (:func:`warn_workers_unshielded`).

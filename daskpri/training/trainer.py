@@ -10,10 +10,11 @@ This module holds the :class:`Trainer`'s public face: its parameters, its
 cluster and the fit loop; the work behind them is in private modules:
 ``_settings`` checks and sets its arguments, ``_fit`` runs a fit's loop,
 ``_resume`` writes and reads checkpoints, ``_results`` builds ``history_``
-and ``table_``, ``_cleanup`` closes a trainer never closed, ``_interrupts``
-says what an interrupt (Jupyter's, Ctrl-C) does meanwhile, and its mixins
-``_run.RunMixin``, ``_step.StepMixin`` and ``_persist.PersistMixin`` hold
-the run in the cluster, each step, and the checkpoints and results
+and ``table_``, ``_cleanup`` starts its LocalCluster and closes a trainer
+never closed, ``_interrupts`` says what an interrupt (Jupyter's, Ctrl-C)
+does meanwhile, and its mixins ``_run.RunMixin``, ``_step.StepMixin`` and
+``_persist.PersistMixin`` hold the run in the cluster, each step, and the
+checkpoints and results
 (:meth:`~Trainer.save`, :meth:`~Trainer.resume`, ``history_``, ``table_``).
 The partitions and replicas on the workers, and re-planning after losing
 some, are a :class:`~daskpri.training.deployment.Deployment`; the
@@ -275,6 +276,9 @@ class Trainer(PersistMixin):
         ------
         RuntimeError
             If the client is closing or closed.
+        KeyboardInterrupt
+            Interrupted as it starts the trainer's LocalCluster: once started
+            (the trainer's), or, interrupted twice, at once, the cluster closed.
 
         Examples
         --------
