@@ -230,9 +230,9 @@ def interrupts_held() -> Iterator[Held]:
         reader.setblocking(False)
         writer.setblocking(False)
     held = Held(reader)
+    wakeup = -1 if writer is None else signal.set_wakeup_fd(writer.fileno())
     if main:
         signal.signal(signal.SIGINT, lambda signum, frame: held.frames.append(frame))
-    wakeup = -1 if writer is None else signal.set_wakeup_fd(writer.fileno())
     blocking = hasattr(signal, "pthread_sigmask")  # not on Windows
     listening = threading.Event()
     if blocking:
