@@ -107,3 +107,20 @@ def dask_cluster(
         _stop(procs[1:])
         _stop(procs[:1])
         log.close()
+
+
+#: Python code that runs its line (a trainer's fit, say) saying when a Dask worker process
+#: has been started: it imports its modules then, before the preload that makes it ignore
+#: an interrupt, and its LocalCluster is still starting
+SPAWNED = """
+start = multiprocessing.process.BaseProcess.start
+def say_started(process):
+    start(process)
+    if "Dask Worker" in process.name:
+        print("worker process started", flush=True)
+multiprocessing.process.BaseProcess.start = say_started
+try:
+    {}
+finally:
+    multiprocessing.process.BaseProcess.start = start
+"""

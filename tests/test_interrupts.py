@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from _procs import _stop
+from _procs import SPAWNED, _stop
 
 #: a script whose trainer starts its own LocalCluster in a fit, saying when its worker
 #: process has been started (the cluster is still starting then, for seconds); Python's
@@ -24,18 +24,14 @@ import psutil
 import daskpri
 from daskpri.models import MLP
 train, _ = daskpri.datasets.load("synthetic", n_samples=200, seed=0)
-start = multiprocessing.process.BaseProcess.start
-def say_started(process):
-    start(process)
-    if "Dask Worker" in process.name:
-        print("worker process started", flush=True)
-multiprocessing.process.BaseProcess.start = say_started
 trainer = daskpri.Trainer(MLP(train["x"].shape[1:], int(train.attrs["n_classes"]), hidden=8),
                           strategy="uniform", n_workers=1)
-try:
-    trainer.fit(train, max_steps=10**6, progress=False)
-except KeyboardInterrupt as e:
-    print("raised", repr(e), flush=True)
+def fit():
+    try:
+        trainer.fit(train, max_steps=10**6, progress=False)
+    except KeyboardInterrupt as e:
+        print("raised", repr(e), flush=True)
+""" + SPAWNED.format("fit()") + """
 children = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
 print("cluster", trainer._own_cluster, "processes",
       len([c for c in children if "resource_tracker" not in c]), flush=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import SPAWNED as _SPAWNED
 
 kernelspec = pytest.importorskip("ipykernel.kernelspec")
 manager = pytest.importorskip("jupyter_client.manager")
@@ -41,22 +42,6 @@ def new_trainer(model=None, **kw):
     if model is None:
         model = MLP(train["x"].shape[1:], int(train.attrs["n_classes"]), hidden=32)
     return daskpri.Trainer(model, strategy="uniform", seed=0, n_workers=1, **kw)
-"""
-
-
-#: runs its line (a trainer's fit, say) saying when a worker process has been started:
-#: it imports its modules then, before the preload that makes it ignore an interrupt
-_SPAWNED = """
-start = multiprocessing.process.BaseProcess.start
-def say_started(process):
-    start(process)
-    if "Dask Worker" in process.name:
-        print("worker process started", flush=True)
-multiprocessing.process.BaseProcess.start = say_started
-try:
-    {}
-finally:
-    multiprocessing.process.BaseProcess.start = start
 """
 
 
