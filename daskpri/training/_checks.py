@@ -10,7 +10,7 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dask
@@ -26,6 +26,7 @@ from daskpri.data.io import check_labels, open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
 from daskpri.training import checkpoint
+from daskpri.training._probe import device_counts
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
@@ -337,18 +338,6 @@ def _accelerator(device: str | None) -> tuple[str, int] | None:
     return None if found.type == "cpu" else (found.type, found.index or 0)
 
 
-def _device_counts(kinds: tuple[str, ...] = DEVICE_TYPES[1:]) -> dict[str, int]:
-    """This process's devices of each accelerator kind (run on the workers too)."""
-    counts = {}
-    for kind in kinds:
-        module = getattr(torch, kind, None)
-        try:
-            counts[kind] = int(module.device_count()) if module is not None else 0
-        except Exception:  # a backend torch was built without
-            counts[kind] = 0
-    return counts
-
-
 def _choices(kind: str, count: int) -> str:
     """The devices that ``count`` devices of ``kind`` allow, for a message.
 
@@ -379,7 +368,7 @@ def check_local_device(device: str | None) -> None:
     if found is None:
         return
     kind, index = found
-    count = _device_counts((kind,))[kind]
+    count = device_counts((kind,))[kind]
     if index >= count:
         raise ValueError(
             f"device={device!r}, but this machine, where the trainer's LocalCluster would run "
@@ -389,27 +378,36 @@ def check_local_device(device: str | None) -> None:
         )
 
 
-def check_workers_device(client: Client, workers: list[str], device: str | None) -> None:
-    """Refuse an accelerator ``device`` that one of ``workers`` lacks, asking them first.
+def check_workers_device(
+    counts: Mapping[str, Mapping[str, int]], n_workers: int, device: str | None
+) -> None:
+    """Refuse an accelerator ``device`` that one of the run's workers lacks.
 
-    One call to the workers, before the run's replicas are set up on them:
-    a replica's setup that failed would log its traceback on each worker.
+    ``counts`` are the devices of each kind of the workers that answered
+    the probe before the set-up (:mod:`daskpri.training._cluster_checks`),
+    of the run's ``n_workers``: a replica's setup that failed would log its
+    traceback on each worker.
+
+    Examples
+    --------
+    >>> check_workers_device({"tcp://a": {"cuda": 2}}, 1, "cuda:1")
+    >>> check_workers_device({"tcp://a": {"cuda": 2}, "tcp://b": {"cuda": 0}}, 2, "cuda:1")
+    Traceback (most recent call last):
+    ValueError: device='cuda:1', but 1 of the run's 2 worker(s) lack it (tcp://b has 0 CUDA ...
     """
     found = _accelerator(device)
-    if found is None:
+    if found is None or not counts:
         return
     kind, index = found
-    counts = {addr: c[kind] for addr, c in
-              client.run(_device_counts, (kind,), workers=workers).items()}
-    lacking = sorted(addr for addr, count in counts.items() if index >= count)
+    lacking = sorted(addr for addr, c in counts.items() if index >= c[kind])
     if not lacking:
         return
-    which = ", ".join(f"{addr} has {counts[addr]}" for addr in lacking[:5])
+    which = ", ".join(f"{addr} has {counts[addr][kind]}" for addr in lacking[:5])
     more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
     raise ValueError(
-        f"device={device!r}, but {len(lacking)} of the run's {len(workers)} worker(s) lack "
+        f"device={device!r}, but {len(lacking)} of the run's {n_workers} worker(s) lack "
         f"it ({which}{more} {kind.upper()} device(s)): give device "
-        f"{_choices(kind, min(counts.values()))}, or {_DEVICE_ADVICE}"
+        f"{_choices(kind, min(c[kind] for c in counts.values()))}, or {_DEVICE_ADVICE}"
     )
 
 
@@ -439,25 +437,15 @@ def foreign_modules(classes: Any) -> list[str]:
     return sorted(found)
 
 
-def _unimportable(names: list[str]) -> list[str]:
-    """Those of ``names`` that this process cannot import (run on the workers)."""
-    import importlib.util
-
-    missing = []
-    for name in names:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):  # a parent package missing, or a broken one
-            spec = None
-        if spec is None:
-            missing.append(name)
-    return missing
-
-
 def check_cluster_imports(
-    client: Client, workers: list[str], model: nn.Module, strategy: Strategy
+    on_workers: Mapping[str, list[str]],
+    on_scheduler: list[str],
+    n_workers: int,
+    of_model: list[str],
+    of_strategy: list[str],
+    strategy: Strategy,
 ) -> None:
-    """Refuse a model or strategy of classes that the cluster cannot import, asking it first.
+    """Refuse a model or strategy of classes that the cluster cannot import.
 
     A model of layers from a module on the driver's path only (a script or
     notebook's ``mymodel.py``) unpickles on a LocalCluster's workers, which
@@ -465,21 +453,28 @@ def check_cluster_imports(
     started elsewhere: the replicas' setup would fail there with each
     worker's traceback and a bare ``No module named 'mymodel'``. A
     strategy's class goes to the workers and to the scheduler (the table).
+    ``of_model`` and ``of_strategy`` are the modules of the model's and the
+    strategy's classes (:func:`foreign_modules`); ``on_workers`` those that
+    each worker that answered the probe before the set-up
+    (:mod:`daskpri.training._cluster_checks`) of the run's ``n_workers``
+    cannot import, ``on_scheduler`` those that the scheduler cannot.
+
+    Examples
+    --------
+    >>> from daskpri.strategies import get_strategy
+    >>> check_cluster_imports({"tcp://a": ["mynet"], "tcp://b": []}, [], 2, ["mynet"], [],
+    ...                       get_strategy("uniform"))  # doctest: +NORMALIZE_WHITESPACE
+    Traceback (most recent call last):
+    ValueError: classes of module(s) 'mynet' (the model's layers) cannot be imported by 1 of
+    the run's 2 worker(s) (tcp://a): install it where they run, or have it sent ...
     """
-    of_model = foreign_modules(type(m) for m in model.modules())
-    of_strategy = foreign_modules(type(strategy).__mro__)
-    on_workers = sorted(set(of_model) | set(of_strategy))
-    if not on_workers:
-        return
-    missing = {addr: m for addr, m in
-               client.run(_unimportable, on_workers, workers=workers).items() if m}
+    missing = {addr: m for addr, m in on_workers.items() if m}
     where = [] if not missing else [
-        f"{len(missing)} of the run's {len(workers)} worker(s) ("
+        f"{len(missing)} of the run's {n_workers} worker(s) ("
         + ", ".join(sorted(missing)[:5])
         + (f" and {len(missing) - 5} more" if len(missing) > 5 else "") + ")"]
-    lacking = client.run_on_scheduler(_unimportable, of_strategy) if of_strategy else []
-    if lacking:
-        missing["the scheduler"] = lacking
+    if on_scheduler:
+        missing["the scheduler"] = on_scheduler
         where.append("the scheduler")
     if not missing:
         return

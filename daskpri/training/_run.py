@@ -38,21 +38,15 @@ from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import Ahead, RemoteTable
-from daskpri.training._checks import (
-    check_cluster_imports,
-    check_local_device,
-    check_model,
-    check_strategy_model,
-    check_workers_device,
-)
+from daskpri.training._checks import check_local_device, check_model, check_strategy_model
 from daskpri.training._cleanup import drop_run
+from daskpri.training._cluster_checks import check_cluster
 from daskpri.training._resume import state_shaped_like_params
 from daskpri.training.deployment import Deployment
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import (
     all_have_gpus,
     assign_owners,
-    check_workers_see,
     cluster_workers,
     eligible_workers,
     partition_bounds,
@@ -211,10 +205,9 @@ class RunMixin:
         sizes = np.diff(bounds)
         owner = assign_owners(sizes, len(addrs))
         self._check_batch_fits(sizes, owner, len(addrs))
-        check_workers_device(client, addrs, self.device)
-        check_cluster_imports(client, addrs, self.model, self.strategy)
-        if isinstance(source, str):
-            check_workers_see(client, addrs, source)
+        # one probe of the workers and the scheduler answers every check of the cluster
+        check_cluster(client, addrs, self.device, self.model, self.strategy,
+                      source if isinstance(source, str) else None)
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
         self._n_classes = n_classes

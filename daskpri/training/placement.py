@@ -171,42 +171,35 @@ def paused_workers(
     )
 
 
-def check_workers_see(client: Client, addresses: list[str], path: str) -> None:
+def check_workers_see(cannot_read: Mapping[str, str | None], n_workers: int, path: str) -> None:
     """Raise ``FileNotFoundError`` naming the workers that cannot read the store at ``path``.
 
     The workers read a store's partitions themselves, by path (the driver
     sends no data): a path on the driver's machine alone, or one that a
-    worker mounts elsewhere, fails there. Asked of every worker at once
-    before the run is set up, so a fit says so once, with what to do,
-    rather than with a failed load task (and its traceback in the worker's
-    log) for every partition. A worker that does not answer is left to the
-    set-up (a lost worker).
+    worker mounts elsewhere, fails there. Every worker is asked at once
+    before the run is set up (the probe of
+    :mod:`daskpri.training._cluster_checks`), so a fit says so once, with
+    what to do, rather than with a failed load task (and its traceback in
+    the worker's log) for every partition. ``cannot_read`` is each
+    answering worker's reason (None: it can), of the run's ``n_workers``; a
+    worker that does not answer is left to the set-up (a lost worker).
+
+    Examples
+    --------
+    >>> check_workers_see({"tcp://a": None, "tcp://b": "permission denied"}, 3, "/d.zarr")
+    Traceback (most recent call last):
+    FileNotFoundError: data names '/d.zarr', which 1 of the 3 workers cannot read (tcp://b: ...
     """
-    try:
-        found = client.run(_cannot_read, path, workers=addresses, on_error="return")
-    except Exception:
-        return
-    cannot = {a: why for a, why in found.items() if isinstance(why, str)}
+    cannot = {a: why for a, why in cannot_read.items() if isinstance(why, str)}
     if not cannot:
         return
     each = "; ".join(f"{a}: {why}" for a, why in sorted(cannot.items()))
     raise FileNotFoundError(
-        f"data names {path!r}, which {len(cannot)} of the {len(addresses)} workers cannot "
+        f"data names {path!r}, which {len(cannot)} of the {n_workers} workers cannot "
         f"read ({each}); the workers read a store themselves, by its path: put it where "
         "every worker sees it at that path (a shared file system), or pass the data in "
         "memory (xr.open_dataset(path).load()), which is sent to them once"
     )
-
-
-def _cannot_read(path: str) -> str | None:
-    """On a worker: why it cannot read ``path`` (``None``: it can)."""
-    import os
-
-    if not os.path.exists(path):
-        return "no such file or directory"
-    if not os.access(path, os.R_OK):
-        return "permission denied"
-    return None
 
 
 #: chunks holding fewer samples than this on average are grouped into partitions

@@ -1,0 +1,115 @@
+"""A cluster of another daskpri is refused before set-up; another torch is warned of.
+
+One ``dask scheduler`` and two ``dask worker`` processes on loopback, each
+worker started with a ``--preload`` script that changes what it runs as it
+starts: one an older daskpri (another version, and without the module of
+the probe that the fit sends it), the other another torch, which alone has
+the resource ``FOO=1``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+import torch
+from _procs import dask_cluster
+from distributed import Client
+
+import daskpri
+from daskpri.models import build_model
+
+#: a worker of an older daskpri, which has no module daskpri.training._probe
+OLD_DASKPRI = """
+import sys
+
+import daskpri
+
+daskpri.__version__ = "0.0.1"
+sys.modules["daskpri.training._probe"] = None  # its import fails
+"""
+
+#: a worker of another torch
+OTHER_TORCH = """
+import torch
+from torch.torch_version import TorchVersion
+
+torch.__version__ = TorchVersion("2.0.1")
+"""
+
+
+@pytest.fixture(scope="module")
+def mixed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of a scheduler with a worker of daskpri 0.0.1 and one of torch 2.0.1
+    (the one with ``FOO=1``)."""
+    directory = tmp_path_factory.mktemp("versions")
+    (directory / "old_daskpri.py").write_text(OLD_DASKPRI)
+    (directory / "other_torch.py").write_text(OTHER_TORCH)
+    common = ["--nthreads", "1", "--no-nanny"]
+    with dask_cluster(directory, [
+        [*common, "--preload", str(directory / "old_daskpri.py")],
+        [*common, "--resources", "FOO=1", "--preload", str(directory / "other_torch.py")],
+    ]) as address:
+        yield address
+
+
+def test_a_cluster_of_another_daskpri_is_refused_before_set_up_naming_where(
+    mixed_cluster, small_data
+):
+    train, _ = small_data
+    here = daskpri.__version__
+
+    def set_version(version: str) -> str:  # on the scheduler: its daskpri's version is
+        was, daskpri.__version__ = daskpri.__version__, version
+        return was
+
+    with Client(mixed_cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        [old] = [a for a, w in workers.items() if not w["resources"]]
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+        try:
+            with pytest.raises(ValueError, match="^" + re.escape(
+                f"the cluster runs another daskpri than this driver's {here}: daskpri 0.0.1 "
+                f"on 1 of the run's 2 worker(s) ({old}); the driver, the scheduler and the "
+                f"workers exchange daskpri's objects, which differ between versions: install "
+                f"daskpri {here} where each of them runs (pip install daskpri=={here}), and "
+                "restart them") + "$"):
+                trainer.fit(train, max_steps=1, progress=False)
+            # a scheduler of another daskpri, with the worker that has this one
+            was = client.run_on_scheduler(set_version, "0.0.2")
+            try:
+                with pytest.raises(ValueError, match=re.escape(
+                    f"another daskpri than this driver's {here}: daskpri 0.0.2 on the "
+                    "scheduler; ")):
+                    daskpri.Trainer(build_model("mlp", train), client=client,
+                                    resources={"FOO": 1}).fit(train, max_steps=1, progress=False)
+            finally:
+                client.run_on_scheduler(set_version, was)
+            # refused before set-up: nothing of the run in the cluster
+            plugins = client.run_on_scheduler(lambda dask_scheduler: list(
+                dask_scheduler.worker_plugins))
+            assert not [p for p in plugins if p.startswith("daskpri-")], plugins
+        finally:
+            trainer.close()
+
+
+def test_workers_of_another_torch_are_warned_of_and_the_run_goes_on(mixed_cluster, small_data):
+    train, _ = small_data
+    ours = ".".join(torch.__version__.split(".")[:2])
+    with Client(mixed_cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        [other] = [a for a, w in workers.items() if w["resources"]]
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  resources={"FOO": 1})
+        try:
+            with pytest.warns(daskpri.DaskpriWarning, match=re.escape(
+                f"the workers run another torch than this driver's {torch.__version__}: "
+                f"torch 2.0.1 on 1 of the run's 1 worker(s) ({other}); a model's state dict "
+                "and the pickled model the workers rebuild may not load across torch "
+                f"versions: install torch {ours} on the workers")):
+                history = trainer.fit(train, max_steps=2, progress=False)
+            assert history.sizes["step"] == 2
+        finally:
+            trainer.close()
+
