@@ -3,7 +3,8 @@
 A fit asks the run's workers and the scheduler everything its checks need
 at once (:func:`daskpri.training._probe.probe`: one ``client.run`` and one
 ``client.run_on_scheduler``, concurrently), then checks their answers on
-the driver, in order: the device (:func:`~daskpri.training._checks.check_workers_device`), the
+the driver, in order: the same daskpri everywhere (:func:`check_versions`),
+the device (:func:`~daskpri.training._checks.check_workers_device`), the
 model's and strategy's modules
 (:func:`~daskpri.training._checks.check_cluster_imports`), the data's store
 (:func:`~daskpri.training.placement.check_workers_see`). Each check is a
@@ -14,12 +15,16 @@ meanwhile) is left to the set-up, which recovers from a lost worker.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from distributed import Client
 from torch import nn
 
+import daskpri
+from daskpri._warnings import warn
 from daskpri.strategies import Strategy
 from daskpri.training import _probe
 from daskpri.training._checks import (
@@ -100,6 +105,7 @@ def check_cluster(
         modules=sorted(set(of_model) | set(of_strategy)), scheduler_modules=of_strategy,
         path=path,
     )
+    check_versions(answers.workers, answers.scheduler, len(workers))
     check_workers_device(
         {a: r["devices"] for a, r in answers.workers.items()}, len(workers), device)
     check_cluster_imports(
@@ -109,3 +115,94 @@ def check_cluster(
     if path is not None:
         check_workers_see({a: r["cannot_read"] for a, r in answers.workers.items()},
                           len(workers), path)
+
+
+def _listed(addresses: list[str]) -> str:
+    """Up to five of ``addresses``, for a message.
+
+    Examples
+    --------
+    >>> _listed(["tcp://a"]), _listed([f"w{i}" for i in range(7)])
+    ('tcp://a', 'w0, w1, w2, w3, w4 and 2 more')
+    """
+    more = f" and {len(addresses) - 5} more" if len(addresses) > 5 else ""
+    return ", ".join(sorted(addresses)[:5]) + more
+
+
+def _major_minor(version: str | None) -> str | None:
+    """``'2.13'`` of ``'2.13.0+cpu'``.
+
+    Examples
+    --------
+    >>> _major_minor("2.13.0+cpu"), _major_minor("2.4"), _major_minor(None)
+    ('2.13', '2.4', None)
+    """
+    return None if version is None else ".".join(version.split("+")[0].split(".")[:2])
+
+
+def check_versions(
+    workers: Mapping[str, Mapping[str, Any]],
+    scheduler: Mapping[str, Any] | None,
+    n_workers: int | None = None,
+    *,
+    here: str | None = None,
+    here_torch: str | None = None,
+) -> None:
+    """Refuse a cluster of another daskpri than the driver's; warn of another torch.
+
+    The driver, the scheduler (the run's table) and the workers (its
+    replicas) exchange daskpri's objects and messages, which differ
+    between versions: a different daskpri fails there in ways that do not
+    say so. A different torch (major.minor) on the workers is warned of:
+    a model's state dict, and the pickled model that the workers rebuild,
+    may not load across torch versions. ``workers`` are the answers of
+    those of the run's ``n_workers`` (default: as many) that answered;
+    ``here`` and ``here_torch`` default to this process's versions; a
+    ``scheduler`` of None (its probe failed) is not checked.
+
+    Examples
+    --------
+    >>> check_versions({"tcp://a": {"daskpri": "0.1.0", "torch": "2.13.0"}},
+    ...                {"daskpri": "0.1.0"}, here="0.1.0", here_torch="2.13.1")
+    >>> check_versions({"tcp://a": {"daskpri": "0.0.9", "torch": "2.13.0"},
+    ...                 "tcp://b": {"daskpri": "0.1.0", "torch": "2.13.0"}},
+    ...                {"daskpri": None}, here="0.1.0")  # doctest: +NORMALIZE_WHITESPACE
+    Traceback (most recent call last):
+    ValueError: the cluster runs another daskpri than this driver's 0.1.0: daskpri 0.0.9 on
+    1 of the run's 2 worker(s) (tcp://a), and no daskpri on the scheduler; ...
+    """
+    here = daskpri.__version__ if here is None else here
+    here_torch = str(torch.__version__) if here_torch is None else here_torch
+    n_workers = len(workers) if n_workers is None else n_workers
+    where: dict[str | None, list[str]] = {}
+    for address, answer in sorted(workers.items()):
+        if answer["daskpri"] != here:
+            where.setdefault(answer["daskpri"], []).append(address)
+    each = [f"{'no daskpri' if v is None else f'daskpri {v}'} on {len(addresses)} of the "
+            f"run's {n_workers} worker(s) ({_listed(addresses)})"
+            for v, addresses in where.items()]
+    if scheduler is not None and scheduler["daskpri"] != here:
+        v = scheduler["daskpri"]
+        each.append(f"{'no daskpri' if v is None else f'daskpri {v}'} on the scheduler")
+    if each:
+        raise ValueError(
+            f"the cluster runs another daskpri than this driver's {here}: {', and '.join(each)}; "
+            "the driver, the scheduler and the workers exchange daskpri's objects, which "
+            f"differ between versions: install daskpri {here} where each of them runs "
+            "(pip install daskpri==" + here + "), and restart them"
+        )
+    ours = _major_minor(here_torch)
+    torches: dict[str | None, list[str]] = {}
+    for address, answer in sorted(workers.items()):
+        if _major_minor(answer["torch"]) != ours:
+            torches.setdefault(answer["torch"], []).append(address)
+    if torches:
+        each = [f"{'no torch' if v is None else f'torch {v}'} on {len(addresses)} of the "
+                f"run's {n_workers} worker(s) "
+                f"({_listed(addresses)})" for v, addresses in torches.items()]
+        warn(
+            f"the workers run another torch than this driver's {here_torch}: "
+            f"{', and '.join(each)}; a model's state dict and the pickled model the workers "
+            f"rebuild may not load across torch versions: install torch {ours} on the workers "
+            "if the run fails to set up, or its checkpoint to load"
+        )
