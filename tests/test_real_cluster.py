@@ -315,3 +315,33 @@ def test_dask_worker_nworkers_processes_are_given_distinct_devices_by_the_schedu
         # with the run's resources, only those that have them count: the FOO worker alone
         [foo] = [a for a, w in workers.items() if w["resources"].get("FOO")]
         assert client.run(chosen, 3, {"FOO": 1}, workers=[foo]) == {foo: "cuda:0"}
+
+
+def _out_of_band(client: Client) -> dict[str, list[str]]:
+    """The functions that each worker was sent with ``client.run``, as its log names them,
+    oldest first."""
+    return {a: [m.split("'")[1] for _, m in reversed(lines) if "Run out-of-band function" in m]
+            for a, lines in client.get_worker_logs().items()}
+
+
+def test_the_workers_are_asked_once_before_the_set_up(
+    cluster, models_dir, small_data, tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(models_dir))
+    import realclustermodel
+
+    train, _ = small_data
+    path = str(tmp_path / "data.zarr")
+    train.to_zarr(path, consolidated=False)
+    # a model of a module that is not daskpri's, and a store: each a question to the workers
+    model = realclustermodel.Net(int(train["x"].shape[1]), int(train["y"].max()) + 1)
+    with Client(cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        [foo] = [a for a, w in workers.items() if w["resources"].get("FOO")]
+        before = _out_of_band(client)
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, resources={"FOO": 1})
+        trainer.fit(path, max_steps=1, progress=False)
+        trainer.close()
+        asked = {a: names[len(before[a]):] for a, names in _out_of_band(client).items()}
+    # one probe of the run's worker before its set-up (and _memory once its replica is built)
+    assert asked == {a: ["probe", "_memory"] if a == foo else [] for a in workers}
