@@ -63,6 +63,8 @@ def ask_cluster(
     answers, as is the scheduler's where its probe fails; a lost connection
     to the scheduler is raised.
     """
+    # the coroutines behind client.run and client.run_on_scheduler, sent together
+    # on the client's loop: the public methods each wait for their answer in turn
     async def ask() -> tuple[dict[str, Any], dict[str, Any] | None]:
         on_workers = asyncio.wait_for(
             client._run(_probe.probe, kinds, modules or [], path, workers=workers,
