@@ -73,8 +73,8 @@ def test_a_cluster_of_another_daskpri_is_refused_before_set_up_naming_where(
                 f"the cluster runs another daskpri than this driver's {here}: daskpri 0.0.1 "
                 f"on 1 of the run's 2 worker(s) ({old}); the driver, the scheduler and the "
                 f"workers exchange daskpri's objects, which differ between versions: install "
-                f"daskpri {here} where each of them runs (pip install daskpri=={here}), and "
-                "restart them") + "$"):
+                f"daskpri {here} where each of them runs (the release or checkout that this "
+                "driver runs), and restart them") + "$"):
                 trainer.fit(train, max_steps=1, progress=False)
             # a scheduler of another daskpri, with the worker that has this one
             was = client.run_on_scheduler(set_version, "0.0.2")
@@ -103,11 +103,12 @@ def test_workers_of_another_torch_are_warned_of_and_the_run_goes_on(mixed_cluste
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
                                   resources={"FOO": 1})
         try:
-            with pytest.warns(daskpri.DaskpriWarning, match=re.escape(
+            with pytest.warns(daskpri.DaskpriWarning, match="^" + re.escape(
                 f"the workers run another torch than this driver's {torch.__version__}: "
                 f"torch 2.0.1 on 1 of the run's 1 worker(s) ({other}); a model's state dict "
                 "and the pickled model the workers rebuild may not load across torch "
-                f"versions: install torch {ours} on the workers")):
+                f"versions: install torch {ours}, as here, on the workers if the run fails to "
+                "set up or a checkpoint fails to load") + "$"):
                 history = trainer.fit(train, max_steps=2, progress=False)
             assert history.sizes["step"] == 2
         finally:

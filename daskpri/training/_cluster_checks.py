@@ -190,8 +190,8 @@ def check_versions(
         raise ValueError(
             f"the cluster runs another daskpri than this driver's {here}: {', and '.join(each)}; "
             "the driver, the scheduler and the workers exchange daskpri's objects, which "
-            f"differ between versions: install daskpri {here} where each of them runs "
-            "(pip install daskpri==" + here + "), and restart them"
+            f"differ between versions: install daskpri {here} where each of them runs (the "
+            "release or checkout that this driver runs), and restart them"
         )
     ours = _major_minor(here_torch)
     torches: dict[str | None, list[str]] = {}
@@ -205,6 +205,6 @@ def check_versions(
         warn(
             f"the workers run another torch than this driver's {here_torch}: "
             f"{', and '.join(each)}; a model's state dict and the pickled model the workers "
-            f"rebuild may not load across torch versions: install torch {ours} on the workers "
-            "if the run fails to set up, or its checkpoint to load"
+            f"rebuild may not load across torch versions: install torch {ours}, as here, on "
+            "the workers if the run fails to set up or a checkpoint fails to load"
         )
