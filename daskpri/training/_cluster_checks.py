@@ -63,16 +63,16 @@ def ask_cluster(
     answers, as is the scheduler's where its probe fails; a lost connection
     to the scheduler is raised.
     """
-    # the coroutines behind client.run and client.run_on_scheduler, sent together
-    # on the client's loop: the public methods each wait for their answer in turn
+    # client.run and client.run_on_scheduler with asynchronous=True give their
+    # coroutines (Dask's SyncMethodMixin.sync), sent together on the client's loop
     async def ask() -> tuple[dict[str, Any], dict[str, Any] | None]:
         on_workers = asyncio.wait_for(
-            client._run(_probe.probe, kinds, modules or [], path, workers=workers,
-                        on_error="return"),
+            client.run(_probe.probe, kinds, modules or [], path, workers=workers,
+                       on_error="return", asynchronous=True),
             dask_timeout(),
         )
-        on_scheduler = client._run_on_scheduler(
-            _probe.probe, (), scheduler_modules or [], None)
+        on_scheduler = client.run_on_scheduler(
+            _probe.probe, (), scheduler_modules or [], None, asynchronous=True)
         answers: tuple[Any, Any] = await asyncio.gather(on_workers, on_scheduler,
                                                         return_exceptions=True)
         found, scheduler = answers
