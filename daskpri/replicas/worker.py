@@ -439,6 +439,11 @@ def _train_handler(worker: Any) -> Any:
     """The worker's ``daskpri_train`` RPC handler (direct transport)."""
 
     async def daskpri_train(name: str, payload: tuple) -> Any:
+        if name not in worker.plugins and worker.status.name in ("closing", "closed"):
+            # retired, or restarted: its close removed the replica before the comms
+            # closed, and the step's call came in between; a lost worker, not an error
+            return {PARTITIONS_LOST: f"worker {worker.address} is closing: its replica is gone",
+                    "pids": [int(p) for p in payload[3]]}
         plugin = _plugin(name, worker)
         # compute off the event loop, so the worker keeps answering heartbeats
         result = await asyncio.to_thread(_train_or_lost, plugin, *payload)

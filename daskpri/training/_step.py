@@ -29,7 +29,14 @@ from daskpri.replicas.replica import Weights, flat_params, load_flat
 from daskpri.replicas.worker import ReplicaStateLost, StepResult
 from daskpri.table.plugin import Round
 from daskpri.training._run import RunMixin
-from daskpri.training.recovery import FILE_ERRORS, LOST, dask_timeout
+from daskpri.training.recovery import (
+    FILE_ERRORS,
+    LOST,
+    MEMORY_ADVICE,
+    dask_timeout,
+    how_workers_left,
+    killed_for_memory,
+)
 from daskpri.training.rounds import combine, crossed, fresh_priorities, nonfinite, step_record
 from daskpri.training.schedule import scheduled_rate
 from daskpri.training.transport import StepTimeout
@@ -47,13 +54,23 @@ class StepMixin(RunMixin):
     # -- one step -----------------------------------------------------------------------
 
     def _step(self, limit: int | None = None) -> dict[str, Any]:
-        """One step, or one round of ``local_steps`` steps (at most ``limit``)."""
+        """One step, or one round of ``local_steps`` steps (at most ``limit``).
+
+        A step that fails as workers leave runs again on the workers left
+        (their partitions moved), up to ``daskpri.trainer.max-retries``
+        times (:meth:`_workers_left`): a worker retired is no failure and
+        costs no retry; a retry that a nanny kills for memory again, as the
+        first try was, stops the fit (the step does not fit the workers'
+        memory, and each retry restarts a worker to be killed again).
+        """
         step = self.step_
         count = self.local_steps if limit is None else max(1, min(self.local_steps, limit))
         t_start = time.perf_counter()
         self._follow_cluster()  # charged to the round: its partitions move
         retries = _config.get_int("trainer.max-retries", 0)
-        for attempt in range(retries + 1):
+        failures = 0
+        killed = False  # a try of this step was killed for memory
+        while True:
             t0 = time.perf_counter()
             ahead = self._take_prefetched(step, count)
             selected_ahead = ahead is not None
@@ -73,25 +90,21 @@ class StepMixin(RunMixin):
                 break
             except FILE_ERRORS:
                 raise  # a worker that cannot read the data is not lost
-            except (*LOST, StepTimeout) as e:
-                self._drop_prefetched()  # selected for the workers lost
-                if attempt == retries:
+            except StepTimeout as e:
+                self._drop_prefetched()  # selected for the workers left out
+                if failures >= retries:
                     raise RuntimeError(
-                        f"step {step} failed {attempt + 1} times after losing workers: {e}"
+                        f"step {step} failed {failures + 1} times after losing workers: {e}"
                     ) from e
-                if isinstance(e, StepTimeout):
-                    # alive but stuck: train on without it rather than wait
-                    warn(
-                        f"step {step}: {e}; training goes on without them",
-                    )
-                    self._excluded.update(e.addresses)
+                # alive but stuck: train on without it rather than wait
+                warn(f"step {step}: {e}; training goes on without them")
+                self._excluded.update(e.addresses)
                 self._recover()
-                if not isinstance(e, StepTimeout):
-                    assert self._deployment is not None
-                    logger.warning(
-                        "step %d: a worker was lost (%s: %s); its partitions moved, the run "
-                        "goes on with %d", step, type(e).__name__, e, len(self._deployment.slots),
-                    )
+                failures += 1
+            except LOST as e:
+                self._drop_prefetched()  # selected for the workers lost
+                failed, killed = self._workers_left(step, e, failures, retries, killed)
+                failures += failed
         t1 = time.perf_counter()
         total = combine(results, self.local_steps)
         problem = nonfinite(total, step, count, self.local_steps)
@@ -127,6 +140,46 @@ class StepMixin(RunMixin):
             optimizer_time=t_opt,
             selected_ahead=selected_ahead,
         )
+
+    def _workers_left(
+        self, step: int, error: BaseException, failures: int, retries: int, killed: bool
+    ) -> tuple[bool, bool]:
+        """Re-plan after step ``step`` failed with ``error`` as workers left, saying why they did.
+
+        ``failures`` is how many tries of the step failed before, of
+        ``retries``; ``killed`` whether one was killed for memory. Returns
+        whether this try counts as failed (a worker retired by the scheduler
+        is none: the step runs again at no cost to ``retries``) and whether
+        a try was killed for memory. Raises ``RuntimeError`` where the
+        retries are spent, or where a nanny killed workers for memory at a
+        second try (saying so, with what to do).
+        """
+        assert self._deployment is not None
+        deployment = self._deployment
+        before = list(deployment.owner_addr)
+        retired, kills = how_workers_left(self.client, sorted(set(before)))
+        if kills:
+            why = killed_for_memory(kills, deployment.memory_limits)
+            if killed or failures >= retries:
+                when = (
+                    "again at its retry" if killed
+                    else f"at its last try (daskpri.trainer.max-retries={retries})"
+                )
+                raise RuntimeError(f"step {step} failed {when}: {why}; {MEMORY_ADVICE}") from error
+        elif failures >= retries and not retired:
+            raise RuntimeError(
+                f"step {step} failed {failures + 1} times after losing workers: {error}"
+            ) from error
+        self._recover()
+        gone = set(before) - set(deployment.owner_addr)
+        lost = gone - retired - set(kills)
+        self._report_left(
+            step, before, retired, kills,
+            f"a worker was lost ({type(error).__name__}: {error}); its partitions moved"
+            if lost or not (retired or kills) else None,
+            then=" (a retry of the step killed for memory again stops the fit)",
+        )
+        return bool(kills or lost or not retired), killed or bool(kills)
 
     def _run_tasks(
         self,

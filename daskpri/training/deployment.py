@@ -86,6 +86,10 @@ class Deployment:
         Workers of the cluster that hold no replica of the run (one that
         joined from an environment that cannot build it), by address: why.
         They take no partitions.
+    memory_limits : dict
+        The memory limit of each worker seen, by address, for a message
+        once its nanny has killed it for memory (it is gone from the
+        scheduler by then).
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class Deployment:
         self.ds = ds
         self.parts: dict[int, StoreRef | Future] = {}
         self.unfit: dict[str, str] = {}
+        self.memory_limits: dict[str, int] = {}
 
     def release(self) -> None:
         """Drop the partitions, the scheduler releasing those scattered before it returns.
@@ -154,6 +159,7 @@ class Deployment:
                 if missing:
                     self.place(missing, resources)
                 self.warm_up(weights, strategy, optimizer, resources)
+                self.note_limits(cluster_workers(self.client))
                 return
             except FILE_ERRORS:
                 raise
@@ -345,6 +351,7 @@ class Deployment:
         restarts a worker that died). One call to the scheduler.
         """
         workers = cluster_workers(self.client)
+        self.note_limits(workers)
         gone = [a for a in self.slots if a not in workers]
         try:
             live = eligible_workers(workers, resources, self.client.scheduler.address)
@@ -408,6 +415,12 @@ class Deployment:
 
     # -- lost workers ----------------------------------------------------------------
 
+    def note_limits(self, workers: dict[str, dict[str, Any]]) -> None:
+        """Remember the memory limits of ``workers`` (:func:`cluster_workers`'s)."""
+        for address, info in workers.items():
+            if info.get("memory_limit"):
+                self.memory_limits[address] = int(info["memory_limit"])
+
     def recover(
         self,
         *,
@@ -445,6 +458,7 @@ class Deployment:
         while True:
             check_scheduler()
             workers = cluster_workers(client)
+            self.note_limits(workers)
             try:
                 live = eligible_workers(workers, resources, client.scheduler.address)
                 live = [a for a in live if a not in excluded and a not in self.unfit]

@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError
+from typing import Any
 
 from distributed import Client, Future
 from distributed.comm import CommClosedError
@@ -149,6 +150,87 @@ def restarted_for_memory(client: Client, since: int, wait: float = 2.0) -> str |
         "replica (torch and the model): their memory passed distributed.worker.memory.terminate "
         "(95% of a worker's memory limit by default); start the workers with a larger limit "
         "(dask worker --memory-limit 4GB, or 0 for none)"
+    )
+
+
+#: what to do about workers killed for memory as they train
+MEMORY_ADVICE = (
+    "train with a smaller batch_size (--batch-size), on more workers (each then holds fewer "
+    "partitions of the data), or start the workers with a larger memory limit (dask worker "
+    "--memory-limit 8GB, or 0 for none)"
+)
+
+
+def how_workers_left(
+    client: Client, addresses: Sequence[str]
+) -> tuple[set[str], dict[str, int | None]]:
+    """``(retired, killed)``: which of ``addresses`` the scheduler retired, and which their
+    nanny killed for memory (by address: its memory then, if said).
+
+    A worker retired (``client.retire_workers``, a cluster scaling down) is
+    removed by the scheduler as *expected*, once its data is copied to other
+    workers, and the scheduler logs that in the worker's own topic before it
+    tells it to close; a nanny logs a worker's restart for memory
+    (:data:`MEMORY_RESTART`) before it kills it. A worker's address is its
+    process's, so a topic never holds an earlier worker's events. One call
+    to the scheduler (a request per address, at once); nothing is found
+    where the scheduler does not answer.
+    """
+
+    async def look() -> tuple[Any, list[Any]]:
+        kills = await client.scheduler.events(topic=MEMORY_RESTART)
+        own = await asyncio.gather(*(client.scheduler.events(topic=a) for a in addresses))
+        return kills, list(own)
+
+    try:
+        kills, own = client.sync(look)
+    except Exception:
+        return set(), {}
+    killed = {
+        str(e["worker"]): e.get("rss")
+        for _, e in kills
+        if isinstance(e, dict) and e.get("worker") in addresses
+    }
+    retired = {
+        a
+        for a, events in zip(addresses, own, strict=True)
+        if a not in killed
+        and any(
+            isinstance(e, dict) and e.get("action") == "remove-worker" and e.get("expected")
+            for _, e in events
+        )
+    }
+    return retired, killed
+
+
+def killed_for_memory(killed: Mapping[str, int | None], limits: Mapping[str, int]) -> str:
+    """Which workers their nanny killed for memory, at what memory, of what limit.
+
+    ``killed`` is :func:`how_workers_left`'s; ``limits`` the workers' memory
+    limits (those not there go unsaid).
+
+    Examples
+    --------
+    >>> print(killed_for_memory({"tcp://a:1": 2 * 10**9}, {"tcp://a:1": 2**31}))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    worker(s) tcp://a:1 (at 1.86 GiB of its 2.00 GiB memory limit) were killed by their nanny
+    for memory as they trained: a worker's memory passed distributed.worker.memory.terminate
+    (95% of its limit by default)
+    """
+    from dask.utils import format_bytes
+
+    def at(address: str) -> str:
+        rss, limit = killed[address], limits.get(address)
+        if rss and limit:
+            return f"{address} (at {format_bytes(rss)} of its {format_bytes(limit)} memory limit)"
+        if limit:
+            return f"{address} (of a {format_bytes(limit)} memory limit)"
+        return f"{address} (at {format_bytes(rss)})" if rss else address
+
+    return (
+        f"worker(s) {', '.join(at(a) for a in sorted(killed))} were killed by their nanny for "
+        "memory as they trained: a worker's memory passed distributed.worker.memory.terminate "
+        "(95% of its limit by default)"
     )
 
 

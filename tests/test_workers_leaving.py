@@ -1,0 +1,117 @@
+"""Workers that leave a run mid-fit, each named for why: retired, or killed for memory.
+
+A worker the scheduler retires (``client.retire_workers``, a cluster scaling
+down) is no failure: its partitions move and the step runs again at no cost
+to ``daskpri.trainer.max-retries``. A worker its nanny kills for memory is
+named with its memory and limit, and a step whose retry is killed again
+stops the fit, saying what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+
+import dask
+import pytest
+import torch
+from distributed import Client, LocalCluster
+
+import daskpri
+from daskpri.models import build_model
+
+
+class Hog(torch.nn.Module):
+    """A linear model whose forward, once the file ``flag`` exists, keeps ``size`` bytes."""
+
+    def __init__(self, n_features: int, n_classes: int, flag: str, size: int) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(n_features, n_classes)
+        self.flag = flag
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.path.exists(self.flag):
+            self.hog = torch.ones(self.size // 4)  # written: resident, not only reserved
+        return self.layer(x.flatten(1))
+
+
+def test_a_worker_retired_mid_fit_is_said_retired_and_costs_no_retry(small_data, caplog):
+    train, _ = small_data
+    with (
+        # a retry would fail the fit: the retirement must cost none
+        dask.config.set({"daskpri.trainer.max-retries": 0}),
+        LocalCluster(n_workers=3, threads_per_worker=1, processes=False,
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  batch_size=16, partition_size=100)
+        try:
+            with caplog.at_level(logging.WARNING, logger="daskpri"):
+                running = trainer.fit_in_background(train, max_steps=100_000, progress=False)
+                deadline = time.monotonic() + 60
+                while trainer.step_ < 3:
+                    assert not running.done(), running.result()  # it failed before step 3
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                [retired] = trainer._deployment.slots[:1]
+                client.retire_workers([retired])  # mid-fit: steps run meanwhile
+                while trainer.history_["n_workers"].values[-1] == 3:
+                    assert not running.done(), running.result()
+                    assert time.monotonic() < deadline, "the run went on with the worker retired"
+                    time.sleep(0.01)
+                trainer.stop()
+                history = running.result(timeout=60)
+            assert history["n_workers"].values[-1] == 2
+            others = ", ".join(sorted(set(client.scheduler_info()["workers"])))
+            assert re.search(
+                rf"step \d+: worker\(s\) {retired} retired; their partitions moved to "
+                rf"{re.escape(others)}, the run goes on with 2", caplog.text)
+            assert "lost" not in caplog.text and "left the cluster" not in caplog.text
+        finally:
+            trainer.close()
+
+
+def test_a_step_whose_retry_its_nanny_kills_for_memory_stops_the_fit_saying_why(
+    small_data, tmp_path, caplog
+):
+    train, _ = small_data
+    flag = tmp_path / "flag"
+    model = Hog(int(train["x"].shape[1]), int(train["y"].max()) + 1, str(flag), 2**30)
+    with (
+        # a worker's process with torch and the replica is well under 95% of 1 GB
+        LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB",
+                     host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        [worker] = client.scheduler_info(n_workers=-1)["workers"]
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16)
+        try:
+            trainer.fit(train, max_steps=2, progress=False)
+            flag.touch()  # from now on each step takes the worker past its limit
+            killed = (r"worker\(s\) {} \(at [\d.]+ [MG]iB of its 0.93 GiB memory limit\) were "
+                      r"killed by their nanny for memory as they trained: a worker's memory "
+                      r"passed distributed.worker.memory.terminate \(95% of its limit by default\)")
+            advice = r"train with a smaller batch_size .*more workers .*--memory-limit"
+            with (
+                caplog.at_level(logging.WARNING, logger="daskpri"),
+                pytest.raises(RuntimeError, match=(
+                    "^step 2 failed again at its retry: " + killed.format(r"tcp://[\d.:]+")
+                    + "; " + advice
+                )),
+            ):
+                trainer.fit(train, max_steps=6, progress=False)
+            # the restarted worker took the partitions, then was killed too: the fit stopped
+            # there, not after daskpri.trainer.max-retries (10) more
+            assert len(client.get_events("worker-restart-memory")) == 2
+            assert re.search(
+                rf"step 2: {killed.format(re.escape(worker))}; their partitions moved, the run "
+                r"goes on with 1 \(a retry of the step killed for memory again stops the fit\): "
+                + advice, caplog.text)
+            assert "a worker was lost" not in caplog.text
+            assert trainer.step_ == 2
+        finally:
+            trainer.close()
