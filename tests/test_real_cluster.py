@@ -197,7 +197,8 @@ def test_workers_over_the_memory_pause_threshold_are_refused_naming_their_memory
                   == "paused")
         # paused by now (Dask measures its memory every 100 ms): refused before set-up
         with pytest.raises(ValueError, match=(
-            rf"are paused by Dask: {worker} has a memory limit of 1.86 GiB; .*--memory-limit"
+            rf"are paused by Dask: {worker} uses [\d.]+ [MG]iB of its 1.86 GiB memory limit; "
+            r".*--memory-limit"
         )):
             trainer.fit(train, max_steps=3, progress=False)
         state = _on_cluster(client)

@@ -1,10 +1,14 @@
-"""Workers that leave a run mid-fit, each named for why: retired, or killed for memory.
+"""Workers that leave a run mid-fit, or stop taking its work, each named for why.
 
 A worker the scheduler retires (``client.retire_workers``, a cluster scaling
 down) is no failure: its partitions move and the step runs again at no cost
 to ``daskpri.trainer.max-retries``. A worker its nanny kills for memory is
 named with its memory and limit, and a step whose retry is killed again
-stops the fit, saying what to do.
+stops the fit, saying what to do. Workers that Dask pauses for memory are
+named with their memory. The clusters are LocalClusters whose workers are
+processes with nannies (the nanny's memory monitor is what kills a worker),
+forked with torch imported (see conftest): a restarted ``dask worker``
+imports torch afresh, which took the memory test from 4 s to 12-24 s.
 """
 
 from __future__ import annotations
@@ -113,5 +117,39 @@ def test_a_step_whose_retry_its_nanny_kills_for_memory_stops_the_fit_saying_why(
                 + advice, caplog.text)
             assert "a worker was lost" not in caplog.text
             assert trainer.step_ == 2
+        finally:
+            trainer.close()
+
+
+def test_workers_paused_mid_fit_are_named_with_their_memory(small_data, tmp_path):
+    train, _ = small_data
+    flag = tmp_path / "flag"
+    model = Hog(int(train["x"].shape[1]), int(train["y"].max()) + 1, str(flag), 500 * 2**20)
+    with (
+        dask.config.set({
+            # paused past half its limit, and never killed for it
+            "distributed.worker.memory.pause": 0.5,
+            "distributed.worker.memory.terminate": False,
+            "daskpri.trainer.no-workers-timeout": "1s",
+        }),
+        LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB",
+                     host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
+        # the step's scatter of the weights waits this long for a worker that takes data
+        Client(cluster, timeout=3) as client,
+    ):
+        [worker] = client.scheduler_info(n_workers=-1)["workers"]
+        # a paused worker runs no task: the tasks transport's steps wait for it
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16,
+                                  transport="tasks")
+        try:
+            trainer.fit(train, max_steps=2, progress=False)
+            flag.touch()  # the next step leaves the worker past its pause threshold
+            t0 = time.monotonic()
+            with pytest.raises(ValueError, match=(
+                rf"that could train this run are paused by Dask: {worker} uses [\d.]+ [MG]iB of "
+                r"its 0.93 GiB memory limit; .*distributed.worker.memory.pause .*--memory-limit"
+            )):
+                trainer.fit(train, max_steps=100, progress=False)
+            assert time.monotonic() - t0 < 30  # not the step timeout (300 s)
         finally:
             trainer.close()

@@ -102,6 +102,10 @@ def eligible_workers(
 
     >>> eligible_workers({"tcp://a": {"status": "paused"}, "tcp://b": {}}, None, "tcp://s")
     ['tcp://b']
+    >>> eligible_workers({"tcp://a": {"status": "paused", "memory_limit": 2**30,
+    ...                               "metrics": {"memory": 900 * 2**20}}}, None, "tcp://s")
+    Traceback (most recent call last):
+    ValueError: the workers ... are paused by Dask: tcp://a uses 900.00 MiB of its 1.00 GiB ...
     """
     if not workers:
         raise RuntimeError(
@@ -120,8 +124,10 @@ def eligible_workers(
         running = [a for a in ok if workers[a].get("status") != "paused"]
         if not running:
             raise ValueError(paused_workers(
-                {a: (None, workers[a].get("memory_limit")) for a in ok}, address,
-                "are paused by Dask",
+                # their memory at their last heartbeat, as the scheduler saw it pause them
+                {a: (workers[a].get("metrics", {}).get("memory"), workers[a].get("memory_limit"))
+                 for a in ok},
+                address, "are paused by Dask",
             ))
         ok = running
     if not resources:
