@@ -157,7 +157,11 @@ class StepMixin(RunMixin):
         assert self._deployment is not None
         deployment = self._deployment
         before = list(deployment.owner_addr)
-        retired, kills = how_workers_left(self.client, sorted(set(before)))
+        self._check_scheduler()  # a lost scheduler is said at once, as the re-plan would
+        # the last try waits a moment for a nanny's word that it killed the worker
+        retired, kills = how_workers_left(
+            self.client, sorted(set(before)), wait=2.0 if failures >= retries else 0.0
+        )
         if kills:
             why = killed_for_memory(kills, deployment.memory_limits)
             if killed or failures >= retries:
@@ -173,6 +177,11 @@ class StepMixin(RunMixin):
         self._recover()
         gone = set(before) - set(deployment.owner_addr)
         lost = gone - retired - set(kills)
+        if lost and not kills:
+            # a nanny logs its kill as it kills: the event may reach the scheduler after
+            # the call it failed did the driver, and before the re-plan is done
+            kills = how_workers_left(self.client, sorted(lost))[1]
+            lost -= set(kills)
         self._report_left(
             step, before, retired, kills,
             f"a worker was lost ({type(error).__name__}: {error}); its partitions moved"

@@ -162,7 +162,7 @@ MEMORY_ADVICE = (
 
 
 def how_workers_left(
-    client: Client, addresses: Sequence[str]
+    client: Client, addresses: Sequence[str], wait: float = 0.0
 ) -> tuple[set[str], dict[str, int | None]]:
     """``(retired, killed)``: which of ``addresses`` the scheduler retired, and which their
     nanny killed for memory (by address: its memory then, if said).
@@ -173,7 +173,9 @@ def how_workers_left(
     tells it to close; a nanny logs a worker's restart for memory
     (:data:`MEMORY_RESTART`) before it kills it. A worker's address is its
     process's, so a topic never holds an earlier worker's events. One call
-    to the scheduler (a request per address, at once); nothing is found
+    to the scheduler (a request per address, at once), made again for
+    ``wait`` seconds at most while it finds neither (a nanny's event may
+    arrive after the call that lost its worker failed); nothing is found
     where the scheduler does not answer.
     """
 
@@ -182,25 +184,31 @@ def how_workers_left(
         own = await asyncio.gather(*(client.scheduler.events(topic=a) for a in addresses))
         return kills, list(own)
 
-    try:
-        kills, own = client.sync(look)
-    except Exception:
-        return set(), {}
-    killed = {
-        str(e["worker"]): e.get("rss")
-        for _, e in kills
-        if isinstance(e, dict) and e.get("worker") in addresses
-    }
-    retired = {
-        a
-        for a, events in zip(addresses, own, strict=True)
-        if a not in killed
-        and any(
-            isinstance(e, dict) and e.get("action") == "remove-worker" and e.get("expected")
-            for _, e in events
-        )
-    }
-    return retired, killed
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            kills, own = client.sync(
+                look, callback_timeout=_config.get_seconds("trainer.scheduler-timeout")
+            )
+        except Exception:
+            return set(), {}
+        killed = {
+            str(e["worker"]): e.get("rss")
+            for _, e in kills
+            if isinstance(e, dict) and e.get("worker") in addresses
+        }
+        retired = {
+            a
+            for a, events in zip(addresses, own, strict=True)
+            if a not in killed
+            and any(
+                isinstance(e, dict) and e.get("action") == "remove-worker" and e.get("expected")
+                for _, e in events
+            )
+        }
+        if killed or retired or time.monotonic() >= deadline:
+            return retired, killed
+        time.sleep(0.1)
 
 
 def killed_for_memory(killed: Mapping[str, int | None], limits: Mapping[str, int]) -> str:
