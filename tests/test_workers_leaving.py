@@ -42,11 +42,16 @@ class Hog(torch.nn.Module):
         return self.layer(x.flatten(1))
 
 
-def test_a_worker_retired_mid_fit_is_said_retired_and_costs_no_retry(small_data, caplog):
+# 0s: the run looks at the cluster before each step, and finds the worker gone there, as
+# often as a step's call to it fails
+@pytest.mark.parametrize("rescan", ["5s", "0s"])
+def test_a_worker_retired_mid_fit_is_said_retired_and_costs_no_retry(small_data, caplog,
+                                                                     rescan):
     train, _ = small_data
     with (
         # a retry would fail the fit: the retirement must cost none
-        dask.config.set({"daskpri.trainer.max-retries": 0}),
+        dask.config.set({"daskpri.trainer.max-retries": 0,
+                         "daskpri.trainer.rescan-interval": rescan}),
         LocalCluster(n_workers=3, threads_per_worker=1, processes=False,
                      dashboard_address="127.0.0.1:0") as cluster,
         Client(cluster) as client,

@@ -54,11 +54,10 @@ from daskpri.training.placement import (
 from daskpri.training.recovery import (
     FILE_ERRORS,
     LOST,
-    MEMORY_ADVICE,
     check_scheduler,
     how_workers_left,
-    killed_for_memory,
     memory_restarts,
+    report_left,
     rescan_interval,
     restarted_for_memory,
     scheduler_id,
@@ -394,8 +393,8 @@ class RunMixin:
             retired, kills = how_workers_left(self.client, gone)
             self._recover()
             left = [a for a in gone if a not in retired and a not in kills]
-            self._report_left(
-                self.step_, before, retired, kills,
+            report_left(
+                self._deployment, self.step_, before, retired, kills,
                 f"worker(s) {', '.join(left)} left the cluster; their partitions moved"
                 if left else None,
             )
@@ -474,42 +473,6 @@ class RunMixin:
             return
         check_scheduler(self._client, self.checkpoint_path, self._scheduler_address,
                         self._scheduler_id)
-
-    def _report_left(
-        self,
-        step: int,
-        before: list[str],
-        retired: set[str],
-        kills: dict[str, int | None],
-        lost: str | None,
-        then: str = "",
-    ) -> None:
-        """Log, after a re-plan, why workers left: retired, killed for memory, or ``lost``.
-
-        ``before`` is the partitions' owners before it; ``retired`` and
-        ``kills`` are :func:`~daskpri.training.recovery.how_workers_left`'s;
-        ``lost`` says what else was lost (``None``: nothing); ``then`` what
-        another memory kill does. A retirement is the cluster's choice, not
-        a failure, and is said so; it is logged at WARNING all the same, as
-        workers joining are, where a user running the CLI sees it.
-        """
-        assert self._deployment is not None
-        after = self._deployment.owner_addr
-        n = len(self._deployment.slots)
-        if retired:
-            moved_to = sorted({b for a, b in zip(before, after, strict=True) if a in retired})
-            logger.warning(
-                "step %d: worker(s) %s retired; their partitions moved to %s, the run goes on "
-                "with %d", step, ", ".join(sorted(retired)), ", ".join(moved_to), n,
-            )
-        if kills:
-            logger.warning(
-                "step %d: %s; their partitions moved, the run goes on with %d%s: %s",
-                step, killed_for_memory(kills, self._deployment.memory_limits), n, then,
-                MEMORY_ADVICE,
-            )
-        if lost is not None:
-            logger.warning("step %d: %s, the run goes on with %d", step, lost, n)
 
     def _recover(self) -> None:
         """Re-plan after losing workers: move their partitions to live ones."""

@@ -36,6 +36,7 @@ from daskpri.training.recovery import (
     dask_timeout,
     how_workers_left,
     killed_for_memory,
+    report_left,
 )
 from daskpri.training.rounds import combine, crossed, fresh_priorities, nonfinite, step_record
 from daskpri.training.schedule import scheduled_rate
@@ -182,8 +183,8 @@ class StepMixin(RunMixin):
             # the call it failed did the driver, and before the re-plan is done
             kills = how_workers_left(self.client, sorted(lost))[1]
             lost -= set(kills)
-        self._report_left(
-            step, before, retired, kills,
+        report_left(
+            deployment, step, before, retired, kills,
             f"a worker was lost ({type(error).__name__}: {error}); its partitions moved"
             if lost or not (retired or kills) else None,
             then=" (a retry of the step killed for memory again stops the fit)",

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import Client, Future
 from distributed.comm import CommClosedError
@@ -23,6 +24,11 @@ from daskpri import _config
 from daskpri.data.io import FILE_ERRORS as FILE_ERRORS
 from daskpri.replicas.worker import StoreRef
 from daskpri.training import checkpoint
+
+if TYPE_CHECKING:
+    from daskpri.training.deployment import Deployment
+
+logger = logging.getLogger(__name__)
 
 # Failures that mean "a worker (and what it held) is gone", after which a step
 # is re-planned on the workers left; anything else is the user's error.
@@ -240,6 +246,42 @@ def killed_for_memory(killed: Mapping[str, int | None], limits: Mapping[str, int
         "memory as they trained: a worker's memory passed distributed.worker.memory.terminate "
         "(95% of its limit by default)"
     )
+
+
+def report_left(
+    deployment: Deployment,
+    step: int,
+    before: list[str],
+    retired: set[str],
+    kills: dict[str, int | None],
+    lost: str | None,
+    then: str = "",
+) -> None:
+    """Log, once ``deployment`` is re-planned, why workers left: retired, killed for memory,
+    or ``lost``.
+
+    ``before`` is the partitions' owners before the re-plan; ``retired``
+    and ``kills`` are :func:`how_workers_left`'s; ``lost`` says what else
+    was lost (``None``: nothing); ``then`` what another memory kill does. A
+    retirement is the cluster's choice, not a failure, and is said so; it
+    is logged at WARNING all the same, as workers joining are, where a user
+    of the CLI sees it.
+    """
+    after = deployment.owner_addr
+    n = len(deployment.slots)
+    if retired:
+        moved_to = sorted({b for a, b in zip(before, after, strict=True) if a in retired})
+        logger.warning(
+            "step %d: worker(s) %s retired; their partitions moved to %s, the run goes on "
+            "with %d", step, ", ".join(sorted(retired)), ", ".join(moved_to), n,
+        )
+    if kills:
+        logger.warning(
+            "step %d: %s; their partitions moved, the run goes on with %d%s: %s",
+            step, killed_for_memory(kills, deployment.memory_limits), n, then, MEMORY_ADVICE,
+        )
+    if lost is not None:
+        logger.warning("step %d: %s, the run goes on with %d", step, lost, n)
 
 
 def scheduler_id(client: Client) -> str | None:
