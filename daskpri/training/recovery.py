@@ -1,8 +1,10 @@
 """Failures of the cluster: lost workers, the timeouts, a lost scheduler.
 
 What counts as a lost worker (after which a step is re-planned on the
-workers left), how long the trainer waits for workers and steps, and how a
-scheduler that stopped answering is told apart from any other error.
+workers left), why workers left (retired by the scheduler, killed by their
+nanny for memory: :func:`how_workers_left`) and how that is said, how long
+the trainer waits for workers and steps, and how a scheduler that stopped
+answering is told apart from any other error.
 """
 
 from __future__ import annotations
