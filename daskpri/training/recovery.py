@@ -179,8 +179,9 @@ def how_workers_left(
     removed by the scheduler as *expected*, once its data is copied to other
     workers, and the scheduler logs that in the worker's own topic before it
     tells it to close; a nanny logs a worker's restart for memory
-    (:data:`MEMORY_RESTART`) before it kills it. A worker's address is its
-    process's, so a topic never holds an earlier worker's events. One call
+    (:data:`MEMORY_RESTART`) before it kills it. Only events since the
+    worker last joined count (a worker started again at a fixed port has
+    the address of the one before). One call
     to the scheduler (a request per address, at once), made again for
     ``wait`` seconds at most while it finds neither (a nanny's event may
     arrive after the call that lost its worker failed); nothing is found
@@ -200,10 +201,17 @@ def how_workers_left(
             )
         except Exception:
             return set(), {}
+        # when each joined last: a worker started again at a fixed port has the address
+        # (and topic) of the one before, whose retirement or kill is not its own
+        joined = {
+            a: max((t for t, e in events if isinstance(e, dict)
+                    and e.get("action") == "add-worker"), default=0.0)
+            for a, events in zip(addresses, own, strict=True)
+        }
         killed = {
             str(e["worker"]): e.get("rss")
-            for _, e in kills
-            if isinstance(e, dict) and e.get("worker") in addresses
+            for t, e in kills
+            if isinstance(e, dict) and e.get("worker") in joined and t >= joined[e["worker"]]
         }
         retired = {
             a
@@ -211,7 +219,8 @@ def how_workers_left(
             if a not in killed
             and any(
                 isinstance(e, dict) and e.get("action") == "remove-worker" and e.get("expected")
-                for _, e in events
+                and t >= joined[a]
+                for t, e in events
             )
         }
         if killed or retired or time.monotonic() >= deadline:
