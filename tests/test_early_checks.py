@@ -4,7 +4,9 @@ The trainer's own LocalCluster starts worker processes (seconds); a fit
 that would fail on the workers' first step (labels out of range, a model
 that cannot run on the data, a CUDA device they lack) is refused on the
 driver before it starts them, and :meth:`Trainer.fit_in_background`
-raises a bad argument in its caller's thread, not in its future.
+raises a bad argument in its caller's thread, not in its future. Data
+laid out as an xarray user has it (features with ``sample`` last, labels
+as floats) is taken as meant, or refused as early as the rest.
 """
 
 from __future__ import annotations
@@ -275,3 +277,38 @@ def test_a_strategy_class_the_cluster_cannot_import_is_refused_saying_where(
             assert history.attrs["strategy"] == "my-uniform"
         finally:
             trainer.close()
+
+
+def test_a_fit_on_a_store_of_float_labels_with_a_nan_is_refused_before_its_cluster_starts(
+    small_data, tmp_path
+):
+    train, test = small_data
+    y = train["y"].values.astype(np.float32)
+    y[1234] = np.nan
+    store = to_store(train.assign(y=("sample", y)).chunk({"sample": 400}),
+                     tmp_path / "train.zarr")
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", n_workers=1)
+    try:
+        with pytest.raises(ValueError, match=r"^data.y should hold whole-number class labels "
+                           r".* but got nan at sample 1234 \(1 such label in samples 1200-1599\)"):
+            trainer.fit(store, eval_data=test, max_steps=2, progress=False)
+        assert trainer._own_cluster is None and trainer._client is None
+    finally:
+        trainer.close()
+
+
+def test_a_fit_trains_on_a_store_of_transposed_features_and_float_labels(
+    gpu_client, small_data, tmp_path
+):
+    train, test = small_data
+    as_written = train.transpose("feature", "sample").assign(y=train["y"].astype(np.float32))
+    store = to_store(as_written.chunk({"sample": 400}), tmp_path / "train.zarr")
+    evals = to_store(test.transpose("feature", "sample").assign(y=test["y"].astype(float)),
+                     tmp_path / "test.nc")
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="loss", client=gpu_client)
+    try:
+        history = trainer.fit(store, eval_data=evals, max_steps=4, progress=False)
+        assert np.isfinite(history["accuracy"][-1]) and trainer.step_ == 4
+        assert trainer.table_.sizes["sample"] == train.sizes["sample"]
+    finally:
+        trainer.close()

@@ -1,7 +1,8 @@
 """Open and check the ``xarray.Dataset`` that daskpri trains on.
 
-A training dataset has a ``sample`` dimension, features ``x`` with ``sample`` as
-their first dimension, and integer labels ``y`` along ``sample``. It comes from
+A training dataset has a ``sample`` dimension, features ``x`` along it (its
+first dimension once opened: ``x`` is transposed so), and integer labels ``y``
+along ``sample`` (whole-number floats are taken, cast to int64). It comes from
 memory, a zarr store or a netCDF file; files are opened lazily, so a worker
 that asks for one partition reads only that partition's chunks. Writing one
 (:func:`to_store`, :func:`check_destination`, also importable from here) is
@@ -22,6 +23,13 @@ import zarr.errors
 
 from daskpri import _config
 from daskpri.data._formats import format_of
+from daskpri.data._layout import (
+    as_training,
+    hint_labels,
+    hint_missing,
+    hint_sample,
+    hint_y_dims,
+)
 from daskpri.data.store import check_destination, to_store
 
 __all__ = [
@@ -63,7 +71,11 @@ def open_dataset(
     -------
     xarray.Dataset
         Backed by the file's chunks where it came from a file: nothing is read
-        until a slice of it is loaded.
+        until a slice of it is loaded. Laid out as daskpri trains on it: ``x``
+        transposed where ``sample`` is not its first dimension, labels of a
+        float or bool dtype cast to int64, each float checked to be a whole
+        number where it is read (a Dataset that needs neither is returned
+        as is).
 
     Raises
     ------
@@ -87,11 +99,11 @@ def open_dataset(
     """
     if isinstance(source, xr.Dataset):
         validate_dataset(source, name=name)
-        return source
+        return as_training(source, name=name)
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(
             f"{name} should be an xarray.Dataset or the path of a zarr store or netCDF file, "
-            f"but got an object of type {type(source).__name__}"
+            f"but got an object of type {type(source).__name__}{_hint_type(source)}"
         )
     path = os.fspath(source)
     if not os.path.exists(path):
@@ -113,7 +125,16 @@ def open_dataset(
     else:
         ds = _open_netcdf(path, name=name)
     validate_dataset(ds, name=name)
-    return ds
+    return as_training(ds, name=name)
+
+
+def _hint_type(source: Any) -> str:
+    if isinstance(source, xr.DataArray):
+        return (
+            ": a DataArray holds the features alone; put them and the labels in one Dataset, "
+            "as 'x' and 'y' along 'sample': xr.Dataset({'x': features, 'y': labels})"
+        )
+    return ""
 
 
 def check_links_inside(path: str, *, name: str = "data") -> None:
@@ -286,29 +307,32 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
     Parameters
     ----------
     ds : xarray.Dataset
-        Should have a ``sample`` dimension with at least one sample, a numeric
-        variable ``x`` whose first dimension is ``sample``, and an integer
-        variable ``y`` with dimensions ``("sample",)``.
+        Should have a ``sample`` dimension with at least one sample, a
+        variable ``x`` of integers or floats along ``sample`` (in any place:
+        `open_dataset` transposes it to come first), and a variable ``y``
+        with dimensions ``("sample",)`` of integers, or of floats or bools
+        that `open_dataset` casts to int64 (each float checked to be a whole
+        number where it is read).
     name : str, default "data"
         The parameter's name, used in error messages.
 
     Returns
     -------
     dict
-        ``n_samples`` (int), ``x_shape`` (the trailing shape of ``x``, a
-        tuple), ``x_dtype`` (str) and ``n_classes`` (``ds.attrs["n_classes"]``
-        as an int, or None when the attribute is absent).
+        ``n_samples`` (int), ``x_shape`` (the shape of one sample of ``x``,
+        its dimensions other than ``sample`` in their order, a tuple),
+        ``x_dtype`` (str) and ``n_classes`` (``ds.attrs["n_classes"]`` as an
+        int, or None when the attribute is absent).
 
     Raises
     ------
     TypeError
-        If ``ds`` is not a Dataset, or ``x`` or ``y`` has the wrong dtype.
-        Integer labels stored with a ``_FillValue`` are among them: xarray
-        decodes them as floats, and the message says so and how to read
-        them as integers. Float labels are refused, not cast: a NaN or a
-        fraction among them would otherwise become a wrong class.
+        If ``ds`` is not a Dataset, or ``x`` or ``y`` has the wrong dtype
+        (labels that are names or categories: the message says how to
+        number them).
     ValueError
-        If a dimension or variable is missing or misplaced.
+        If a dimension or variable is missing or misplaced; the message says
+        how to rename or reshape it.
 
     Examples
     --------
@@ -323,31 +347,37 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
     if "sample" not in ds.dims:
         raise ValueError(
             f"{name} should have a 'sample' dimension, but got dimensions {tuple(ds.dims)}"
+            + hint_sample(ds)
         )
     for var in ("x", "y"):
         if var not in ds.data_vars:
             raise ValueError(
                 f"{name} should have a variable {var!r}, but got variables {tuple(ds.data_vars)}"
+                + hint_missing(ds, var)
             )
     x, y = ds["x"], ds["y"]
     n_samples = int(ds.sizes["sample"])
-    if x.ndim == 0 or x.dims[0] != "sample":
-        raise ValueError(
-            f"{name}.x should have 'sample' as its first dimension, but got dims {x.dims}"
-        )
+    if "sample" not in x.dims:
+        raise ValueError(f"{name}.x should have a 'sample' dimension, but got dims {x.dims}")
+    if x.dims[0] != "sample":  # open_dataset transposes it so, lazily
+        x = x.transpose("sample", ...)
     if x.dtype.kind not in "iuf":
-        raise TypeError(f"{name}.x should have a numeric dtype, but got {x.dtype}")
+        raise TypeError(
+            f"{name}.x should have an integer or float dtype, but got {x.dtype}"
+            + ("; ds['x'] = ds['x'].astype('float32')" if x.dtype.kind == "b" else "")
+        )
     if y.dims != ("sample",):
         got = f"dims {y.dims}"
         if y.ndim == 1:
             got += f" of length {y.size}"
         raise ValueError(
             f"{name}.y should have dims ('sample',), one label for each of the {n_samples} "
-            f"samples of {name}.x, but got {got}"
+            f"samples of {name}.x, but got {got}{hint_y_dims(y)}"
         )
-    if y.dtype.kind not in "iu":
+    if y.dtype.kind not in "iufb":
         raise TypeError(
-            f"{name}.y should have an integer dtype, but got {y.dtype}{_why_not_int(y)}"
+            f"{name}.y should have an integer dtype (or floats that are whole numbers), but "
+            f"got {y.dtype}{hint_labels(y)}"
         )
     # Within one Dataset xarray already keeps every 'sample' axis the same
     # length; the check stays for Datasets assembled by hand from variables.
@@ -367,21 +397,6 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
         "x_dtype": str(x.dtype),
         "n_classes": n_classes,
     }
-
-
-def _why_not_int(y: xr.DataArray) -> str:
-    """Why a file's integer labels came back as floats, and what to do, or ''."""
-    stored = y.encoding.get("dtype")
-    fill = y.encoding.get("_FillValue", y.attrs.get("_FillValue"))
-    if y.dtype.kind != "f" or fill is None or stored is None or np.dtype(stored).kind not in "iu":
-        return ""
-    return (
-        f": the file stores y as {np.dtype(stored)} with _FillValue={fill}, and xarray "
-        "decodes an integer variable that has a _FillValue as floats, so that missing values "
-        "can be NaN. Labels should not be missing: write y without a fill value "
-        "(encoding={'y': {'_FillValue': None}}), or open the file with "
-        "mask_and_scale=False (xarray.open_dataset or xarray.open_zarr) and pass the Dataset"
-    )
 
 
 def check_values(

@@ -1,0 +1,175 @@
+"""An xarray user's own data: layouts daskpri takes as meant, and those it refuses saying how.
+
+Features whose ``sample`` dimension is not first are transposed, lazily;
+labels stored as whole-number floats (or bools) are cast to int64, each
+value checked where it is read; names and dtypes daskpri cannot take are
+refused at once with the line of xarray that mends them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from daskpri.data import open_dataset, to_store, validate_dataset
+
+
+def small(n: int = 20, n_features: int = 3) -> xr.Dataset:
+    rng = np.random.default_rng(0)
+    return xr.Dataset(
+        {
+            "x": (("sample", "feature"), rng.normal(size=(n, n_features)).astype(np.float32)),
+            "y": ("sample", rng.integers(0, 4, size=n)),
+        },
+        attrs={"n_classes": 4},
+    )
+
+
+# --- x with 'sample' elsewhere than first -----------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_x_whose_sample_dimension_is_not_first_is_transposed_lazily(tmp_path, suffix):
+    rng = np.random.default_rng(1)
+    images = rng.normal(size=(4, 5, 2, 30)).astype(np.float32)  # (h, w, channel, sample)
+    ds = xr.Dataset({"x": (("h", "w", "channel", "sample"), images),
+                     "y": ("sample", np.arange(30) % 3)})
+    path = to_store(ds.chunk({"sample": 10}), tmp_path / f"data{suffix}")
+    opened = open_dataset(path)
+    assert opened["x"].dims == ("sample", "h", "w", "channel")
+    assert opened["x"].chunks is not None  # still the file's, read a slice at a time
+    np.testing.assert_array_equal(
+        opened["x"].isel(sample=slice(10, 20)).values, images[..., 10:20].transpose(3, 0, 1, 2)
+    )
+    assert validate_dataset(ds)["x_shape"] == (4, 5, 2)  # as open_dataset lays it out
+    in_memory = open_dataset(ds.transpose("sample", ...))
+    assert open_dataset(in_memory) is in_memory  # nothing to change: as it is
+
+
+# --- labels as floats or bools -----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bool"])
+def test_whole_number_float_and_bool_labels_are_cast_to_int64(dtype):
+    ds = small()
+    y = ds["y"].values % 2 if dtype == "bool" else ds["y"].values
+    opened = open_dataset(ds.assign(y=("sample", y.astype(dtype))))
+    assert opened["y"].dtype == np.int64
+    np.testing.assert_array_equal(opened["y"].values, y)
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_integer_labels_stored_with_a_fill_value_open_as_integers_unless_one_is_missing(
+    tmp_path, suffix
+):
+    ds = small()
+    encoding = {"y": {"_FillValue": -1}}  # xarray decodes y as floats, NaN for a -1
+    whole = tmp_path / f"whole{suffix}"
+    if suffix == ".nc":
+        ds.to_netcdf(whole, engine="h5netcdf", encoding=encoding)
+    else:
+        ds.to_zarr(whole, encoding=encoding, consolidated=False)
+    opened = open_dataset(whole)
+    assert opened["y"].dtype == np.int64
+    np.testing.assert_array_equal(opened["y"].values, ds["y"].values)
+
+    y = ds["y"].values.copy()
+    y[7] = -1
+    gap = tmp_path / f"gap{suffix}"
+    if suffix == ".nc":
+        ds.assign(y=("sample", y)).to_netcdf(gap, engine="h5netcdf", encoding=encoding)
+    else:
+        ds.assign(y=("sample", y)).chunk({"sample": 5}).to_zarr(
+            gap, encoding=encoding, consolidated=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^data.y should hold whole-number class labels \(floats such as 3.0 are taken "
+        r"as the integer 3\), but got nan at sample 7 \(1 such label in samples \d+-\d+\): the "
+        r"file stores y as int64 with _FillValue=-1, .* drop the samples whose label is -1",
+    ):
+        open_dataset(gap)["y"].load()  # read lazily, a chunk at a time: the chunk's range
+
+
+@pytest.mark.parametrize("bad", [np.nan, 2.5, np.inf, 1e30])
+def test_a_label_that_is_not_a_whole_number_is_refused_naming_its_sample(bad):
+    y = small()["y"].values.astype(np.float64)
+    y[[4, 11]] = bad
+    with pytest.raises(
+        ValueError,
+        match=r"^train.y should hold whole-number class labels .*, but got "
+        + re.escape(repr(bad)) + r" at sample 4 \(2 such labels in samples 0-19\); give "
+        r"each sample its class as an integer, or drop the unlabelled$",
+    ):
+        open_dataset(small().assign(y=("sample", y)), name="train")
+
+
+# --- what is refused, with the mend --------------------------------------------
+
+_DS = small()
+_REFUSED = {
+    "a DataArray": (
+        _DS["x"], TypeError,
+        r"but got an object of type DataArray: a DataArray holds the features alone; put them "
+        r"and the labels in one Dataset, as 'x' and 'y' along 'sample': "
+        r"xr.Dataset\(\{'x': features, 'y': labels\}\)",
+        None,
+    ),
+    "variables named image and label": (
+        _DS.rename(x="image", y="label"), ValueError,
+        r"data should have a variable 'x', but got variables \('image', 'label'\); daskpri "
+        r"reads the features from 'x' and the labels from 'y': "
+        r"ds.rename\(\{'image': 'x', 'label': 'y'\}\)$",
+        lambda ds: ds.rename({"image": "x", "label": "y"}),
+    ),
+    "labels as a coordinate": (
+        _DS.set_coords("y"), ValueError,
+        r"data should have a variable 'y', but got variables \('x',\); 'y' is a coordinate "
+        r"of it, not a variable: ds.reset_coords\('y'\)$",
+        lambda ds: ds.reset_coords("y"),
+    ),
+    "a sample dimension of another name": (
+        _DS.rename(sample="time"), ValueError,
+        r"data should have a 'sample' dimension, but got dimensions \('time', 'feature'\); "
+        r"name the dimension samples lie along 'sample': ds.rename\(\{'time': 'sample'\}\)$",
+        lambda ds: ds.rename({"time": "sample"}),
+    ),
+    "labels that are names": (
+        _DS.assign(y=("sample", np.array(list("abcd"))[_DS["y"].values])), TypeError,
+        r"data.y should have an integer dtype \(or floats that are whole numbers\), but got "
+        r"<U1; labels that are names should be numbered: codes, classes = "
+        r"pandas.factorize\(ds\['y'\].values\); ds\['y'\] = \('sample', codes\)",
+        lambda ds: ds.assign(y=("sample", pd.factorize(ds["y"].values)[0])),
+    ),
+    "labels along sample and a dimension of one": (
+        _DS.assign(y=_DS["y"].expand_dims("k", axis=1)), ValueError,
+        r"data.y should have dims \('sample',\), .* but got dims \('sample', 'k'\); drop the "
+        r"others: ds\['y'\] = ds\['y'\].squeeze\(\['k'\], drop=True\)$",
+        lambda ds: ds.assign(y=ds["y"].squeeze(["k"], drop=True)),
+    ),
+    "bool features": (
+        _DS.assign(x=_DS["x"] > 0), TypeError,
+        r"data.x should have an integer or float dtype, but got bool; "
+        r"ds\['x'\] = ds\['x'\].astype\('float32'\)$",
+        lambda ds: ds.assign(x=ds["x"].astype("float32")),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED))
+def test_data_daskpri_cannot_take_is_refused_with_the_line_that_mends_it(case):
+    data, error, match, mend = _REFUSED[case]
+    with pytest.raises(error, match=match):
+        open_dataset(data)
+    if mend is not None:  # the mend the message gives
+        assert validate_dataset(open_dataset(mend(data)))["n_samples"] == 20
+
+
+def test_categorical_labels_are_refused_saying_to_number_them():
+    ds = small().assign(y=("sample", pd.Categorical(np.array(list("abcd"))[small()["y"]])))
+    with pytest.raises(TypeError, match=r"but got category; labels that are names should be "
+                       r"numbered: codes, classes = pandas.factorize"):
+        validate_dataset(ds)
