@@ -312,3 +312,15 @@ def test_a_fit_trains_on_a_store_of_transposed_features_and_float_labels(
         assert trainer.table_.sizes["sample"] == train.sizes["sample"]
     finally:
         trainer.close()
+
+
+def test_data_of_fewer_samples_than_workers_is_refused_saying_so(gpu_client, small_data):
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:  # not as "give a partition_size of at most 0"
+        with pytest.raises(ValueError, match=r"^the data has 1 sample\(s\), fewer than the 2 "
+                           r"workers, so a worker would hold none: give more samples, or "
+                           r"fewer workers \(n_workers=\)$"):
+            trainer.fit(train.isel(sample=slice(0, 1)), max_steps=1, progress=False)
+    finally:
+        trainer.close()

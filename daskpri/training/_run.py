@@ -327,6 +327,11 @@ class RunMixin:
         least = int(shares.min())
         if least == 0:  # fewer partitions than workers
             n = int(sizes.sum())
+            if n < n_slots:  # no cut of its own gives each worker a sample
+                raise ValueError(
+                    f"the data has {n} sample(s), fewer than the {n_slots} workers, so a "
+                    "worker would hold none: give more samples, or fewer workers (n_workers=)"
+                )
             cut = ("its chunks" if self.partition_size is None
                    else f"partition_size={self.partition_size}")
             raise ValueError(
