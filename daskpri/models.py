@@ -26,7 +26,7 @@ import torch
 import xarray as xr
 from torch import nn
 
-from daskpri.data.io import validate_dataset
+from daskpri.data.io import open_dataset, validate_dataset
 
 __all__ = ["CNN", "MLP", "MaxPool1d", "MODELS", "build_model", "cnn", "from_spec", "mlp"]
 
@@ -363,8 +363,10 @@ def _shape_and_classes(ds_or_info: DatasetOrInfo) -> tuple[tuple[int, ...], int]
         info = validate_dataset(ds_or_info, name="ds_or_info")
         n_classes = info["n_classes"]
         if n_classes is None:
-            # Reads the labels, which are small next to the features.
-            n_classes = int(ds_or_info["y"].max()) + 1
+            # Reads the labels, which are small next to the features, here (not on the
+            # workers of a default client), as fit reads them: float labels checked whole
+            y = open_dataset(ds_or_info, name="ds_or_info")["y"]
+            n_classes = int(y.max().compute(scheduler="threads")) + 1
         return info["x_shape"], n_classes
     if isinstance(ds_or_info, dict):
         for key in ("x_shape", "n_classes"):

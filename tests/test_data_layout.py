@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import xarray as xr
 
 from daskpri.data import open_dataset, to_store, validate_dataset
@@ -173,3 +174,15 @@ def test_categorical_labels_are_refused_saying_to_number_them():
     with pytest.raises(TypeError, match=r"but got category; labels that are names should be "
                        r"numbered: codes, classes = pandas.factorize"):
         validate_dataset(ds)
+
+
+def test_build_model_counts_the_classes_of_float_labels_and_refuses_a_missing_one():
+    from daskpri.models import build_model
+
+    ds = small().drop_attrs().assign(y=lambda d: d["y"].astype(np.float32))
+    assert build_model("mlp", ds)(torch.zeros(2, 3)).shape == (2, int(ds["y"].max()) + 1)
+    y = ds["y"].values.copy()
+    y[2] = np.nan
+    with pytest.raises(ValueError, match=r"^ds_or_info.y should hold whole-number class labels "
+                       r".*, but got nan at sample 2 "):
+        build_model("mlp", ds.assign(y=("sample", y)).chunk({"sample": 10}))
