@@ -44,8 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model and report its history")
     train.set_defaults(run=_train)
     data = train.add_argument_group("data and model")
-    data.add_argument("--dataset", choices=DATASETS, default="mnist1d",
-                      help="the data (default mnist1d; mnist and cifar10 read --root)")
+    data.add_argument("--dataset", choices=DATASETS,
+                      help="a built-in dataset (default mnist1d; mnist and cifar10 read --root)")
+    data.add_argument("--data", metavar="PATH",
+                      help="train on your own data instead: a zarr store or netCDF file with "
+                      "features x and integer labels y along a dimension 'sample'")
+    data.add_argument("--eval-data", metavar="PATH",
+                      help="with --data, the held-out data to evaluate on (same layout)")
     # None defaults, here and below: with --resume, an option given is told from one left out
     data.add_argument("--model", choices=MODELS, help="default mlp")
     data.add_argument("--n-samples", type=_count(1), metavar="N",
@@ -95,8 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                       "with --checkpoint; with --resume, the run's own)")
     ckpt.add_argument("--resume", metavar="PATH",
                       help="continue the run checkpointed at PATH (same --dataset and "
-                      "--n-samples; its model, strategy, seed and optimization come from the "
-                      "checkpoint); --max-steps counts from the run's start")
+                      "--n-samples, or --data; its model, strategy, seed and optimization come "
+                      "from the checkpoint); --max-steps counts from the run's start")
     cluster = train.add_argument_group("cluster")
     cluster.add_argument("--scheduler", metavar="ADDRESS",
                          help="a running scheduler, e.g. tcp://HOST:8786 (default: a LocalCluster)")

@@ -19,7 +19,7 @@ from daskpri.cli._paths import _check_destination, _free_sibling, _unreplaceable
 from daskpri.cli._prog import _PROG
 from daskpri.cli._summary import _dashboard, _summary
 from daskpri.cli._tls import client_security
-from daskpri.data.io import to_store
+from daskpri.data.io import open_dataset, to_store
 from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
 from daskpri.training.cluster import connect, one_torch_thread
@@ -36,6 +36,7 @@ def _train(args: argparse.Namespace) -> int:
     if max_steps is None and args.max_time is None:
         max_steps = _DEFAULT_MAX_STEPS
     security = _security(args)
+    _check_data_flags(args)
     # where the run's results go: checked before it runs, not found bad after it
     if args.output is not None:
         _check_destination("--output", args.output, kind="store")
@@ -58,9 +59,7 @@ def _train(args: argparse.Namespace) -> int:
         settings = _resumed_run(args, options, max_steps, state)
         # the data of a resumed run is split by the run's own seed
         seed, model_name = state["trainer"]["seed"], state["model_spec"]["name"]
-    train, test = daskpri.datasets.load(
-        args.dataset, root=args.root, seed=seed, n_samples=args.n_samples
-    )
+    data, eval_data, train = _data(args, seed)
     if args.resume is not None:
         _check_resumed_data(args, state, train)
     client = None if args.scheduler is None else connect(args.scheduler, security)
@@ -81,7 +80,7 @@ def _train(args: argparse.Namespace) -> int:
         try:
             with _interruptible(trainer), local:
                 history = trainer.fit(
-                    train, eval_data=test, max_steps=max_steps, max_time=args.max_time,
+                    data, eval_data=eval_data, max_steps=max_steps, max_time=args.max_time,
                     target_accuracy=args.target_accuracy, progress=not args.no_progress,
                 )
         except (KeyboardInterrupt, SchedulerLostError, OSError) as e:
@@ -117,6 +116,51 @@ def _train(args: argparse.Namespace) -> int:
         if client is not None:
             client.close()
     return 0
+
+
+def _check_data_flags(args: argparse.Namespace) -> None:
+    """``--data`` (the user's own) or a built-in ``--dataset``, not both; mnist1d by default."""
+    if args.data is not None:
+        given = [flag for flag, value in (("--dataset", args.dataset), ("--n-samples",
+                 args.n_samples), ("--root", args.root)) if value is not None]
+        if given:
+            raise ValueError(
+                f"--data {args.data} trains on your own data, and {', '.join(given)} "
+                "choose(s) a built-in dataset: give one or the other"
+            )
+        if args.target_accuracy is not None and args.eval_data is None:
+            raise ValueError("--target-accuracy with --data needs --eval-data PATH, the "
+                             "held-out data to measure accuracy on")
+        args.dataset = args.data  # what the history's dataset attribute names
+    elif args.eval_data is not None:
+        raise ValueError("--eval-data goes with --data PATH, your own training data (a "
+                         "built-in --dataset brings its own test split)")
+    else:
+        args.dataset = args.dataset or "mnist1d"
+
+
+def _data(
+    args: argparse.Namespace, seed: int
+) -> tuple[xr.Dataset | str, xr.Dataset | str | None, xr.Dataset]:
+    """The run's data and eval data as ``fit`` takes them, and its training set opened.
+
+    A store given with ``--data`` goes to ``fit`` by path, so the workers
+    read their partitions from it themselves; it is opened here (lazily,
+    its layout checked) for the model's shape and classes, and its labels
+    and ``--eval-data``'s are read (they are small), so that a NaN among
+    them is refused before a cluster starts.
+    """
+    if args.data is None:
+        train, test = daskpri.datasets.load(
+            args.dataset, root=args.root, seed=seed, n_samples=args.n_samples
+        )
+        return train, test, train
+    path = os.path.abspath(args.data)
+    train = open_dataset(path)
+    train["y"].max().compute(scheduler="threads")
+    if args.eval_data is not None:
+        open_dataset(args.eval_data, name="eval_data")["y"].max().compute(scheduler="threads")
+    return path, args.eval_data, train
 
 
 def _security(args: argparse.Namespace) -> Security | None:
@@ -309,11 +353,13 @@ def _check_resumed_data(args: argparse.Namespace, state: dict[str, Any],
         def said(shape: tuple[int, ...], classes: int, n: int) -> str:
             return f"{n} samples of shape {shape} in {classes} classes"
 
-        given = f"--dataset {args.dataset}" + (
-            f" --n-samples {args.n_samples}" if args.n_samples is not None else "")
+        given, same = (f"--data {args.data}", "--data") if args.data is not None else (
+            f"--dataset {args.dataset}"
+            + (f" --n-samples {args.n_samples}" if args.n_samples is not None else ""),
+            "--dataset and --n-samples")
         raise ValueError(
             f"--resume: the run in {args.resume!r} trained on {said(*theirs)}, but {given} "
-            f"gives {said(*ours)}; give the --dataset and --n-samples the run was started with"
+            f"gives {said(*ours)}; give the {same} the run was started with"
         )
 
 

@@ -1,0 +1,67 @@
+"""``daskpri train --data PATH``: a user's own store, laid out as an xarray user has it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+from distributed import LocalCluster
+
+from daskpri.cli import main
+from daskpri.data.io import to_store
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--data", "d.zarr", "--n-samples", "10", "--dataset", "digits"],
+         "--data d.zarr trains on your own data, and --dataset, --n-samples choose(s) a "
+         "built-in dataset: give one or the other"),
+        (["--eval-data", "e.nc"],
+         "--eval-data goes with --data PATH, your own training data (a built-in --dataset "
+         "brings its own test split)"),
+        (["--data", "d.zarr", "--target-accuracy", "0.9"],
+         "--target-accuracy with --data needs --eval-data PATH, the held-out data to measure "
+         "accuracy on"),
+    ],
+)
+def test_data_flags_that_do_not_go_together_are_refused(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *args]) == 2
+    assert capsys.readouterr().err == f"daskpri: error: {said}\n"
+
+
+def test_train_on_a_store_of_transposed_features_and_float_labels(
+    small_data: tuple[xr.Dataset, xr.Dataset], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    train, test = small_data
+    # as a user's own data comes: sample last, labels as floats, no n_classes attribute
+    own = train.transpose("feature", "sample").assign(y=train["y"].astype(np.float32))
+    store = to_store(own.drop_attrs().chunk({"sample": 400}), tmp_path / "train.zarr")
+    evals = to_store(test, tmp_path / "test.nc")
+    y = test["y"].values.astype(np.float64)
+    y[3] = np.nan
+    bad = to_store(test.assign(y=("sample", y)), tmp_path / "bad.nc")
+    out = tmp_path / "run.nc"
+    common = ["train", "--max-steps", "3", "--no-progress", "--workers", "1"]
+
+    # a label that is missing: refused before a cluster starts
+    assert main([*common, "--data", store, "--eval-data", bad]) == 2
+    said = capsys.readouterr()
+    assert said.err.startswith("daskpri: error: eval_data.y should hold whole-number class "
+                               "labels (floats such as 3.0 are taken as the integer 3), but "
+                               "got nan at sample 3 ")
+    assert "dashboard:" not in said.out
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
+                      protocol="tcp", dashboard_address="127.0.0.1:0") as cluster:
+        assert main([*common, "--scheduler", cluster.scheduler_address, "--data", store,
+                     "--eval-data", evals, "--output", str(out)]) == 0
+    assert "selective-backprop: 3 steps, final accuracy 0." in capsys.readouterr().out
+    with xr.open_dataset(out, engine="h5netcdf") as history:
+        assert history.sizes["step"] == 3 and np.isfinite(history["accuracy"][-1])
+        assert history.attrs["dataset"] == store
