@@ -186,3 +186,20 @@ def test_build_model_counts_the_classes_of_float_labels_and_refuses_a_missing_on
     with pytest.raises(ValueError, match=r"^ds_or_info.y should hold whole-number class labels "
                        r".*, but got nan at sample 2 "):
         build_model("mlp", ds.assign(y=("sample", y)).chunk({"sample": 10}))
+
+
+def test_eval_datas_dimensions_are_lined_up_with_the_training_datas_by_name():
+    from daskpri.training._checks import open_data
+
+    rng = np.random.default_rng(2)
+    images = rng.normal(size=(6, 4, 3, 2)).astype(np.float32)  # (sample, h, w, channel)
+    train = xr.Dataset({"x": (("sample", "h", "w", "channel"), images),
+                        "y": ("sample", np.arange(6) % 2)})
+    test = train.transpose("channel", "sample", "w", "h")  # as another tool wrote it
+    _, info, evalset = open_data(train, test)
+    assert info["x_shape"] == (4, 3, 2)
+    np.testing.assert_array_equal(evalset.x.numpy(), images)
+    with pytest.raises(ValueError, match=r"^eval_data.x should have per-sample shape \(4, 3, 2\) "
+                       r"like data.x, but got \(4, 3\) \(data.x's dimensions besides 'sample' "
+                       r"are \('h', 'w', 'channel'\), eval_data.x's \('h', 'w'\)\)$"):
+        open_data(train, train.isel(channel=0, drop=True))

@@ -230,11 +230,17 @@ def open_data(
     evalset = None
     if eval_data is not None:
         eds = open_dataset(eval_data, name="eval_data")
+        dims, edims = ds["x"].dims[1:], eds["x"].dims[1:]
+        if edims != dims and sorted(map(str, edims)) == sorted(map(str, dims)):
+            # the same dimensions in another order: lined up by name, as xarray would
+            eds = eds.assign(x=eds["x"].transpose("sample", *dims))
         einfo = validate_dataset(eds, name="eval_data")
         if einfo["x_shape"] != info["x_shape"]:
+            named = "" if edims == dims else (
+                f" (data.x's dimensions besides 'sample' are {dims}, eval_data.x's {edims})")
             raise ValueError(
                 f"eval_data.x should have per-sample shape {info['x_shape']} like data.x, "
-                f"but got {einfo['x_shape']}"
+                f"but got {einfo['x_shape']}{named}"
             )
         evalset = EvalSet(eds)
     return ds, info, evalset
