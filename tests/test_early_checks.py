@@ -324,3 +324,19 @@ def test_data_of_fewer_samples_than_workers_is_refused_saying_so(gpu_client, sma
             trainer.fit(train.isel(sample=slice(0, 1)), max_steps=1, progress=False)
     finally:
         trainer.close()
+
+
+def test_eval_data_from_a_store_is_read_by_the_driver_not_a_default_clients_workers(
+    gpu_client: Client, small_data, tmp_path
+):
+    from distributed import get_task_stream
+
+    from daskpri.training._checks import open_data
+
+    train, test = small_data
+    store = to_store(test.chunk({"sample": 100}), tmp_path / "test.zarr")
+    assert Client.current() is gpu_client  # the default client, as a user's often is
+    with get_task_stream(gpu_client) as tasks:
+        _, _, evalset = open_data(train, store)
+    assert not tasks.data  # the workers need not see a file on the driver's disk
+    np.testing.assert_array_equal(evalset.y.numpy(), test["y"].values)

@@ -242,7 +242,9 @@ def open_data(
                 f"eval_data.x should have per-sample shape {info['x_shape']} like data.x, "
                 f"but got {einfo['x_shape']}{named}"
             )
-        evalset = EvalSet(eds)
+        # read here, by the driver's threads, as it is evaluated here: not by the
+        # workers of a default client, which need not see the file (nor every variable)
+        evalset = EvalSet(eds[["x", "y"]].compute(scheduler="threads"))
     return ds, info, evalset
 
 
