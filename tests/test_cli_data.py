@@ -56,6 +56,12 @@ def test_train_on_a_store_of_transposed_features_and_float_labels(
                                "labels (floats such as 3.0 are taken as the integer 3), but "
                                "got nan at sample 3 ")
     assert "dashboard:" not in said.out
+    # a batch over a worker's share: refused before a cluster starts, in --data's words
+    assert main([*common, "--data", store, "--batch-size", "100000"]) == 2
+    said = capsys.readouterr()
+    assert said.err.startswith("daskpri: error: --batch-size 100000 is more than a worker's "
+                               "share of the data")
+    assert said.err.endswith("or more samples\n") and "dashboard:" not in said.out
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
                       protocol="tcp", dashboard_address="127.0.0.1:0") as cluster:

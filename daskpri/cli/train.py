@@ -70,7 +70,8 @@ def _train(args: argparse.Namespace) -> int:
             model = daskpri.models.build_model(model_name, train, seed=seed)
             trainer = daskpri.Trainer(model, client=client, **settings)
             if client is None:  # the LocalCluster's workers are known: told before it starts
-                _check_batch_fits(trainer, train.sizes["sample"])
+                _check_batch_fits(trainer, train.sizes["sample"],
+                                  "more --n-samples" if args.data is None else "more samples")
         else:
             trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
             print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
@@ -173,7 +174,7 @@ def _security(args: argparse.Namespace) -> Security | None:
     return client_security(args, local_tls="--tls")
 
 
-def _check_batch_fits(trainer: daskpri.Trainer, n_samples: int) -> None:
+def _check_batch_fits(trainer: daskpri.Trainer, n_samples: int, more: str) -> None:
     """Refuse a batch over a worker's share of the data before the LocalCluster starts.
 
     Each worker trains a batch a step from its own share; the smallest
@@ -188,7 +189,7 @@ def _check_batch_fits(trainer: daskpri.Trainer, n_samples: int) -> None:
             f"--batch-size {batch} is more than a worker's share of the data ({share} "
             f"samples: {n_samples} on {n_workers} workers), and each worker trains a batch a "
             f"step from its own share; give --batch-size {share} or less, fewer --workers, "
-            "or more --n-samples"
+            f"or {more}"
         )
 
 
@@ -235,7 +236,8 @@ def _new_run(
 #: What ``train --resume`` may be given: the data, the budget, the outputs and
 #: where the run goes on; the rest of the run comes from its checkpoint.
 _RESUMABLE = (
-    "--dataset, --n-samples and --root (the run's data), --max-steps, --max-time, "
+    "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, "
+    "--max-steps, --max-time, "
     "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
     "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
     "--schedule-steps"
