@@ -4,17 +4,20 @@ One ``dask scheduler`` and two ``dask worker`` processes on loopback, each
 worker started with a ``--preload`` script that changes what it runs as it
 starts: one an older daskpri (another version, and without the module of
 the probe that the fit sends it), the other another torch, which alone has
-the resource ``FOO=1``.
+the resource ``FOO=1``; a worker of another daskpri that joins mid-run.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
-from _procs import dask_cluster
+from _procs import _stop, dask_cluster
 from distributed import Client
 
 import daskpri
@@ -30,6 +33,13 @@ daskpri.__version__ = "0.0.1"
 sys.modules["daskpri.training._probe"] = None  # its import fails
 """
 
+#: a worker of another daskpri version, its code this one's
+OTHER_DASKPRI = """
+import daskpri
+
+daskpri.__version__ = "0.0.2"
+"""
+
 #: a worker of another torch
 OTHER_TORCH = """
 import torch
@@ -40,12 +50,21 @@ torch.__version__ = TorchVersion("2.0.1")
 
 
 @pytest.fixture(scope="module")
-def mixed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The address of a scheduler with a worker of daskpri 0.0.1 and one of torch 2.0.1
-    (the one with ``FOO=1``)."""
+def preloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of the workers' preload scripts: ``old_daskpri.py``, ``other_torch.py``
+    and ``other_daskpri.py``."""
     directory = tmp_path_factory.mktemp("versions")
     (directory / "old_daskpri.py").write_text(OLD_DASKPRI)
     (directory / "other_torch.py").write_text(OTHER_TORCH)
+    (directory / "other_daskpri.py").write_text(OTHER_DASKPRI)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def mixed_cluster(preloads: Path) -> Iterator[str]:
+    """The address of a scheduler with a worker of daskpri 0.0.1 and one of torch 2.0.1
+    (the one with ``FOO=1``)."""
+    directory = preloads
     common = ["--nthreads", "1", "--no-nanny"]
     with dask_cluster(directory, [
         [*common, "--preload", str(directory / "old_daskpri.py")],
@@ -114,3 +133,39 @@ def test_workers_of_another_torch_are_warned_of_and_the_run_goes_on(mixed_cluste
         finally:
             trainer.close()
 
+
+
+def test_a_worker_of_another_daskpri_that_joins_mid_run_is_left_out_naming_both_versions(
+    mixed_cluster, preloads, small_data, caplog
+):
+    train, _ = small_data
+    here = daskpri.__version__
+    with Client(mixed_cluster, timeout=60) as client:
+        before = set(client.scheduler_info(n_workers=-1)["workers"])
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  resources={"FOO": 1}, partition_size=100)
+        joiner = None
+        try:
+            with pytest.warns(daskpri.DaskpriWarning, match="another torch"):
+                trainer.fit(train, max_steps=2, progress=False)
+            # the probe checked the run's workers at the set-up; this one comes after it
+            joiner = subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", mixed_cluster,
+                 "--nthreads", "1", "--no-nanny", "--resources", "FOO=1", "--host", "127.0.0.1",
+                 "--dashboard-address", "127.0.0.1:0", "--preload",
+                 str(preloads / "other_daskpri.py")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            client.wait_for_workers(len(before) + 1, timeout=60)
+            [new] = set(client.scheduler_info(n_workers=-1)["workers"]) - before
+            # the next fit looks at the cluster before its first round: the worker joined
+            history = trainer.fit(train, max_steps=4, progress=False)
+            assert history.sizes["step"] == 4 and new not in trainer._deployment.slots
+            why = (f"it runs daskpri 0.0.2, the driver daskpri {here}: install daskpri {here} "
+                   "where the worker runs, and restart it")
+            assert trainer._deployment.unfit[new] == why
+            assert f"worker {new} holds no replica of run {trainer.run_id} ({why})" in caplog.text
+        finally:
+            trainer.close()
+            if joiner is not None:
+                _stop([joiner])

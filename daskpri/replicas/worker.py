@@ -27,6 +27,7 @@ from distributed import Worker, WorkerPlugin, get_worker
 from distributed.protocol import pickle
 from distributed.protocol.serialize import to_serialize
 
+import daskpri
 from daskpri.data.io import FILE_ERRORS, check_values, open_dataset
 from daskpri.replicas.devices import choose_device, device_count, spread_kind, worker_device
 from daskpri.replicas.errors import (
@@ -89,6 +90,11 @@ class ReplicaPlugin(WorkerPlugin):
         never trains the run, and builds no replica (its memory and devices
         stay free for other work; a device forced with ``device`` need not
         exist there).
+    version : str, optional
+        The driver's daskpri version (default: this process's). A worker
+        that runs another builds no replica: it is left out of the run as
+        unfit, saying both versions (the driver checks the workers there
+        at the set-up; this catches those that join later).
 
     Attributes
     ----------
@@ -108,12 +114,14 @@ class ReplicaPlugin(WorkerPlugin):
         n_classes: int,
         device: str | None = None,
         resources: dict[str, float] | None = None,
+        version: str | None = None,
     ):
         self.name = replicas_name(run)
         self.module = module
         self.n_classes = n_classes
         self.device = device
         self.resources = resources
+        self.version = daskpri.__version__ if version is None else version
         self.serves = True
         #: why this worker holds no replica, where it does not serve the run
         self.unfit = ""
@@ -133,6 +141,16 @@ class ReplicaPlugin(WorkerPlugin):
         if not self.serves:
             self.unfit = f"it lacks the run's resources {self.resources!r}"
             return None
+        if daskpri.__version__ != self.version:
+            # daskpri's objects and messages differ between versions: such a worker
+            # (one that joined after the driver's check of the cluster) fails the run
+            # in ways that do not say so, if it takes partitions
+            self.serves, self.unfit = False, (
+                f"it runs daskpri {daskpri.__version__}, the driver daskpri {self.version}: "
+                f"install daskpri {self.version} where the worker runs, and restart it"
+            )
+            raise RuntimeError(f"worker {worker.address} cannot serve run {self.name}: "
+                               f"{self.unfit}")
         kind = spread_kind(worker, self.device)
         if kind is not None:  # several GPUs: which is this process's asks the scheduler
             #: set once the replica is built (or failed): the plugin is in the worker's
