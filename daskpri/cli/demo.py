@@ -16,6 +16,7 @@ from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
 from daskpri.cli._summary import _dashboard, _summary
 from daskpri.strategies import check_strategy_options, get_strategy
 from daskpri.training._checks import check_eval_every, check_float, check_int
+from daskpri.training._interrupts import interrupts_held
 from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
 from daskpri.training.history import time_to_accuracy
 
@@ -36,8 +37,13 @@ def _demo(args: argparse.Namespace) -> int:
     get_strategy(_DEMO_STRATEGY, **options)  # its values, checked before the cluster starts
     train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
     histories: dict[str, xr.Dataset] = {}
-    cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly workers
+    cluster = None
     try:
+        # started as a trainer starts its own: a Ctrl-C in the middle of LocalCluster(...)
+        # would leave the worker processes it had started running, owned by no one; held,
+        # it is raised once the cluster has started, and the cluster closed below
+        with interrupts_held():
+            cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly
         with Client(cluster) as client, one_torch_thread():  # the workers have the cores
             print(f"dashboard: {_dashboard(client)}", flush=True)
             given = ", ".join(f"{k}={v}" for k, v in options.items())
@@ -66,7 +72,9 @@ def _demo(args: argparse.Namespace) -> int:
             finally:
                 stop_heartbeats(client)
     finally:
-        cluster.close()
+        if cluster is not None:
+            with interrupts_held():  # (a close interrupted half-way would never end)
+                cluster.close()
     print(_comparison(histories[_DEMO_STRATEGY], histories["uniform"]), flush=True)
     return 0
 
