@@ -1,4 +1,4 @@
-"""Worker loss under load: random SIGKILLs and segfaults during a run.
+"""Worker loss under load: random SIGKILLs and segfaults during a run, and its set-up.
 
 Modeled on how Dask tests its own resilience (``distributed.chaos.KillWorker``):
 4 worker processes under nannies, killed during a fit. The run must finish,
@@ -14,8 +14,10 @@ import signal
 import threading
 import time
 
+import dask
 import numpy as np
 import pytest
+import torch
 from distributed import Client, LocalCluster
 from distributed.chaos import KillWorker
 
@@ -112,3 +114,73 @@ def test_segfaulting_workers_leave_the_run_on_course(chaos_data):
     final_ref, final = float(ref["accuracy"][-1]), float(h["accuracy"][-1])
     print(f"segfaults: final accuracy {final:.4f}, fault-free {final_ref:.4f}")
     assert abs(final - final_ref) <= 0.005
+
+
+class KillsOnArrival(torch.nn.Module):
+    """A linear model whose unpickling in process ``victim`` (0: in any but this one)
+    SIGKILLs it: that worker dies as the run's
+    :class:`~daskpri.replicas.worker.ReplicaPlugin` builds its replica."""
+
+    def __init__(self, n_features: int, n_classes: int, victim: int) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(n_features, n_classes)
+        self.victim = victim
+        self.driver = os.getpid()
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if os.getpid() == self.victim or (self.victim == 0 and os.getpid() != self.driver):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.flatten(1))
+
+
+def test_a_worker_killed_as_the_replicas_are_set_up_leaves_its_partitions_to_the_others(
+    small_data,
+):
+    train, _ = small_data
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[0]
+        model = KillsOnArrival(int(train["x"].shape[1]), int(train["y"].max()) + 1, pids[victim])
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16,
+                                  partition_size=100)
+        try:
+            history = trainer.fit(train, max_steps=3, progress=False)
+            assert history.sizes["step"] == 3
+            owners = trainer._deployment.owner_addr
+            assert victim not in client.scheduler_info()["workers"], "it was killed"
+            assert victim not in owners and set(owners) <= set(client.scheduler_info()["workers"])
+            name = trainer._plugin.name
+
+            def loaded(dask_worker) -> list[int]:
+                plugin = dask_worker.plugins.get(name)
+                return sorted(getattr(plugin, "partitions", {}))
+
+            # every partition is loaded on its owner
+            held = client.run(loaded)
+            assert all(pid in held[a] for pid, a in enumerate(owners))
+        finally:
+            trainer.close()
+        # every worker dies as it builds the replica (again once its nanny restarts it)
+        model.victim = 0
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16,
+                                  partition_size=100)
+        try:
+            with (
+                dask.config.set({"daskpri.trainer.max-retries": 0}),
+                pytest.raises(RuntimeError, match=(
+                    r"^workers kept dying as the run was set up: worker\(s\) (tcp://\S+, )*"
+                    r"tcp://\S+ died, and the set-up failed 1 time \(daskpri.trainer.max-retries"
+                    r"=0; last: CommClosedError: .*\); see the workers' logs \(and their "
+                    r"nannies'\) for why they die, and fit again once the cluster is steady$"
+                )),
+            ):
+                trainer.fit(train, max_steps=3, progress=False)
+        finally:
+            trainer.close()

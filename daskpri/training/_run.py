@@ -56,6 +56,7 @@ from daskpri.training.recovery import (
     LOST,
     check_scheduler,
     how_workers_left,
+    kept_dying,
     memory_restarts,
     report_left,
     rescan_interval,
@@ -242,18 +243,9 @@ class RunMixin:
             self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device,
             resources=self.resources,
         )
-        restarts = memory_restarts(client)
-        try:
-            client.register_plugin(self._plugin)
-        except Exception as e:
-            # its setup failed on a worker (a device the worker lacks): the scheduler
-            # keeps the plugin all the same, and would set it up on each worker that joins
-            with contextlib.suppress(Exception):
-                self._unregister_replicas()
-            why = restarted_for_memory(client, restarts) if isinstance(e, LOST) else None
-            if why is not None:
-                raise RuntimeError(why) from e
-            raise
+        # (a failure here, its setup failing on a worker, leaves the plugin in the
+        # scheduler, which would set it up on each worker that joins: _prepare drops it)
+        self._register_replicas(client)
         RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)
         self._deployment = Deployment(
@@ -311,6 +303,39 @@ class RunMixin:
             )
             self._resume_state = None
         self._next_rescan = time.monotonic() + rescan_interval()
+
+    def _register_replicas(self, client: Client) -> None:
+        """Register the run's :class:`ReplicaPlugin`, again where workers die under it.
+
+        The scheduler keeps the plugin, and sets it up on the workers that
+        join (a nanny's restart among them), but its broadcast to the workers
+        fails as soon as one of them dies (a flaky node, a segfault): it is
+        sent again, up to ``daskpri.trainer.max-retries`` times, to the
+        workers left, as a step is after losing workers. A worker its nanny
+        killed for memory as it built the replica stops the fit, saying so.
+        """
+        retries = _config.get_int("trainer.max-retries", 0)
+        restarts = memory_restarts(client)
+        lost: set[str] = set()
+        for attempt in range(retries + 1):  # (its set-up on a worker failing raises at once)
+            before = sorted(cluster_workers(client))
+            try:
+                client.register_plugin(self._plugin)
+                return
+            except LOST as e:
+                why = restarted_for_memory(client, restarts)
+                if why is not None:
+                    raise RuntimeError(why) from e
+                # (the scheduler has dropped a dead worker by now: that took 2 s at most)
+                gone = set(before) - set(cluster_workers(client))
+                lost |= gone
+                if attempt == retries:
+                    raise RuntimeError(kept_dying(lost, attempt + 1, retries, e)) from e
+                logger.warning(
+                    "worker(s) %s died as the run's replicas were set up (%s: %s); setting "
+                    "them up again on the workers left", ", ".join(sorted(gone)) or "?",
+                    type(e).__name__, e,
+                )
 
     def _drop_failed_set_up(self) -> None:
         """Release what a set-up that failed had made: table, replicas, partitions."""

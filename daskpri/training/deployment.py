@@ -9,6 +9,7 @@ losing workers: their partitions move to the workers left.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -19,6 +20,7 @@ import numpy as np
 import xarray as xr
 from distributed import Client, Future
 
+from daskpri import _config
 from daskpri.replicas.errors import PartitionsLost
 from daskpri.replicas.optim import LocalSteps
 from daskpri.replicas.replica import Weights
@@ -44,12 +46,14 @@ from daskpri.training.placement import (
 from daskpri.training.recovery import (
     FILE_ERRORS,
     LOST,
+    SchedulerLostError,
     dask_timeout,
     is_lost,
+    kept_dying,
     responsive,
     step_timeout,
 )
-from daskpri.training.transport import run_direct, wait_tasks
+from daskpri.training.transport import ask_workers, run_direct, wait_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -146,15 +150,24 @@ class Deployment:
         """Place every partition and warm the replicas up, despite workers dying meanwhile.
 
         A worker lost during set-up is handled as during training: its
-        partitions move to the workers left (bounded by ``no-workers-timeout``).
-        Workers whose memory the replicas took over Dask's pause threshold
-        are refused first (:func:`check_memory`).
+        partitions move to the workers left (bounded by ``no-workers-timeout``),
+        up to ``daskpri.trainer.max-retries`` times; then, or where no
+        suitable worker is left, ``RuntimeError`` says that workers kept
+        dying, and which. Workers whose memory the replicas took over Dask's
+        pause threshold are refused first (:func:`check_memory`).
         """
         n_partitions = len(self.bounds) - 1
         check_memory(self.client, sorted(set(self.owner_addr)))
         deadline = time.monotonic() + dask_timeout()
-        while True:
+        retries = _config.get_int("trainer.max-retries", 0)
+        lost: set[str] = set()
+        for attempt in itertools.count():
             try:
+                gone = set(self.owner_addr) - set(cluster_workers(self.client))
+                if attempt == 0 and gone:
+                    # workers planned on died before the set-up got here (as the replicas
+                    # were set up): re-planned first, rather than scattered to in vain
+                    raise KeyError(f"worker(s) {', '.join(sorted(gone))} left the cluster")
                 missing = [p for p in range(n_partitions) if p not in self.parts]
                 if missing:
                     self.place(missing, resources)
@@ -163,12 +176,24 @@ class Deployment:
                 return
             except FILE_ERRORS:
                 raise
-            except (KeyError, *LOST):
-                if time.monotonic() > deadline:
-                    raise
-                self.recover(
-                    resources=resources, excluded=excluded, check_scheduler=check_scheduler
-                )
+            except (KeyError, *LOST) as e:
+                if attempt >= retries or time.monotonic() > deadline:
+                    lost |= set(self.slots) - set(cluster_workers(self.client))
+                    raise RuntimeError(kept_dying(lost, attempt + 1, retries, e)) from e
+                before = set(self.slots)
+                try:
+                    self.recover(
+                        resources=resources, excluded=excluded, check_scheduler=check_scheduler
+                    )
+                except (RuntimeError, ValueError, KeyError, *LOST) as gone:
+                    # a lost scheduler (SchedulerLostError) and the data's files say so
+                    if isinstance(gone, (SchedulerLostError, *FILE_ERRORS)):
+                        raise
+                    lost |= before - set(cluster_workers(self.client))
+                    raise RuntimeError(
+                        kept_dying(lost, attempt + 1, retries, e, none_left=str(gone))
+                    ) from gone
+                lost |= before - set(self.slots)
 
     def place(self, pids: list[int], resources: dict[str, float] | None) -> None:
         """Make partitions ``pids`` available on their owners and check them."""
@@ -194,6 +219,9 @@ class Deployment:
                 ]
                 futures = client.scatter(arrays, workers=[addr], hash=False)
                 self.parts.update(zip(mine, futures, strict=True))
+        # a key of its own each time: a retry's task under the key of one that a lost
+        # worker failed may be handed that one's state ("cancelled: already forgotten")
+        tag = uuid.uuid4().hex[:6]
         checks = [
             client.submit(
                 load_task,
@@ -204,7 +232,7 @@ class Deployment:
                 workers=[self.owner_addr[pid]],
                 allow_other_workers=True,
                 resources=resources,
-                key=f"daskpri-load-{self.run_id}-{pid}",
+                key=f"daskpri-load-{self.run_id}-{pid}-{tag}",
             )
             for pid in pids
         ]
@@ -233,6 +261,7 @@ class Deployment:
         first: dict[str, int] = {}
         for pid, addr in enumerate(self.owner_addr):
             first.setdefault(addr, pid)
+        tag = uuid.uuid4().hex[:6]  # (as the checks' in place)
         futures = [
             self.client.submit(
                 warmup_task,
@@ -246,11 +275,16 @@ class Deployment:
                 allow_other_workers=True,
                 resources=resources,
                 pure=False,
-                key=f"daskpri-warmup-{self.run_id}-{pid}",
+                key=f"daskpri-warmup-{self.run_id}-{pid}-{tag}",
             )
             for addr, pid in first.items()
         ]
-        self.client.gather(futures)
+        try:
+            self.client.gather(futures)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.client.cancel(futures, force=True)
+            raise
 
     # -- one step --------------------------------------------------------------------
 
@@ -395,15 +429,11 @@ class Deployment:
         build the model (its module missing, a device forced that it lacks)
         has the run's plugin but no replica: partitions placed there would
         fail the run. Each is logged once, with why. A worker that does not
-        answer is kept (the caller finds it lost).
+        answer (within 5 s: :func:`ask_workers`) is kept (the caller finds it lost).
         """
         if not addresses:
             return []
-        try:
-            found = self.client.run(why_no_replica, self.plugin, workers=addresses,
-                                   on_error="return")
-        except Exception:
-            return addresses
+        found = ask_workers(self.client, addresses, why_no_replica, self.plugin)
         for addr, why in found.items():
             if isinstance(why, str) and addr not in self.unfit:
                 self.unfit[addr] = why
@@ -500,11 +530,8 @@ def check_memory(client: Client, addresses: list[str]) -> None:
     worker, as Dask's memory monitor measures it; a worker that does not
     answer is left to the set-up (a lost worker).
     """
-    try:
-        found = client.run(_memory, workers=addresses, on_error="return",
-                           callback_timeout=dask_timeout())
-    except Exception:  # a worker lost meanwhile: the set-up recovers from it
-        return
+    # (a worker lost meanwhile, its answer an error: the set-up recovers from it)
+    found = ask_workers(client, addresses, _memory)
     over = {
         addr: (memory, limit)
         for addr, answer in found.items()

@@ -377,3 +377,28 @@ def blame_scheduler(check: Callable[[], None]) -> Iterator[None]:
         check()
         raise
 
+
+def kept_dying(
+    lost: set[str], tries: int, retries: int, error: BaseException, none_left: str | None = None
+) -> str:
+    """Why a run's set-up stopped after ``tries``: workers kept dying under it (``lost``:
+    those known), and where ``none_left`` says why, no suitable worker was left.
+
+    Examples
+    --------
+    >>> print(kept_dying({"tcp://a:1"}, 11, 10, KeyError("tcp://a:1")))
+    ... # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    workers kept dying as the run was set up: worker(s) tcp://a:1 died, and the set-up
+    failed 11 times (daskpri.trainer.max-retries=10; last: KeyError: 'tcp://a:1'); ...
+    """
+    who = f"worker(s) {', '.join(sorted(lost))} died" if lost else "workers died"
+    if none_left is not None:
+        how = (f"no suitable worker was left for daskpri.trainer.no-workers-timeout "
+               f"({dask_timeout():g} s: {none_left})")
+    else:
+        how = (f"the set-up failed {tries} time{'s' if tries > 1 else ''} "
+               f"(daskpri.trainer.max-retries={retries}; last: {type(error).__name__}: {error})")
+    return (
+        f"workers kept dying as the run was set up: {who}, and {how}; see the workers' logs "
+        "(and their nannies') for why they die, and fit again once the cluster is steady"
+    )

@@ -1,4 +1,4 @@
-"""How a step's work reaches the workers: direct RPCs or Dask tasks.
+"""How a step's work reaches the workers: direct RPCs or Dask tasks; asking them directly.
 
 Both return one :class:`~daskpri.replicas.worker.StepResult` per worker slot,
 in slot order, and give up on a step that a worker has not finished within
@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from distributed import Client, Future
+from distributed.protocol import pickle
 from distributed.protocol.serialize import Serialize, to_serialize
 
 from daskpri.replicas.worker import StepResult, raise_state_lost
@@ -162,3 +163,39 @@ def wait_tasks(
                             "(daskpri.trainer.no-workers-timeout): " + str(e)
                         ) from e
     return results
+
+
+def ask_workers(
+    client: Client, addresses: list[str], function: Callable[..., Any], *args: Any,
+    timeout: float = 5.0,
+) -> dict[str, Any]:
+    """``function(*args, dask_worker=...)`` on each of ``addresses``: their answers, or errors.
+
+    As ``client.run(..., on_error="return")``, but each worker is asked by
+    the driver itself, if the scheduler still lists it (else the answer is
+    :class:`WorkersGone`), and waited for ``timeout`` seconds at most (the
+    error then a ``TimeoutError``): the scheduler's broadcast, which
+    ``client.run`` is, retries a connection that a worker that has just
+    died refuses for ``distributed.comm.timeouts.connect`` (30 s by
+    default) before it gives up, and workers die during a set-up, or a
+    recovery, as they do in a step.
+    """
+    payload = {"function": pickle.dumps(function), "args": pickle.dumps(args)}
+    listed: dict[str, Any] = {}
+
+    async def ask(address: str) -> Any:
+        if address not in listed:
+            return WorkersGone([address])
+        try:
+            answer = await asyncio.wait_for(client.rpc(address).run(**payload), timeout)
+        except Exception as e:
+            return e
+        if answer.get("status") != "OK":
+            return RuntimeError(f"{answer.get('exception')!r}")
+        return answer["result"]
+
+    async def ask_all() -> list[Any]:
+        listed.update(await listed_workers(client))
+        return list(await asyncio.gather(*(ask(a) for a in addresses)))
+
+    return dict(zip(addresses, client.sync(ask_all), strict=True))
