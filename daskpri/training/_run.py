@@ -328,6 +328,8 @@ class RunMixin:
                     raise RuntimeError(why) from e
                 # (the scheduler has dropped a dead worker by now: that took 2 s at most)
                 gone = set(before) - set(cluster_workers(client))
+                if not gone:  # none died: the error is the setup's own, as it is
+                    raise
                 lost |= gone
                 if attempt == retries:
                     raise RuntimeError(kept_dying(lost, attempt + 1, retries, e)) from e
