@@ -17,6 +17,7 @@ from daskpri._warnings import DaskpriWarning
 from daskpri.data import datasets
 from daskpri.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
 from daskpri.table.table import PriorityTable
+from daskpri.training.errors import WorkersLostError
 from daskpri.training.history import time_to_accuracy
 from daskpri.training.trainer import SchedulerLostError, Trainer
 
@@ -29,6 +30,7 @@ __all__ = [
     "SchedulerLostError",
     "Strategy",
     "Trainer",
+    "WorkersLostError",
     "datasets",
     "get_strategy",
     "models",

@@ -174,7 +174,7 @@ def test_a_worker_killed_as_the_replicas_are_set_up_leaves_its_partitions_to_the
         try:
             with (
                 dask.config.set({"daskpri.trainer.max-retries": 0}),
-                pytest.raises(RuntimeError, match=(
+                pytest.raises(daskpri.WorkersLostError, match=(
                     r"^workers kept dying as the run was set up: worker\(s\) (tcp://\S+, )*"
                     r"tcp://\S+ died, and the set-up failed 1 time \(daskpri.trainer.max-retries"
                     r"=0; last: CommClosedError: .*\); see the workers' logs \(and their "

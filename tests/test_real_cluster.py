@@ -237,7 +237,7 @@ def test_workers_their_nanny_restarts_for_memory_as_the_replica_is_built_are_nam
     with Client(terminating_cluster, timeout=60) as client:
         [worker] = client.scheduler_info(n_workers=-1)["workers"]
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
-        with pytest.raises(RuntimeError, match=(
+        with pytest.raises(daskpri.WorkersLostError, match=(
             rf"worker\(s\) {worker} \(at .*\) were killed and restarted by their nanny as they "
             r"built the run's replica .*distributed.worker.memory.terminate .*--memory-limit"
         )):

@@ -19,6 +19,7 @@ import re
 import time
 
 import dask
+import xarray as xr
 import pytest
 import torch
 from distributed import Client, LocalCluster
@@ -107,7 +108,7 @@ def test_a_step_whose_retry_its_nanny_kills_for_memory_stops_the_fit_saying_why(
             advice = r"train with a smaller batch_size .*more workers .*--memory-limit"
             with (
                 caplog.at_level(logging.WARNING, logger="daskpri"),
-                pytest.raises(RuntimeError, match=(
+                pytest.raises(daskpri.WorkersLostError, match=(
                     "^step 2 failed again at its retry: " + killed.format(r"tcp://[\d.:]+")
                     + "; " + advice
                 )),
@@ -158,3 +159,33 @@ def test_workers_paused_mid_fit_are_named_with_their_memory(small_data, tmp_path
             assert time.monotonic() - t0 < 30  # not the step timeout (300 s)
         finally:
             trainer.close()
+
+
+def test_train_whose_workers_are_lost_past_its_retries_ends_in_one_line_keeping_the_history(
+    tmp_path, monkeypatch, capsys
+):
+    from distributed.comm import CommClosedError
+
+    from daskpri.cli import main
+    from daskpri.training._step import StepMixin
+
+    run_tasks = StepMixin._run_tasks
+
+    def lost_at_step_4(self, step, *args, **kwargs):  # the network's part: a comm closed
+        if step >= 4:
+            raise CommClosedError("in <TCP (closed) ConnectionPool.daskpri_train>: Stream is "
+                                  "closed")
+        return run_tasks(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(StepMixin, "_run_tasks", lost_at_step_4)
+    out = tmp_path / "run.nc"
+    with dask.config.set({"daskpri.trainer.max-retries": 0}):
+        assert main(["train", "--dataset", "synthetic", "--n-samples", "2000", "--max-steps",
+                     "20", "--workers", "1", "--no-progress", "--output", str(out)]) == 1
+    said = capsys.readouterr()
+    # daskpri.WorkersLostError: one line and exit 1, as a lost scheduler, not a traceback
+    assert said.err == ("daskpri: error: step 4 failed 1 times after losing workers: in <TCP "
+                        "(closed) ConnectionPool.daskpri_train>: Stream is closed\n")
+    assert f"its workers lost at step 4: the history so far written to {out}" in said.out
+    with xr.open_dataset(out, engine="h5netcdf") as history:
+        assert history.sizes["step"] == 4

@@ -34,6 +34,7 @@ from daskpri.cli._arguments import _parser
 from daskpri.cli._paths import _PATH_ERRORS
 from daskpri.cli._prog import _PROG
 from daskpri.training.cluster import SchedulerUnreachable
+from daskpri.training.errors import WorkersLostError
 from daskpri.training.recovery import SchedulerLostError
 
 __all__ = ["main"]
@@ -80,8 +81,9 @@ def _run(args: Any) -> int:
         where = "" if e.filename is None else f"{e.filename}: "
         print(f"{_PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except (SchedulerUnreachable, FloatingPointError, SchedulerLostError) as e:
-        # the last two: a run that stopped, saying why and what was checkpointed
+    except (SchedulerUnreachable, FloatingPointError, SchedulerLostError,
+            WorkersLostError) as e:
+        # the last three: a run that stopped, saying why (and what was checkpointed)
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # the machine's: a full disk, a failing device

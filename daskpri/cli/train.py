@@ -23,6 +23,7 @@ from daskpri.data.io import open_dataset, to_store
 from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
 from daskpri.training.cluster import connect, one_torch_thread
+from daskpri.training.errors import WorkersLostError
 from daskpri.training.recovery import SchedulerLostError
 from daskpri.training.schedule import SCHEDULES
 
@@ -84,7 +85,7 @@ def _train(args: argparse.Namespace) -> int:
                     data, eval_data=eval_data, max_steps=max_steps, max_time=args.max_time,
                     target_accuracy=args.target_accuracy, progress=not args.no_progress,
                 )
-        except (KeyboardInterrupt, SchedulerLostError, OSError) as e:
+        except (KeyboardInterrupt, SchedulerLostError, WorkersLostError, OSError) as e:
             # an OSError after the first step is the machine's (a checkpoint the disk
             # cannot take); before it, a path found bad, which leaves nothing to keep
             if isinstance(e, OSError) and not trainer.step_:
@@ -92,7 +93,9 @@ def _train(args: argparse.Namespace) -> int:
             at_once = isinstance(e, StopAtOnce)
             lost = isinstance(e, SchedulerLostError)
             why = ("interrupted" if isinstance(e, KeyboardInterrupt)
-                   else "the scheduler lost" if lost else "stopped by an error")
+                   else "the scheduler lost" if lost
+                   else "its workers lost" if isinstance(e, WorkersLostError)
+                   else "stopped by an error")
             if args.output is not None:  # the history so far is the driver's: kept
                 _write_interrupted(trainer, args.output, args.dataset, model_name, why)
             path = trainer.checkpoint_path  # --checkpoint's, or a resumed run's own

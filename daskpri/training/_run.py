@@ -43,6 +43,7 @@ from daskpri.training._cleanup import drop_run
 from daskpri.training._cluster_checks import check_cluster
 from daskpri.training._resume import state_shaped_like_params
 from daskpri.training.deployment import Deployment
+from daskpri.training.errors import WorkersLostError
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.placement import (
     all_have_gpus,
@@ -325,14 +326,14 @@ class RunMixin:
             except LOST as e:
                 why = restarted_for_memory(client, restarts)
                 if why is not None:
-                    raise RuntimeError(why) from e
+                    raise WorkersLostError(why) from e
                 # (the scheduler has dropped a dead worker by now: that took 2 s at most)
                 gone = set(before) - set(cluster_workers(client))
                 if not gone:  # none died: the error is the setup's own, as it is
                     raise
                 lost |= gone
                 if attempt == retries:
-                    raise RuntimeError(kept_dying(lost, attempt + 1, retries, e)) from e
+                    raise WorkersLostError(kept_dying(lost, attempt + 1, retries, e)) from e
                 logger.warning(
                     "worker(s) %s died as the run's replicas were set up (%s: %s); setting "
                     "them up again on the workers left", ", ".join(sorted(gone)) or "?",

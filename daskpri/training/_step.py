@@ -29,6 +29,7 @@ from daskpri.replicas.replica import Weights, flat_params, load_flat
 from daskpri.replicas.worker import ReplicaStateLost, StepResult
 from daskpri.table.plugin import Round
 from daskpri.training._run import RunMixin
+from daskpri.training.errors import WorkersLostError
 from daskpri.training.recovery import (
     FILE_ERRORS,
     LOST,
@@ -94,7 +95,7 @@ class StepMixin(RunMixin):
             except StepTimeout as e:
                 self._drop_prefetched()  # selected for the workers left out
                 if failures >= retries:
-                    raise RuntimeError(
+                    raise WorkersLostError(
                         f"step {step} failed {failures + 1} times after losing workers: {e}"
                     ) from e
                 # alive but stuck: train on without it rather than wait
@@ -170,9 +171,11 @@ class StepMixin(RunMixin):
                     "again at its retry" if killed
                     else f"at its last try (daskpri.trainer.max-retries={retries})"
                 )
-                raise RuntimeError(f"step {step} failed {when}: {why}; {MEMORY_ADVICE}") from error
+                raise WorkersLostError(
+                    f"step {step} failed {when}: {why}; {MEMORY_ADVICE}"
+                ) from error
         elif failures >= retries and not retired:
-            raise RuntimeError(
+            raise WorkersLostError(
                 f"step {step} failed {failures + 1} times after losing workers: {error}"
             ) from error
         self._recover()

@@ -36,6 +36,7 @@ from daskpri.replicas.worker import (
 )
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
+from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import (
     cluster_workers,
     eligible_workers,
@@ -179,7 +180,7 @@ class Deployment:
             except (KeyError, *LOST) as e:
                 if attempt >= retries or time.monotonic() > deadline:
                     lost |= set(self.slots) - set(cluster_workers(self.client))
-                    raise RuntimeError(kept_dying(lost, attempt + 1, retries, e)) from e
+                    raise WorkersLostError(kept_dying(lost, attempt + 1, retries, e)) from e
                 before = set(self.slots)
                 try:
                     self.recover(
@@ -190,7 +191,7 @@ class Deployment:
                     if isinstance(gone, (SchedulerLostError, *FILE_ERRORS)):
                         raise
                     lost |= before - set(cluster_workers(self.client))
-                    raise RuntimeError(
+                    raise WorkersLostError(
                         kept_dying(lost, attempt + 1, retries, e, none_left=str(gone))
                     ) from gone
                 lost |= before - set(self.slots)

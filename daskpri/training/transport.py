@@ -18,6 +18,7 @@ from distributed.protocol import pickle
 from distributed.protocol.serialize import Serialize, to_serialize
 
 from daskpri.replicas.worker import StepResult, raise_state_lost
+from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import cluster_workers, eligible_workers, listed_workers
 
 #: seconds a step's calls run before the driver asks the scheduler whether their workers are there
@@ -158,7 +159,7 @@ def wait_tasks(
                 except (RuntimeError, ValueError) as e:
                     deadline = deadline or time.monotonic() + no_workers_timeout
                     if time.monotonic() > deadline:
-                        raise RuntimeError(
+                        raise WorkersLostError(
                             f"no suitable worker for {no_workers_timeout:g} s "
                             "(daskpri.trainer.no-workers-timeout): " + str(e)
                         ) from e
