@@ -19,9 +19,9 @@ import re
 import time
 
 import dask
-import xarray as xr
 import pytest
 import torch
+import xarray as xr
 from distributed import Client, LocalCluster
 
 import daskpri
