@@ -765,7 +765,7 @@ def test_a_cluster_of_threads_trains_as_one_of_processes(gpu_client, small_data)
     torch.testing.assert_close(in_threads, run(gpu_client), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("key", ["keep-state", "prefetch"])
+@pytest.mark.parametrize("key", ["keep-state", "prefetch", "hold-workers"])
 def test_a_switch_that_is_not_a_boolean_stops_the_fit_before_it_starts(gpu_client, small_data,
                                                                        key):
     train, _ = small_data

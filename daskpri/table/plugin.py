@@ -30,6 +30,7 @@ import numpy as np
 from distributed import Client, Scheduler, SchedulerPlugin
 from distributed.core import Status
 from distributed.protocol import pickle
+from distributed.scheduler import WorkerState
 from distributed.utils import sync
 
 from daskpri import _config
@@ -48,6 +49,11 @@ logger = logging.getLogger(__name__)
 class TablePlugin(SchedulerPlugin):
     """Holds the priority tables of the runs on this cluster.
 
+    It also keeps the workers of a fit that runs from an adaptive cluster's
+    scale-down (:meth:`valid_workers_downscaling`): their steps are RPCs from
+    the driver (``transport="direct"``) or brief tasks, so the scheduler would
+    find them idle and ``cluster.adapt()`` would retire them mid-fit.
+
     Examples
     --------
     A scheduler started with ``dask scheduler --preload daskpri.table.plugin``
@@ -63,6 +69,8 @@ class TablePlugin(SchedulerPlugin):
         self.scheduler: Scheduler | None = None
         #: the client that made each run not closed yet (its driver's), by run
         self.drivers: dict[str, str] = {}
+        #: the workers of each run whose fit is running (see :meth:`_hold`), by run
+        self.held: dict[str, set[str]] = {}
 
     async def start(self, scheduler: Scheduler) -> None:
         _keep_closed()  # a bad value fails the plugin's registration, not a run's close
@@ -74,6 +82,7 @@ class TablePlugin(SchedulerPlugin):
             "unselect",
             "update",
             "set_owner",
+            "hold",
             "state",
             "load",
             "summary",
@@ -93,6 +102,21 @@ class TablePlugin(SchedulerPlugin):
     async def close(self) -> None:
         self.runs.clear()
         self.drivers.clear()
+        self.held.clear()
+
+    def valid_workers_downscaling(
+        self, scheduler: Scheduler, workers: list[WorkerState]
+    ) -> list[WorkerState]:
+        """Those of ``workers`` that no run's fit holds: the others are not to be retired.
+
+        Dask's hook for a plugin whose work the scheduler does not see (its
+        P2P shuffle's keeps a shuffle's workers so). ``Scheduler.workers_to_close``
+        asks it, and so ``Scheduler.adaptive_target`` and ``Adaptive``: a
+        cluster that adapts keeps the workers of a fit while it runs, and may
+        retire them once it ends, as it would idle workers.
+        """
+        held = set().union(*self.held.values())
+        return [ws for ws in workers if ws.address not in held]
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
         """A client left: close its runs unless it is back within ``daskpri.table.orphan-timeout``.
@@ -246,8 +270,24 @@ class TablePlugin(SchedulerPlugin):
     def _update(self, run: str, updates: list, metrics: list | dict | None = None) -> None:
         self._apply(self._run(run, live=True), updates, metrics)
 
-    def _set_owner(self, run: str, owner: dict) -> None:
+    def _set_owner(self, run: str, owner: dict, workers: list[str] | None = None) -> None:
+        """The owner slot of each partition; ``workers``: the slots' addresses, now held
+        instead if the run's fit holds its workers."""
         self._run(run, live=True).set_owner(unpack(owner))
+        if workers is not None and run in self.held:
+            self.held[run] = set(workers)
+
+    def _hold(self, run: str, workers: list[str]) -> None:
+        """Keep ``workers`` (those of run ``run``'s fit) from a scale-down; none: let go.
+
+        Held until the driver lets go, or the run closes (its client gone
+        included: see :meth:`remove_client`).
+        """
+        self._run(run, live=True)
+        if workers:
+            self.held[run] = set(workers)
+        else:
+            self.held.pop(run, None)
 
     def _state(self, run: str) -> dict:
         return pack_tree(self._run(run).state_dict())
@@ -290,6 +330,7 @@ class TablePlugin(SchedulerPlugin):
         """
         keep = _keep_closed()  # checked before the run changes
         self.drivers.pop(run, None)
+        self.held.pop(run, None)
         tr = self.runs.get(run)
         if tr is None:
             return
@@ -350,11 +391,13 @@ class RemoteTable:
         if not client.run_on_scheduler(has_plugin):
             client.register_plugin(TablePlugin())
 
-    def _call(self, op: str, **kwargs: Any) -> Any:
+    def _call(self, op: str, _timeout: float | None = None, **kwargs: Any) -> Any:
         scheduler = _in_process(self.client)
         if scheduler is not None:
-            return sync(scheduler.loop, _handle, scheduler.handlers[f"daskpri_{op}"], kwargs)
-        return self.client.sync(getattr(self.client.scheduler, f"daskpri_{op}"), **kwargs)
+            return sync(scheduler.loop, _handle, scheduler.handlers[f"daskpri_{op}"], kwargs,
+                        callback_timeout=_timeout)
+        return self.client.sync(getattr(self.client.scheduler, f"daskpri_{op}"), **kwargs,
+                                callback_timeout=_timeout)
 
     def create(
         self,
@@ -455,8 +498,15 @@ class RemoteTable:
     ) -> None:
         self._call("update", run=self.run, updates=_pack_updates(updates), metrics=metrics)
 
-    def set_owner(self, owner: np.ndarray) -> None:
-        self._call("set_owner", run=self.run, owner=pack(np.asarray(owner, dtype=np.int64)))
+    def set_owner(self, owner: np.ndarray, workers: list[str] | None = None) -> None:
+        """The owner slot of each partition, and the slots' addresses where given."""
+        self._call("set_owner", run=self.run, owner=pack(np.asarray(owner, dtype=np.int64)),
+                   workers=workers)
+
+    def hold(self, workers: list[str], timeout: float | None = None) -> None:
+        """Keep ``workers`` from an adaptive cluster's scale-down while a fit runs; ``[]``:
+        let them go. Waits at most ``timeout`` seconds for the scheduler."""
+        self._call("hold", run=self.run, workers=list(workers), _timeout=timeout)
 
     def state_dict(self) -> dict[str, Any]:
         return unpack_tree(self._call("state", run=self.run))

@@ -21,9 +21,11 @@ Ctrl-C does.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +36,13 @@ from daskpri._warnings import warn
 from daskpri.training._checks import check_budget, open_data
 from daskpri.training._interrupts import Interrupts, stop_on_interrupt, warn_workers_unshielded
 from daskpri.training.evaluation import EvalSet
-from daskpri.training.recovery import check_config
+from daskpri.training.recovery import SchedulerLostError, check_config
 from daskpri.training.rounds import crossed
 
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 #: Why a second fit is refused while one runs.
 FIT_RUNNING = (
@@ -137,6 +141,7 @@ def _set_up_and_step(
     # read once per fit, so a bad value stops it before any work is sent
     trainer._prefetch_rounds = _config.get_bool("trainer.prefetch")
     trainer._keep_state = _config.get_bool("trainer.keep-state")
+    hold = _config.get_bool("trainer.hold-workers")
     check_config()
     reopened = trainer._closed and trainer.step_ > 0
     trainer._prepare(ds, request.source, key, n_classes)
@@ -162,6 +167,7 @@ def _set_up_and_step(
             f"pass max_steps={trainer.step_ + max_steps} to train {max_steps} more",
         )
     total = None if max_steps is None else max(0, max_steps - trainer.step_)
+    release = hold_workers(trainer) if hold else None
     bar = tqdm(total=total, disable=not request.progress, desc=trainer.strategy.name, unit="step")
     start = trainer._elapsed
     try:
@@ -205,9 +211,40 @@ def _set_up_and_step(
             # ended by max_time, target_accuracy or stop() before max_steps: tqdm draws
             # a bar closed short of its total as failed (a notebook's turns red)
             bar.total = None
+    except SchedulerLostError:
+        release = None  # the scheduler is gone, and the hold with it: nothing to tell
+        raise
     finally:
         bar.close()
+        if release is not None:
+            release()
     return trainer.history_
+
+
+def hold_workers(trainer: Trainer) -> Callable[[], None]:
+    """Keep the fit's workers from an adaptive cluster's scale-down; the call that lets go.
+
+    ``daskpri.trainer.hold-workers``. The steps reach the workers as RPCs
+    (``transport="direct"``) or brief tasks, which leave them idle to the
+    scheduler between steps, so ``cluster.adapt()`` would retire them
+    mid-fit: each retirement a re-plan (the partitions moved), the fit left
+    on ``minimum`` workers. The table's scheduler plugin names them to
+    Dask's ``valid_workers_downscaling`` hook (workers that join the run are
+    held too); once the fit ends they are let go, and an adaptive cluster
+    may retire them as idle.
+    """
+    table, deployment = trainer._remote, trainer._deployment
+    assert deployment is not None
+    with trainer._blame_scheduler():
+        table.hold(deployment.slots)
+
+    def release() -> None:
+        try:  # bounded: a scheduler that stopped answering must not hold the fit's end
+            table.hold([], timeout=_config.get_seconds("trainer.scheduler-timeout"))
+        except Exception as e:  # the run closed meanwhile (the hold went with it)
+            logger.debug("letting the workers of run %s go: %r", table.run, e)
+
+    return release
 
 
 def write_checkpoint(trainer: Trainer) -> None:

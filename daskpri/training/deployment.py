@@ -420,7 +420,8 @@ class Deployment:
         self.place(moved, resources)
         self.slots = sorted(set(self.owner_addr))
         slot_of = {a: i for i, a in enumerate(self.slots)}
-        self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64))
+        self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64),
+                             workers=self.slots)
         return [a for a in new if a in slot_of]
 
     def serving(self, addresses: list[str]) -> list[str]:
@@ -516,7 +517,8 @@ class Deployment:
             self.parts.pop(pid, None)
         if moved:
             self.place(moved, resources)
-        self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64))
+        self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64),
+                             workers=self.slots)
 
 
 def check_memory(client: Client, addresses: list[str]) -> None:

@@ -1,0 +1,92 @@
+"""A fit on an adaptive cluster (``cluster.adapt()``) keeps its workers until it ends.
+
+Its steps are RPCs from the driver (or brief tasks), so the scheduler finds
+its workers idle between steps: Dask's ``Adaptive`` would retire them
+mid-fit. The table's scheduler plugin holds them through
+``SchedulerPlugin.valid_workers_downscaling`` while the fit runs
+(``daskpri.trainer.hold-workers``), and lets them go when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import dask
+from distributed import Client, LocalCluster
+
+import daskpri
+from daskpri.models import build_model
+
+
+def _wait(condition: Callable[[], bool], what: str, running: Future | None,
+          timeout: float = 20.0) -> None:
+    """Wait for ``condition``, the fit ``running`` (if any) still running meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if running is not None:
+            assert not running.done(), running.result()  # the fit ended (or failed) first
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data, caplog):
+    train, _ = small_data
+    with (
+        # the run looks for workers that joined before each step
+        dask.config.set({"daskpri.trainer.rescan-interval": "0s"}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  batch_size=16, partition_size=100)
+        try:
+            running = trainer.fit_in_background(train, max_steps=100_000, progress=False)
+            _wait(lambda: trainer.step_ >= 3, "the fit took no step", running)
+            # workers that join the run mid-fit are held too (two: Dask keeps the last
+            # idle worker that holds data, which a lone one would be)
+            cluster.scale(4)
+            _wait(lambda: trainer.history_["n_workers"].values[-1] == 4,
+                  "the run did not take the workers that joined", running)
+            # as Adaptive checks every 50 ms, it would retire 3 workers within 0.2 s
+            adaptive = cluster.adapt(minimum=1, maximum=4, interval="50ms", wait_count=2)
+            before, t_end = trainer.step_, time.monotonic() + 1.0
+            while time.monotonic() < t_end:
+                assert not running.done(), running.result()
+                assert len(cluster.scheduler.workers) == 4, adaptive.log
+                time.sleep(0.02)
+            assert trainer.step_ > before  # it trained meanwhile
+            assert not [r for _, r in adaptive.log if r["status"] == "down"], adaptive.log
+            trainer.stop()
+            assert running.result(timeout=60)["n_workers"].values[-1] == 4
+            # the fit over (the trainer still open), they are idle workers to retire
+            # (the cluster's own count: it drops a worker after the scheduler does)
+            _wait(lambda: len(cluster.scheduler.workers) == len(cluster.worker_spec) == 1,
+                  "the cluster kept its workers after the fit", None, timeout=10)
+
+            # not held: the cluster scales down under a running fit, which goes on
+            cluster.adapt(minimum=3, maximum=3, interval="50ms")  # this adaptive in its place
+            client.wait_for_workers(3, timeout=30)
+            caplog.clear()
+            with (
+                dask.config.set({"daskpri.trainer.hold-workers": False}),
+                caplog.at_level(logging.WARNING, logger="daskpri"),
+            ):
+                n = trainer.history_.sizes["step"]
+                running = trainer.fit_in_background(train, max_steps=100_000, progress=False)
+                # the fit's first round takes the workers that joined
+                _wait(lambda: trainer.history_["n_workers"].values[n:].tolist()[-1:] == [3],
+                      "the fit did not take the workers that joined", running)
+                adaptive = cluster.adapt(minimum=1, maximum=3, interval="50ms", wait_count=2)
+                _wait(lambda: trainer.history_["n_workers"].values[-1] == 1,
+                      "the workers were not retired", running)
+                trainer.stop()
+                running.result(timeout=60)
+            assert re.search(r"step \d+: worker\(s\) .* retired; their partitions moved",
+                             caplog.text)
+        finally:
+            trainer.close()
