@@ -111,7 +111,9 @@ def eligible_workers(
         raise RuntimeError(
             f"the cluster at {address} has no workers; start some with `dask worker {address}` "
             "(a LocalCluster's workers killed by Ctrl-C or Jupyter's interrupt do not come "
-            "back: start it with preload=['daskpri.training.worker_signals'] to keep them)"
+            "back: start it with preload=['daskpri.training.worker_signals'] to keep them; "
+            "an adaptive cluster starts workers for Dask tasks, not for a fit: adapt it with "
+            "minimum=1 or more, and wait for them with client.wait_for_workers(1))"
         )
     ok = [
         addr
