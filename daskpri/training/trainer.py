@@ -79,7 +79,10 @@ class Trainer(PersistMixin):
         steps there (the README's "Which to use").
     client : distributed.Client, optional
         The cluster to use. ``None`` starts a LocalCluster of ``n_workers``
-        (one thread each, bound to 127.0.0.1), closed by :meth:`close`.
+        (one thread each, bound to 127.0.0.1), closed by :meth:`close`. An
+        adaptive cluster (``cluster.adapt()``) keeps a fit's workers until it
+        ends (``daskpri.trainer.hold-workers``), but starts workers for Dask
+        tasks only: adapt with a ``minimum`` of the workers a fit should use.
     seed : int
         Seeds every random choice of the run; the same seed and cluster size
         give the same selections.
