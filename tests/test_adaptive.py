@@ -90,3 +90,23 @@ def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data,
                              caplog.text)
         finally:
             trainer.close()
+
+
+def test_a_fits_steps_keep_a_scheduler_with_an_idle_timeout_open(small_data):
+    train, _ = small_data
+    with (
+        # Dask's distributed.scheduler.idle-timeout (dask-gateway and Coiled have theirs):
+        # the steps' RPCs are no tasks, and it would close itself 0.5 s into the fit
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                     dashboard_address="127.0.0.1:0",
+                     scheduler_kwargs={"idle_timeout": "0.5s"}) as cluster,
+        Client(cluster) as client,
+    ):
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  batch_size=16, partition_size=100)
+        try:
+            history = trainer.fit(train, max_time=1.5, progress=False)
+            assert cluster.scheduler.status.name == "running"
+            assert history.sizes["step"] > 10
+        finally:
+            trainer.close()

@@ -52,7 +52,9 @@ class TablePlugin(SchedulerPlugin):
     It also keeps the workers of a fit that runs from an adaptive cluster's
     scale-down (:meth:`valid_workers_downscaling`): their steps are RPCs from
     the driver (``transport="direct"``) or brief tasks, so the scheduler would
-    find them idle and ``cluster.adapt()`` would retire them mid-fit.
+    find them idle and ``cluster.adapt()`` would retire them mid-fit. For the
+    same reason such a fit's steps count as the scheduler's activity
+    (:meth:`_step`), against its idle timeout.
 
     Examples
     --------
@@ -236,8 +238,16 @@ class TablePlugin(SchedulerPlugin):
         round's samples as in flight, and where it would read one of their
         priorities (:class:`~daskpri.strategies.base.NotAhead`), the
         selection is taken back at once and the answer is ``None``.
+
+        A step of a run whose fit holds its workers is activity: the
+        scheduler's idle time (``idle_since``) starts again from it.
         """
         tr = self._run(run, live=True)
+        if run in self.held and self.scheduler is not None:
+            # work the scheduler does not see: without it, an idle-timeout (Dask's
+            # distributed.scheduler.idle-timeout, a dask-gateway or Coiled cluster's
+            # idle shutdown, which read idle_since) would close it under a running fit
+            self.scheduler.idle_since = None
         self._apply(tr, updates, metrics)
         tr.undo = None
         if undo:
