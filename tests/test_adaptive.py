@@ -1,10 +1,11 @@
-"""A fit on an adaptive cluster (``cluster.adapt()``) keeps its workers until it ends.
+"""A fit on an adaptive cluster (``cluster.adapt()``) is work: its workers stay until it ends.
 
 Its steps are RPCs from the driver (or brief tasks), so the scheduler finds
 its workers idle between steps: Dask's ``Adaptive`` would retire them
 mid-fit. The table's scheduler plugin holds them through
 ``SchedulerPlugin.valid_workers_downscaling`` while the fit runs
-(``daskpri.trainer.hold-workers``), and lets them go when it ends.
+(``daskpri.trainer.hold-workers``), and lets them go when it ends; the
+fit's steps count as the scheduler's activity, against its idle timeout.
 """
 
 from __future__ import annotations
