@@ -340,3 +340,23 @@ def test_eval_data_from_a_store_is_read_by_the_driver_not_a_default_clients_work
         _, _, evalset = open_data(train, store)
     assert not tasks.data  # the workers need not see a file on the driver's disk
     np.testing.assert_array_equal(evalset.y.numpy(), test["y"].values)
+
+
+def test_in_memory_dask_data_is_read_by_the_driver_not_a_default_clients_workers(
+    gpu_client: Client, small_data
+):
+    from distributed import get_task_stream
+
+    train, _ = small_data
+    lazy = train.chunk({"sample": 400})  # as xr.open_mfdataset gives it, in the driver's hands
+    assert Client.current() is gpu_client  # the default client, as a user's often is
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        with get_task_stream(gpu_client) as tasks:
+            trainer.fit(lazy, max_steps=2, progress=False)
+    finally:
+        trainer.close()
+    # the partitions are read here and scattered once, as in-memory data is: no task of
+    # the user's graph runs on the workers (only daskpri's own, its loads and warm-up)
+    assert {t["key"][0] if isinstance(t["key"], tuple) else t["key"] for t in tasks.data
+            if not str(t["key"]).startswith(("daskpri-", "('daskpri-"))} == set()

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import dask
 import numpy as np
 import xarray as xr
 from distributed import Client, Future
@@ -210,14 +211,17 @@ class Deployment:
                         path, int(self.bounds[pid]), int(self.bounds[pid + 1])
                     )
             else:
-                arrays = [
-                    ArrayPart(
-                        np.asarray(self.ds["x"].isel(sample=slice(a, b)).values),
-                        np.asarray(self.ds["y"].isel(sample=slice(a, b)).values),
-                        int(a),
-                    )
-                    for a, b in ((self.bounds[p], self.bounds[p + 1]) for p in mine)
-                ]
+                # read here (dask-backed data, as xr.open_mfdataset gives, by this
+                # process's threads, not a default client's workers) and scattered once
+                with dask.config.set(scheduler="threads"):
+                    arrays = [
+                        ArrayPart(
+                            np.asarray(self.ds["x"].isel(sample=slice(a, b)).values),
+                            np.asarray(self.ds["y"].isel(sample=slice(a, b)).values),
+                            int(a),
+                        )
+                        for a, b in ((self.bounds[p], self.bounds[p + 1]) for p in mine)
+                    ]
                 futures = client.scatter(arrays, workers=[addr], hash=False)
                 self.parts.update(zip(mine, futures, strict=True))
         # a key of its own each time: a retry's task under the key of one that a lost
