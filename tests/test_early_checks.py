@@ -360,3 +360,20 @@ def test_in_memory_dask_data_is_read_by_the_driver_not_a_default_clients_workers
     # the user's graph runs on the workers (only daskpri's own, its loads and warm-up)
     assert {t["key"][0] if isinstance(t["key"], tuple) else t["key"] for t in tasks.data
             if not str(t["key"]).startswith(("daskpri-", "('daskpri-"))} == set()
+
+
+def test_a_fit_trains_on_one_number_a_sample_in_memory_and_from_a_store(
+    gpu_client, small_data, tmp_path
+):
+    train, test = small_data
+    # x of dimension 'sample' alone, as a column of a table comes: a feature dimension added
+    one = train.assign(x=train["x"].isel(feature=0))
+    store = to_store(one.chunk({"sample": 400}), tmp_path / "one.zarr")
+    trainer = daskpri.Trainer(build_model("mlp", one), strategy="uniform", client=gpu_client)
+    try:
+        for data in (one, store):
+            trainer.fit(data, eval_data=test.assign(x=test["x"].isel(feature=0)),
+                        max_steps=trainer.step_ + 2, progress=False)
+        assert trainer.step_ == 4 and np.isfinite(trainer.history_["accuracy"][-1])
+    finally:
+        trainer.close()

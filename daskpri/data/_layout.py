@@ -5,7 +5,8 @@ features ``(feature, sample)`` from a table written column-wise, labels as
 floats from a netCDF file or a pandas frame that held a NaN once. What
 daskpri can take as it is meant, it takes: ``x`` is transposed so that
 ``sample`` comes first (lazily: a store is still read a partition at a
-time), and labels of a float or bool dtype are cast to int64, each value
+time), ``x`` of one number a sample gets a feature dimension of length
+one, and labels of a float or bool dtype are cast to int64, each value
 checked to be a whole number where it is read. What it cannot, it refuses
 with what to write instead (:func:`hint_missing`, :func:`hint_labels`).
 """
@@ -25,6 +26,9 @@ _LARGEST_LABEL = 2.0**62
 def as_training(ds: xr.Dataset, *, name: str = "data") -> xr.Dataset:
     """``ds`` with ``x``'s ``sample`` dimension first and its labels as integers.
 
+    ``x`` of dimension ``sample`` alone (one number a sample) gets a
+    trailing ``feature`` dimension of length one, as a model's layers take it.
+
     Returned as is where nothing needs changing. Float labels are cast to
     int64 with every value checked to be a whole number (a NaN, an infinity
     or a fraction raises ``ValueError`` naming the sample): at once for
@@ -43,11 +47,16 @@ def as_training(ds: xr.Dataset, *, name: str = "data") -> xr.Dataset:
     Traceback (most recent call last):
     ...
     ValueError: data.y should hold whole-number class labels ... but got 0.5 at sample 0 ...
+    >>> as_training(ds.assign(x=("sample", np.zeros(4, "float32"))))["x"].dims
+    ('sample', 'feature')
     """
     changed: dict[str, xr.DataArray] = {}
     x = ds.data_vars.get("x")
     if x is not None and "sample" in x.dims and x.dims[0] != "sample":
         changed["x"] = x.transpose("sample", ...)
+    elif x is not None and x.dims == ("sample",):
+        feature = "feature" if "feature" not in ds.dims else "feature_"
+        changed["x"] = x.expand_dims(feature, axis=1)
     y = ds.data_vars.get("y")
     if y is not None and y.dims == ("sample",) and y.dtype.kind in "fb":
         changed["y"] = _whole_labels(y, name)
