@@ -12,9 +12,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import dask
 import pytest
 import torch
 from _procs import _stop, dask_cluster
@@ -169,3 +171,28 @@ def test_a_worker_of_another_daskpri_that_joins_mid_run_is_left_out_naming_both_
             trainer.close()
             if joiner is not None:
                 _stop([joiner])
+
+
+def test_a_worker_that_does_not_answer_the_probe_in_time_leaves_the_others_answers(
+    mixed_cluster, monkeypatch
+):
+    from daskpri.training import _cluster_checks
+
+    monkeypatch.setattr(_cluster_checks, "PROBE_TIMEOUT", 1.0)
+    with Client(mixed_cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        [old] = [a for a, w in workers.items() if not w["resources"]]
+        [other] = set(workers) - {old}
+        async def busy() -> None:  # holds the worker's event loop: it answers nothing
+            time.sleep(2.5)
+
+        client.run(busy, workers=[old], wait=False)
+        try:
+            with dask.config.set({"daskpri.trainer.no-workers-timeout": "1s"}):
+                answers = _cluster_checks.ask_cluster(client, [old, other], modules=["json"])
+            assert list(answers.workers) == [other]
+            assert answers.workers[other]["torch"] == "2.0.1"
+            assert answers.scheduler is not None and answers.scheduler["daskpri"] == (
+                daskpri.__version__)
+        finally:
+            client.run(lambda: 0, workers=[old])  # answers once its loop is free again

@@ -1,8 +1,8 @@
 """The checks of the cluster before a run's set-up, from one probe of it.
 
 A fit asks the run's workers and the scheduler everything its checks need
-at once (:func:`daskpri.training._probe.probe`: one ``client.run`` and one
-``client.run_on_scheduler``, concurrently), then checks their answers on
+at once (:func:`daskpri.training._probe.probe`: one direct call to each
+worker and one ``client.run_on_scheduler``, concurrently), then checks their answers on
 the driver, in order: the same daskpri everywhere (:func:`check_versions`),
 the device (:func:`~daskpri.training._checks.check_workers_device`), the
 model's and strategy's modules
@@ -35,6 +35,10 @@ from daskpri.training._checks import (
 )
 from daskpri.training.placement import check_workers_see
 from daskpri.training.recovery import dask_timeout
+from daskpri.training.transport import asked
+
+#: seconds each worker has to answer the probe (see :func:`ask_cluster`)
+PROBE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -58,29 +62,36 @@ def ask_cluster(
 ) -> Answers:
     """:func:`~daskpri.training._probe.probe` ``workers`` and the scheduler, at once.
 
-    A worker whose probe fails (lost meanwhile), or that does not answer
-    within ``daskpri.trainer.no-workers-timeout``, is left out of the
-    answers, as is the scheduler's where its probe fails; a lost connection
-    to the scheduler is raised.
+    Each worker is asked directly (:func:`~daskpri.training.transport.asked`),
+    for :data:`PROBE_TIMEOUT` seconds at most (those that count devices, which
+    imports torch there, for ``daskpri.trainer.no-workers-timeout``): one that
+    fails (lost meanwhile), or does not answer in time, is left out of the
+    answers, and does not hold up the others' (a broadcast, ``client.run``,
+    waits for a worker that has just died as long as the connect timeout,
+    30 s, and answers for none if it is cut short). The scheduler's answer is
+    left out where its probe fails; a lost connection to the scheduler is
+    raised.
     """
-    # client.run and client.run_on_scheduler with asynchronous=True give their
-    # coroutines (Dask's SyncMethodMixin.sync), sent together on the client's loop
+    timeout = dask_timeout() if kinds else PROBE_TIMEOUT
+
+    # client.run_on_scheduler with asynchronous=True gives its coroutine (Dask's
+    # SyncMethodMixin.sync), awaited with the workers' on the client's loop
     async def ask() -> tuple[dict[str, Any], dict[str, Any] | None]:
-        on_workers = asyncio.wait_for(
-            client.run(_probe.probe, kinds, modules or [], path, workers=workers,
-                       on_error="return", asynchronous=True),
-            dask_timeout(),
-        )
+        on_workers = asked(client, workers, _probe.probe, kinds, modules or [], path,
+                           timeout=timeout)
         on_scheduler = client.run_on_scheduler(
             _probe.probe, (), scheduler_modules or [], None, asynchronous=True)
         answers: tuple[Any, Any] = await asyncio.gather(on_workers, on_scheduler,
                                                         return_exceptions=True)
         found, scheduler = answers
-        if isinstance(scheduler, OSError | asyncio.CancelledError):  # CommClosedError too
-            raise scheduler
+        for answer in answers:
+            if isinstance(answer, OSError | asyncio.CancelledError):  # CommClosedError too
+                raise answer
+        if isinstance(found, BaseException):
+            raise found
         if isinstance(scheduler, BaseException):
             scheduler = None
-        return ({} if isinstance(found, BaseException) else found), scheduler
+        return found, scheduler
 
     found, scheduler = client.sync(ask)
     answered = {a: r for a, r in found.items() if isinstance(r, dict)}

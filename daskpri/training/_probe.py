@@ -1,6 +1,6 @@
 """What a fit asks each worker and the scheduler before it sets a run up: one probe.
 
-:func:`probe` runs in each of the run's workers (one ``client.run``) and in
+:func:`probe` runs in each of the run's workers (one direct call to each) and in
 the scheduler (one ``client.run_on_scheduler``), and answers every question
 the checks before the set-up have (:mod:`daskpri.training._cluster_checks`)
 in one small dict: the process's daskpri and torch versions, its devices,

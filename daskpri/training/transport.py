@@ -179,10 +179,19 @@ def ask_workers(
     ``client.run`` is, retries a connection that a worker that has just
     died refuses for ``distributed.comm.timeouts.connect`` (30 s by
     default) before it gives up, and workers die during a set-up, or a
-    recovery, as they do in a step.
+    recovery, as they do in a step. :func:`asked` is its coroutine, to
+    await with others on the client's loop.
     """
+    return client.sync(asked, client, addresses, function, *args, timeout=timeout)
+
+
+async def asked(
+    client: Client, addresses: list[str], function: Callable[..., Any], *args: Any,
+    timeout: float = 5.0,
+) -> dict[str, Any]:
+    """:func:`ask_workers`, awaited on the client's event loop."""
     payload = {"function": pickle.dumps(function), "args": pickle.dumps(args)}
-    listed: dict[str, Any] = {}
+    listed = await listed_workers(client)
 
     async def ask(address: str) -> Any:
         if address not in listed:
@@ -195,8 +204,5 @@ def ask_workers(
             return RuntimeError(f"{answer.get('exception')!r}")
         return answer["result"]
 
-    async def ask_all() -> list[Any]:
-        listed.update(await listed_workers(client))
-        return list(await asyncio.gather(*(ask(a) for a in addresses)))
-
-    return dict(zip(addresses, client.sync(ask_all), strict=True))
+    answers = await asyncio.gather(*(ask(a) for a in addresses))
+    return dict(zip(addresses, answers, strict=True))
