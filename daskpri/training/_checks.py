@@ -22,7 +22,7 @@ from distributed.security import Security
 from torch import nn
 
 from daskpri._warnings import warn
-from daskpri.data.io import check_labels, open_dataset, validate_dataset
+from daskpri.data.io import check_labels, check_values, open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
 from daskpri.training import checkpoint
@@ -279,7 +279,10 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
     (the rest is not read), and reads ``data.y`` (a store's chunk by
     chunk; whole only where a label is out of range, for the message):
     each label should lie in ``[0, n_classes)`` (the data's ``n_classes``
-    attribute, else the model's output width).
+    attribute, else the model's output width). The values of an ``x`` in
+    memory (a NumPy array) are checked too (finite, within float32's
+    range); those of a store or a Dask array, by each worker as it loads
+    its partitions.
     """
     other = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                     if p.is_floating_point() and p.dtype != torch.float32})
@@ -324,6 +327,9 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             f"the model outputs {width} classes, but data.y holds label {y_max}; "
             f"labels should lie in [0, {width})"
         )
+    if isinstance(ds["x"].data, np.ndarray):
+        # in memory here: its values checked now, not by each worker as it loads a share
+        check_values(ds["x"].data, ds["y"].values, n_classes=n_classes or width, where="data")
     return width
 
 

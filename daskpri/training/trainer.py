@@ -410,8 +410,9 @@ class Trainer(PersistMixin):
             (for the trainer's own LocalCluster) or the workers (for a
             client's), before the trainer starts its LocalCluster or lets
             the last fit's run go: a fit refused so leaves that run as it
-            was. The values of ``x`` are checked on the workers, as they
-            load their partitions.
+            was. The values of an ``x`` in memory (NumPy) are checked there
+            too (finite, within float32); those of a store or Dask array on
+            the workers, as they load their partitions.
         RuntimeError
             If another fit of this trainer is running.
         KeyboardInterrupt
