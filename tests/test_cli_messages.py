@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import dask
 import pytest
 from distributed import Client, LocalCluster
 
@@ -165,13 +166,16 @@ def test_too_few_workers_says_to_start_more_or_ask_for_fewer(small_data) -> None
         Client(cluster) as client,
         daskpri.Trainer(daskpri.models.build_model("mlp", train), client=client,
                         n_workers=3) as trainer,
+        # workers that join meanwhile would do: the fit waits this long for them
+        dask.config.set({"daskpri.trainer.no-workers-timeout": "0.2s"}),
     ):
         address = client.scheduler.address
         with pytest.raises(ValueError) as info:
             trainer.fit(train, max_steps=1, progress=False)
     assert str(info.value) == (
         f"n_workers=3, but the cluster at {address} has 1 worker: start 2 more (dask worker "
-        f"{address}), or ask for at most 1 (n_workers=1; daskpri train --workers 1)"
+        f"{address}), or ask for at most 1 (n_workers=1; daskpri train --workers 1); waited "
+        "0.2 s for 3 workers (daskpri.trainer.no-workers-timeout)"
     )
 
 

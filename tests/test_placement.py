@@ -45,9 +45,9 @@ def test_eligible_workers_filter_and_explain():
     assert eligible_workers(workers, {"GPU": 1.0}, "tcp://s") == ["tcp://a", "tcp://b"]
     with pytest.raises(ValueError, match=r"none of the 3 workers.*--resources TPU=1"):
         eligible_workers(workers, {"TPU": 1.0}, "tcp://s")
-    with pytest.raises(RuntimeError, match=r"has no workers.*an adaptive cluster starts workers "
-                                           r"for Dask tasks, not for a fit: adapt it with "
-                                           r"minimum=1 or more"):
+    with pytest.raises(RuntimeError, match=r"has no workers.*an adaptive cluster starts one "
+                                           r"for the task that a fit keeps pending .* adapt it "
+                                           r"with maximum=1 or more"):
         eligible_workers({}, None, "tcp://s")
 
 

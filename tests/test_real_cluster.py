@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import dask
 import pytest
 from _procs import _stop, dask_cluster
 from distributed import Client
@@ -195,11 +196,15 @@ def test_workers_over_the_memory_pause_threshold_are_refused_naming_their_memory
             trainer.fit(train, max_steps=3, progress=False)
         _wait_for(lambda: client.scheduler_info(n_workers=-1)["workers"][worker]["status"]
                   == "paused")
-        # paused by now (Dask measures its memory every 100 ms): refused before set-up
-        with pytest.raises(ValueError, match=(
-            rf"are paused by Dask: {worker} uses [\d.]+ [MG]iB of its 1.86 GiB memory limit; "
-            r".*--memory-limit"
-        )):
+        # paused by now (Dask measures its memory every 100 ms): refused before set-up, once
+        # the fit has waited for a worker that is not (one joining, or this one unpaused)
+        with (
+            dask.config.set({"daskpri.trainer.no-workers-timeout": "0.2s"}),
+            pytest.raises(ValueError, match=(
+                rf"are paused by Dask: {worker} uses [\d.]+ [MG]iB of its 1.86 GiB memory limit; "
+                r".*--memory-limit.*; waited 0.2 s for a worker"
+            )),
+        ):
             trainer.fit(train, max_steps=3, progress=False)
         state = _on_cluster(client)
         assert state["worker_plugins"] == ["shuffle"] and all(state["runs"].values())

@@ -223,13 +223,14 @@ def test_bench_takes_the_tls_files_only_with_a_scheduler(tls_credentials, tmp_pa
 def test_bench_connects_to_a_tls_scheduler_with_the_tls_flags(tls_scheduler, tmp_path, capsys):
     """Its check before the first run, that the scheduler has the workers, asks it over TLS."""
     address, files = tls_scheduler
-    with dask.config.set(NO_TLS_CONFIG):
+    with dask.config.set({**NO_TLS_CONFIG, "daskpri.trainer.no-workers-timeout": "0.2s"}):
         argv = [*_command("bench", tmp_path), "--n-samples", "600", "--scheduler", address,
                 *_flags(files)]
         assert main(argv) == 2
     assert capsys.readouterr().err == (
         f"daskpri: error: the benchmark needs 1 workers, but the scheduler at {address} has "
-        "0; start more or pass --workers up to 0\n"
+        "0; start more or pass --workers up to 0; waited 0.2 s for 1 worker(s) "
+        "(daskpri.trainer.no-workers-timeout)\n"
     )
     assert not (tmp_path / "bench").exists()
 

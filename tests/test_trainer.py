@@ -193,7 +193,9 @@ def test_bad_input_gives_clear_errors(gpu_client, small_data):
     attempt(train, r"the model's parameters should be float32, as the data daskpri feeds it "
             r"is, but some are float64; call model.float\(\)",
             model=build_model("mlp", train).double())
-    attempt(train, "resources=.*TPU.*dask worker .* --resources TPU=1", resources={"TPU": 1})
+    with dask.config.set({"daskpri.trainer.no-workers-timeout": "0.2s"}):  # waited for
+        attempt(train, "resources=.*TPU.*dask worker .* --resources TPU=1.*; waited 0.2 s",
+                resources={"TPU": 1})
     with pytest.raises(ValueError, match="max_steps= or max_time="):
         daskpri.Trainer(model, client=gpu_client).fit(train)
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
+from daskpri.training._waiting import workers_awaited
 from daskpri.training.cluster import connect, local_cluster, stop_heartbeats
 from daskpri.training.placement import all_have_gpus, cluster_workers
 
@@ -25,15 +29,21 @@ class _Clusters:
             if self._client is None:
                 # a server that accepts and never answers would hold Client(...) for good
                 self._client = connect(self.scheduler, self.security)
-            have = len(cluster_workers(self._client))
-            if have < n_workers:
-                raise ValueError(
-                    f"the benchmark needs {n_workers} workers"
-                    + (" (DDP's overhead runs pair 2 processes with 2 workers)" if for_ddp else "")
-                    + f", but the scheduler at {self.scheduler} has {have}; start more or pass "
-                    f"--workers up to {have}" + (" and --no-ddp" if for_ddp else "")
-                )
-            return self._client
+
+            def enough(workers: Mapping[str, Any]) -> None:
+                if len(workers) < n_workers:
+                    have = len(workers)
+                    raise ValueError(
+                        f"the benchmark needs {n_workers} workers"
+                        + (" (DDP's overhead runs pair 2 processes with 2 workers)"
+                           if for_ddp else "")
+                        + f", but the scheduler at {self.scheduler} has {have}; start more or "
+                        f"pass --workers up to {have}" + (" and --no-ddp" if for_ddp else "")
+                    )
+
+            # workers still starting (or an adaptive cluster's) are waited for, as a fit does
+            with workers_awaited(self._client, enough, f"{n_workers} worker(s)"):
+                return self._client
         if self._client is None or self._n != n_workers:
             self.close()
             self._cluster = local_cluster(n_workers)

@@ -35,6 +35,7 @@ from daskpri import _config
 from daskpri._warnings import warn
 from daskpri.training._checks import check_budget, open_data
 from daskpri.training._interrupts import Interrupts, stop_on_interrupt, warn_workers_unshielded
+from daskpri.training._waiting import WaitStopped
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.recovery import SchedulerLostError, check_config
 from daskpri.training.rounds import crossed
@@ -144,7 +145,12 @@ def _set_up_and_step(
     hold = _config.get_bool("trainer.hold-workers")
     check_config()
     reopened = trainer._closed and trainer.step_ > 0
-    trainer._prepare(ds, request.source, key, n_classes)
+    try:
+        trainer._prepare(ds, request.source, key, n_classes)
+    except WaitStopped:
+        # stop() (or an interrupt) while the cluster had no workers for the run: no run
+        # was set up, and the fit ends, as a stop before its first step does
+        return trainer.history_
     trainer._closed = False
     if reopened:
         warn(

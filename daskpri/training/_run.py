@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -42,6 +43,7 @@ from daskpri.training._checks import check_local_device, check_model, check_stra
 from daskpri.training._cleanup import drop_run
 from daskpri.training._cluster_checks import check_cluster
 from daskpri.training._resume import state_shaped_like_params
+from daskpri.training._waiting import workers_awaited
 from daskpri.training.deployment import Deployment
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.history import HistoryRecorder
@@ -185,16 +187,42 @@ class RunMixin:
         if self._client is None:  # before the trainer starts its LocalCluster, here
             check_local_device(self.device)
         client = self.client
-        workers = cluster_workers(client)
         asked = self.resources  # the user's, for the advice below; not the GPUs found
-        if self.resources is None and all_have_gpus(workers):
-            self.resources = {"GPU": 1.0}
-        addrs = eligible_workers(workers, self.resources, client.scheduler.address)
-        if self.n_workers is not None and self._own_cluster is None:
-            if len(addrs) < self.n_workers:
-                raise ValueError(_too_few_workers(self.n_workers, len(addrs), len(workers),
+        # the trainer's own LocalCluster has n_workers: a user's cluster is asked for as many
+        limit = self.n_workers if self._own_cluster is None else None
+        need = limit or 1
+
+        def suited(workers: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, float] | None,
+                                                                     list[str]]:
+            resources = asked
+            if resources is None and all_have_gpus(workers):
+                resources = {"GPU": 1.0}
+            addrs = eligible_workers(workers, resources, client.scheduler.address)
+            if len(addrs) < need:
+                raise ValueError(_too_few_workers(need, len(addrs), len(workers),
                                                   client.scheduler.address, asked))
-            addrs = addrs[: self.n_workers]
+            return resources, addrs[:limit]
+
+        with_resources = f" with resources {asked!r}" if asked else ""
+        # the set-up inside: the task the wait kept pending for an adaptive cluster holds
+        # the worker that ran it until the run's data is there (see _waiting)
+        with workers_awaited(
+            client, suited, f"{'a worker' if need == 1 else f'{need} workers'}{with_resources}",
+            resources=asked, stopped=lambda: self._stop_requested,
+        ) as (resources, addrs):
+            self.resources = resources
+            self._prepare_on(client, ds, source, key, n_classes, addrs)
+
+    def _prepare_on(
+        self,
+        client: Client,
+        ds: xr.Dataset,
+        source: xr.Dataset | str,
+        key: tuple[Any, ...],
+        n_classes: int,
+        addrs: list[str],
+    ) -> None:
+        """:meth:`_prepare` once the cluster has the workers ``addrs`` for the run."""
         if key == self._data_key:
             # workers may have left or joined since the last fit: look before its first round
             self._next_rescan = 0.0

@@ -98,7 +98,9 @@ def eligible_workers(
     ``ValueError`` naming the resource and how to start such workers when
     none has it, instead of letting tasks wait forever, and naming their
     memory when all that have it are paused (Dask pauses a worker whose
-    memory is over ``distributed.worker.memory.pause`` of its limit).
+    memory is over ``distributed.worker.memory.pause`` of its limit). A
+    fit calls it until it passes, up to ``daskpri.trainer.no-workers-timeout``
+    (:mod:`daskpri.training._waiting`), at its start as after losing workers.
 
     >>> eligible_workers({"tcp://a": {"status": "paused"}, "tcp://b": {}}, None, "tcp://s")
     ['tcp://b']
@@ -112,8 +114,8 @@ def eligible_workers(
             f"the cluster at {address} has no workers; start some with `dask worker {address}` "
             "(a LocalCluster's workers killed by Ctrl-C or Jupyter's interrupt do not come "
             "back: start it with preload=['daskpri.training.worker_signals'] to keep them; "
-            "an adaptive cluster starts workers for Dask tasks, not for a fit: adapt it with "
-            "minimum=1 or more, and wait for them with client.wait_for_workers(1))"
+            "an adaptive cluster starts one for the task that a fit keeps pending as it waits "
+            "for workers at its start, if its maximum allows: adapt it with maximum=1 or more)"
         )
     ok = [
         addr

@@ -413,6 +413,13 @@ class Trainer(PersistMixin):
             was. The values of an ``x`` in memory (NumPy) are checked there
             too (finite, within float32); those of a store or Dask array on
             the workers, as they load their partitions.
+        RuntimeError, ValueError
+            If the cluster has no workers for the run (none, none with
+            ``resources``, all paused, fewer than ``n_workers``) and none
+            join within ``daskpri.trainer.no-workers-timeout``: the fit waits
+            that long first, as Dask's work does, saying so (an adaptive
+            cluster at zero starts a worker for it); a :meth:`stop` or an
+            interrupt meanwhile ends the fit, with no step taken.
         RuntimeError
             If another fit of this trainer is running.
         KeyboardInterrupt

@@ -1,0 +1,123 @@
+"""A fit that starts before the cluster has workers for it waits for them, as Dask's work does.
+
+Up to ``daskpri.trainer.no-workers-timeout``, saying once what it waits for;
+then it fails saying it waited. An adaptive cluster at zero workers starts
+one for the task the waiting fit keeps pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+import daskpri
+from daskpri.models import build_model
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def no_workers() -> Iterator[tuple[LocalCluster, Client]]:
+    """A LocalCluster of no workers (its tests add none), and its client."""
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        yield cluster, client
+
+
+def test_a_fit_started_before_any_worker_waits_for_one_and_trains_on_it(small_data, caplog):
+    train, _ = small_data
+    with (
+        LocalCluster(n_workers=0, threads_per_worker=1, processes=False,
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+        daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                        batch_size=16) as trainer,
+        caplog.at_level(logging.WARNING, logger="daskpri"),
+    ):
+        # a worker that starts half a second after the fit (a `dask worker` still starting)
+        threading.Timer(0.5, cluster.scale, (1,)).start()
+        t0 = time.monotonic()
+        history = trainer.fit(train, max_steps=2, progress=False)
+        assert time.monotonic() - t0 > 0.5
+        assert trainer.step_ == 2 and history.sizes["worker"] == 1
+        assert caplog.messages.count(
+            f"waiting up to 30 s for a worker at {client.scheduler.address} "
+            "(daskpri.trainer.no-workers-timeout)") == 1
+        _wait_for(lambda: not any(k.startswith("daskpri-waiting")  # its task released
+                                  for k in cluster.scheduler.tasks))
+
+
+def test_a_fit_with_no_workers_fails_after_the_no_workers_timeout_saying_it_waited(
+    small_data, no_workers
+):
+    train, _ = small_data
+    cluster, client = no_workers
+    with (
+        dask.config.set({"daskpri.trainer.no-workers-timeout": "0.5s"}),
+        daskpri.Trainer(build_model("mlp", train), client=client, resources={"GPU": 1},
+                        n_workers=2) as trainer,
+    ):
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=(
+            rf"^the cluster at {client.scheduler.address} has no workers; start some with .*; "
+            r"waited 0.5 s for 2 workers with resources \{'GPU': 1.0\} "
+            r"\(daskpri.trainer.no-workers-timeout\)$"
+        )):
+            trainer.fit(train, max_steps=2, progress=False)
+        assert time.monotonic() - t0 < 5
+    _wait_for(lambda: not cluster.scheduler.tasks)  # the task it kept pending is gone
+
+
+def test_an_interrupt_while_a_fit_waits_for_workers_ends_it(small_data, no_workers, capsys):
+    train, _ = small_data
+    cluster, client = no_workers
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's own here: a fit does not take it")
+    with daskpri.Trainer(build_model("mlp", train), client=client) as trainer:
+        # Ctrl-C, to this process: the fit's handler asks it to stop
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match=r"the fit was interrupted and stopped at "
+                                                    r"step_=0"):
+            trainer.fit(train, max_steps=2, progress=False)
+        assert time.monotonic() - t0 < 5  # not the 30 s the wait would have taken
+        assert "stopping the fit after its set-up" in capsys.readouterr().err
+        # stop() alike, from another thread: the fit returns, none of its steps taken
+        threading.Timer(0.3, trainer.stop).start()
+        assert trainer.fit(train, max_steps=2, progress=False).sizes["step"] == 0
+    _wait_for(lambda: not cluster.scheduler.tasks)
+
+
+def test_an_adaptive_cluster_at_zero_workers_starts_one_for_a_waiting_fit(small_data):
+    train, _ = small_data
+    with (
+        # a fit that did not make the cluster start a worker fails within this
+        dask.config.set({"daskpri.trainer.no-workers-timeout": "20s"}),
+        LocalCluster(n_workers=0, threads_per_worker=1, processes=True, host="127.0.0.1",
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        # it would retire an idle worker within 50 ms: the one it starts, as the run is set up
+        adaptive = cluster.adapt(minimum=0, maximum=1, interval="50ms", wait_count=1)
+        with daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                             batch_size=16) as trainer:
+            history = trainer.fit(train, max_steps=2, progress=False)
+            assert trainer.step_ == 2 and history.sizes["worker"] == 1
+        assert [r["status"] for _, r in adaptive.log] == ["up"], adaptive.log
+        # the fit over, nothing of it is left: an idle cluster goes back to zero
+        _wait_for(lambda: not cluster.scheduler.workers and not cluster.scheduler.tasks)
