@@ -99,6 +99,8 @@ def workers_awaited(
                 raise WaitStopped(f"stopped while waiting for {what} at {address}")
             if pending is None or pending.status in ("error", "cancelled", "lost"):
                 # (one that failed, its worker lost as it ran it: another in its place)
+                if pending is not None:
+                    pending.release()
                 pending = client.submit(worker_address, pure=False, resources=resources,
                                         key=f"daskpri-waiting-for-workers-{time.time_ns()}")
             try:
