@@ -159,3 +159,46 @@ def test_train_that_loses_its_scheduler_writes_the_history_so_far(tmp_path):
     assert "the scheduler lost at step " in stdout and f"written to {out}" in stdout, stderr
     history = xr.open_dataset(out)
     assert history.sizes["step"] >= 20 and history.attrs["dataset"] == "synthetic"
+
+
+def test_a_scheduler_shut_down_during_a_fit_is_said_at_once_naming_the_checkpoint(
+    small_data, tmp_path
+):
+    # a scheduler that closes (shut down by another client, closed when idle) refuses the
+    # next call's connection, which distributed retries for its connect timeout (30 s)
+    train, _ = small_data
+    ckpt = tmp_path / "run.ckpt"
+    closed_at: list[float] = []
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                           dashboard_address="127.0.0.1:0")
+    client = Client(cluster)
+    address = client.scheduler.address
+    try:
+
+        class ShutsDownAfterTheFirstCheckpoint(daskpri.Trainer):
+            def save(self, path):  # the real save, then the scheduler is shut down: no race
+                written = super().save(path)
+                if self.step_ == 5:
+                    with Client(address) as other:
+                        other.shutdown()
+                    closed_at.append(time.monotonic())
+                return written
+
+        trainer = ShutsDownAfterTheFirstCheckpoint(
+            build_model("mlp", train), strategy="uniform", client=client,
+            checkpoint_path=ckpt, checkpoint_every=5,
+        )
+        with pytest.raises(daskpri.SchedulerLostError) as info:
+            trainer.fit(train, max_steps=100_000, progress=False)
+        waited = time.monotonic() - closed_at[0]
+        assert str(info.value).startswith(
+            f"lost the scheduler at {address}: its connection closed, and its address refuses "
+            f"new ones (it was shut down, closed itself when idle, or died); the last "
+            f"checkpoint is {str(ckpt)!r} (step 5)"
+        )
+        assert waited < 5, f"took {waited:.1f} s to give up"
+    finally:
+        # the cluster's own calls to its scheduler, gone, would retry for the connect timeout
+        with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+            client.close(timeout=5)
+            cluster.close()

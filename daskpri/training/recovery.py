@@ -308,6 +308,59 @@ def scheduler_id(client: Client) -> str | None:
         return None
 
 
+#: seconds between a fit's looks at whether its scheduler is gone (:func:`watch_scheduler`)
+GONE_INTERVAL = 0.5
+
+
+async def refuses(address: str, timeout: float = 1.0) -> bool:
+    """Whether a scheduler's ``address`` refuses a connection: nothing listens there.
+
+    One attempt, not distributed's retries (which go on for
+    ``distributed.comm.timeouts.connect``, 30 s by default): a refusal is
+    the host's own word that no process listens at the port, where a
+    scheduler that is only slow still accepts the connection (its backlog
+    does), and one on a host that does not answer is timed out, ``False``
+    either way. Only ``tcp://`` and ``tls://`` addresses are tried.
+    """
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, loc = parse_address(address)
+        if scheme not in ("tcp", "tls"):
+            return False
+        host, port = parse_host_port(loc)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except ConnectionRefusedError:
+        return True
+    except (TimeoutError, OSError, ValueError):
+        return False
+    writer.close()
+    return False
+
+
+def _comm_closed(client: Client) -> bool:
+    """Whether ``client`` lost (or closed) its connection to the scheduler."""
+    comm = getattr(client, "scheduler_comm", None)
+    return client.status != "running" or comm is None or comm.closed()
+
+
+async def watch_scheduler(client: Client, address: str, interval: float = GONE_INTERVAL) -> None:
+    """Cut the calls waiting to connect to a scheduler that is gone, until cancelled.
+
+    Every ``interval`` seconds: where ``client``'s connection to the
+    scheduler closed and ``address`` :func:`refuses` a new one, the
+    connections that ``client``'s calls are trying to open to it fail at
+    once (``CommClosedError``), rather than after
+    ``distributed.comm.timeouts.connect`` (a scheduler shut down, closed
+    for idleness or killed). A scheduler that is only slow keeps its
+    connection, and its calls wait as they did.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        if _comm_closed(client) and await refuses(address):
+            client.rpc.remove(address, reason=f"the scheduler at {address} refuses connections")
+
+
 def check_scheduler(
     client: Client,
     checkpoint_path: str | None,
@@ -328,19 +381,25 @@ def check_scheduler(
     """
     timeout = _config.get_seconds("trainer.scheduler-timeout")
     address = getattr(client.scheduler, "address", None) or address or "?"
+    cause: BaseException | None = None
+    # gone, not slow: nothing listens at its address (see refuses)
+    gone = ("its connection closed, and its address refuses new ones (it was shut down, "
+            "closed itself when idle, or died)")
     if client.status in ("closing", "closed") or client.scheduler is None:
-        cause: BaseException | None = None
         why = f"the client has {client.status} (it lost its connection, or was closed)"
+    elif _comm_closed(client) and client.sync(refuses, address):
+        why = gone
     else:
         try:
             identity = client.sync(client.scheduler.identity, callback_timeout=timeout)
         except Exception as e:
             cause = e
-            why = f"no answer within {timeout:g} s (daskpri.trainer.scheduler-timeout)"
+            # a connection that broke as the scheduler died fails the call at once
+            why = (gone if client.sync(refuses, address) else
+                   f"no answer within {timeout:g} s (daskpri.trainer.scheduler-timeout)")
         else:
             if expected_id is None or identity.get("id") == expected_id:
                 return
-            cause = None
             why = (
                 f"it was restarted (the scheduler there now is {identity.get('id')}, not "
                 f"{expected_id}), and the run's table, replicas and partitions went with the "
@@ -363,12 +422,22 @@ def check_scheduler(
 
 
 @contextlib.contextmanager
-def blame_scheduler(check: Callable[[], None]) -> Iterator[None]:
+def blame_scheduler(check: Callable[[], None], client: Client | None = None) -> Iterator[None]:
     """Turn a failure of the cluster into :class:`SchedulerLostError` if the scheduler is gone.
 
     ``check`` raises it (see :func:`check_scheduler`). The user's errors
     (``ValueError``, ``TypeError``, ``FloatingPointError``) pass as they are.
+    While the block runs, ``client``'s calls waiting to connect to a
+    scheduler that is gone fail at once (:func:`watch_scheduler`).
     """
+    watch, loop = None, None
+    address = str(getattr(getattr(client, "scheduler", None), "address", None))
+    # a client reconnecting ("connecting") still has calls to cut
+    if (client is not None and client.loop is not None
+            and client.status in ("running", "connecting")
+            and address.startswith(("tcp://", "tls://"))):
+        loop = client.loop.asyncio_loop  # type: ignore[attr-defined]  # tornado's AsyncIOLoop
+        watch = asyncio.run_coroutine_threadsafe(watch_scheduler(client, address), loop)
     try:
         yield
     except (ValueError, TypeError, FloatingPointError):
@@ -376,6 +445,9 @@ def blame_scheduler(check: Callable[[], None]) -> Iterator[None]:
     except Exception:
         check()
         raise
+    finally:
+        if watch is not None and loop is not None and not loop.is_closed():
+            watch.cancel()
 
 
 def kept_dying(

@@ -491,7 +491,7 @@ class Trainer(PersistMixin):
         The user's errors (``ValueError``, ``TypeError``, ``FloatingPointError``)
         pass as they are.
         """
-        return blame_scheduler(self._check_scheduler)
+        return blame_scheduler(self._check_scheduler, self._client)
 
     def fit_in_background(
         self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None = None, **kwargs: Any
