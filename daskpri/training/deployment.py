@@ -55,7 +55,7 @@ from daskpri.training.recovery import (
     responsive,
     step_timeout,
 )
-from daskpri.training.transport import ask_workers, run_direct, wait_tasks
+from daskpri.training.transport import ask_workers, run_direct, scatter_running, wait_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -340,7 +340,7 @@ class Deployment:
     ) -> list[StepResult]:
         """One Dask task per worker, through the scheduler."""
         client = self.client
-        [wfut] = client.scatter([weights], hash=False)
+        wfut = scatter_running(client, weights, resources, dask_timeout())
         futures = [
             client.submit(
                 train_task,

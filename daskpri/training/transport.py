@@ -166,6 +166,45 @@ def wait_tasks(
     return results
 
 
+#: seconds a step's scatter waits for a worker that takes data before the driver asks why
+SCATTER_WAIT = 1.0
+
+
+def scatter_running(
+    client: Client, data: Any, resources: dict[str, float] | None, no_workers_timeout: float
+) -> Future:
+    """``data`` scattered (its future) once a worker takes data: a step's weights.
+
+    A paused worker (its memory over ``distributed.worker.memory.pause``)
+    takes no data, and distributed's scatter waits for one that does for its
+    connect timeout (``distributed.comm.timeouts.connect``, 30 s) before it
+    fails with "No valid workers found". After :data:`SCATTER_WAIT` seconds
+    the scheduler is asked why: where every suitable worker is paused, this
+    waits ``no_workers_timeout`` seconds for one to resume, then raises the
+    ``ValueError`` of
+    :func:`~daskpri.training.placement.eligible_workers`, naming them with
+    their memory, as a re-plan does. Any other want (no worker at all) is
+    the scatter's ``TimeoutError``, a lost worker, at once.
+    """
+    deadline = None
+    while True:
+        try:
+            [future] = client.scatter([data], hash=False, timeout=SCATTER_WAIT)
+            return future
+        except TimeoutError as e:
+            deadline = deadline or time.monotonic() + no_workers_timeout
+            try:
+                eligible_workers(cluster_workers(client), resources, client.scheduler.address)
+            except ValueError:  # every suitable worker is paused
+                if time.monotonic() > deadline:
+                    raise
+            except RuntimeError:
+                raise e from None  # no worker at all: lost, as the step's retry finds
+            else:
+                if time.monotonic() > deadline:  # one runs, but takes no data
+                    raise e from None
+
+
 def ask_workers(
     client: Client, addresses: list[str], function: Callable[..., Any], *args: Any,
     timeout: float = 5.0,
