@@ -196,3 +196,45 @@ def test_a_worker_that_does_not_answer_the_probe_in_time_leaves_the_others_answe
                 daskpri.__version__)
         finally:
             client.run(lambda: 0, workers=[old])  # answers once its loop is free again
+
+
+def test_a_worker_that_does_not_answer_does_not_hold_up_the_replicas_registration(
+    mixed_cluster, monkeypatch, caplog, tmp_path
+):
+    # the scheduler's broadcast of a plugin waits for a listed worker that does not
+    # answer (host gone or frozen) until it drops it: worker-ttl, 5 minutes by default
+    from distributed import WorkerPlugin
+
+    from daskpri.training import transport
+
+    monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 1.0)
+    plugin = WorkerPlugin()
+    plugin.name = "daskpri-test-registration"
+    with Client(mixed_cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        [old] = [a for a, w in workers.items() if not w["resources"]]
+        [other] = set(workers) - {old}
+
+        held = tmp_path / "held"
+
+        async def busy() -> None:  # holds the worker's event loop: it answers nothing
+            held.touch()
+            time.sleep(3)
+
+        client.run(busy, workers=[old], wait=False)
+        try:
+            while not held.exists():  # (the run's message may come after the plugin's)
+                time.sleep(0.01)
+            t0 = time.monotonic()
+            transport.register(client, plugin)
+            waited = time.monotonic() - t0
+            assert waited < 2.5, f"took {waited:.1f} s"
+            assert client.run(lambda dask_worker: plugin.name in dask_worker.plugins,
+                              workers=[other]) == {other: True}
+            assert (f"worker(s) {old} did not answer within 1 s as the run's replicas were set "
+                    "up: the run goes on without them") in caplog.text
+        finally:
+            # the broadcast reaches it once its loop is free again
+            assert client.run(lambda dask_worker: plugin.name in dask_worker.plugins,
+                              workers=[old]) == {old: True}
+            client.unregister_worker_plugin(plugin.name)

@@ -66,6 +66,7 @@ from daskpri.training.recovery import (
     restarted_for_memory,
     scheduler_id,
 )
+from daskpri.training.transport import register
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +350,7 @@ class RunMixin:
         for attempt in range(retries + 1):  # (its set-up on a worker failing raises at once)
             before = sorted(cluster_workers(client))
             try:
-                client.register_plugin(self._plugin)
+                register(client, self._plugin)  # not held up by a worker that does not answer
                 return
             except LOST as e:
                 why = restarted_for_memory(client, restarts)

@@ -9,6 +9,7 @@ stuck (a hung device, a deadlock) never hangs the run.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,6 +21,8 @@ from distributed.protocol.serialize import Serialize, to_serialize
 from daskpri.replicas.worker import StepResult, raise_state_lost
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import cluster_workers, eligible_workers, listed_workers
+
+logger = logging.getLogger(__name__)
 
 #: seconds a step's calls run before the driver asks the scheduler whether their workers are there
 WATCH_INTERVAL = 2.0
@@ -245,3 +248,89 @@ async def asked(
 
     answers = await asyncio.gather(*(ask(a) for a in addresses))
     return dict(zip(addresses, answers, strict=True))
+
+
+#: seconds each worker has to answer as a run's replicas are registered (:func:`register`)
+REGISTER_ANSWER_TIMEOUT = 5.0
+
+
+def register(client: Client, plugin: Any) -> None:
+    """``client.register_plugin(plugin)`` (a worker plugin), not held up by a worker that
+    does not answer.
+
+    The scheduler keeps the plugin for the workers that join, and broadcasts
+    it to those there, waiting for each: a worker that the scheduler lists
+    but that does not answer (its host gone or frozen, its event loop held)
+    holds the broadcast until the scheduler drops it
+    (``distributed.scheduler.worker-ttl``, 5 minutes by default). Each
+    worker is asked meanwhile whether it answers, for
+    :data:`REGISTER_ANSWER_TIMEOUT` seconds (a worker that died is dropped
+    by the scheduler at once, failing the broadcast as before): where some
+    do not, the others' set-ups are waited for (each answers once its own
+    ended), and the broadcast is left to reach the silent ones if they come
+    back; they hold no replica meanwhile, and take no part in the run
+    (:meth:`~daskpri.training.deployment.Deployment.serving`). A set-up that
+    fails on a worker raises, as ``client.register_plugin`` does, where the
+    broadcast ends in time.
+    """
+    name = plugin.name
+
+    async def registered() -> list[str]:
+        listed = sorted(await listed_workers(client))
+        broadcast = asyncio.ensure_future(
+            client.scheduler.register_worker_plugin(
+                plugin=pickle.dumps(plugin), name=name, idempotent=False)
+        )
+        answers = asyncio.ensure_future(
+            asked(client, listed, _answers, timeout=REGISTER_ANSWER_TIMEOUT))
+        await asyncio.wait({broadcast, answers}, return_when=asyncio.FIRST_COMPLETED)
+        silent = [] if broadcast.done() else [
+            a for a, r in (await answers).items() if r is not True]
+        if not silent:
+            answers.cancel()
+            _raise_errors(await broadcast)
+            return []
+        # (its end, an error included, is retrieved: the silent workers' answer, or drop)
+        broadcast.add_done_callback(lambda f: f.cancelled() or f.exception())
+        pending = [a for a in listed if a not in silent]
+        while pending and not broadcast.done():
+            # each answers once the plugin reached it and its set-up (on its event loop) ended
+            found = await asked(client, pending, _holds, name, timeout=60.0)
+            pending = [a for a, r in found.items() if r is False]
+            if pending:
+                await asyncio.wait({broadcast}, timeout=0.1)
+        if broadcast.done():
+            _raise_errors(broadcast.result())
+        return silent
+
+    silent = client.sync(registered)
+    if silent:
+        logger.warning(
+            "worker(s) %s did not answer within %g s as the run's replicas were set up: the "
+            "run goes on without them", ", ".join(silent), REGISTER_ANSWER_TIMEOUT,
+        )
+
+
+def _raise_errors(responses: dict[str, Any]) -> None:
+    """Raise a worker's error of a plugin's broadcast, as ``client.register_plugin`` does."""
+    from distributed.core import clean_exception
+
+    for response in responses.values():
+        if response.get("status") == "error":
+            _, exc, tb = clean_exception(response["exception"], response["traceback"])
+            assert exc is not None
+            raise exc.with_traceback(tb)
+
+
+def _answers(dask_worker: Any) -> bool:
+    """On a worker: ``True``, once its event loop is free to answer."""
+    return True
+
+
+async def _holds(name: str, dask_worker: Any) -> bool:
+    """On a worker: whether it holds plugin ``name``, its set-up ended."""
+    plugin = dask_worker.plugins.get(name)
+    ready = getattr(plugin, "ready", None)
+    if ready is not None:  # one of several GPUs being chosen (ReplicaPlugin.setup)
+        await ready.wait()
+    return plugin is not None
