@@ -349,5 +349,7 @@ def test_the_workers_are_asked_once_before_the_set_up(
         trainer.fit(path, max_steps=1, progress=False)
         trainer.close()
         asked = {a: names[len(before[a]):] for a, names in _out_of_band(client).items()}
-    # one probe of the run's worker before its set-up (and _memory once its replica is built)
-    assert asked == {a: ["probe", "_memory"] if a == foo else [] for a in workers}
+    # one probe of the run's worker before its set-up (and _memory once its replica is built);
+    # every worker, which the replicas' plugin goes to, is asked whether it answers (getpid)
+    assert asked == {a: ["probe", "getpid", "_memory"] if a == foo else ["getpid"]
+                     for a in workers}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -263,13 +264,14 @@ def register(client: Client, plugin: Any) -> None:
     but that does not answer (its host gone or frozen, its event loop held)
     holds the broadcast until the scheduler drops it
     (``distributed.scheduler.worker-ttl``, 5 minutes by default). Each
-    worker is asked meanwhile whether it answers, for
+    worker is asked first whether it answers, for
     :data:`REGISTER_ANSWER_TIMEOUT` seconds (a worker that died is dropped
     by the scheduler at once, failing the broadcast as before): where some
     do not, the others' set-ups are waited for (each answers once its own
     ended), and the broadcast is left to reach the silent ones if they come
     back; they hold no replica meanwhile, and take no part in the run
-    (:meth:`~daskpri.training.deployment.Deployment.serving`). A set-up that
+    (:meth:`~daskpri.training.deployment.Deployment.serving`). Where none
+    answers, the broadcast is waited for, as before. A set-up that
     fails on a worker raises, as ``client.register_plugin`` does, where the
     broadcast ends in time.
     """
@@ -277,17 +279,15 @@ def register(client: Client, plugin: Any) -> None:
 
     async def registered() -> list[str]:
         listed = sorted(await listed_workers(client))
+        # asked before the broadcast (a worker's set-up holds its event loop), a builtin:
+        # daskpri's modules, unpickled there, would import torch before the replica does
+        answers = await asked(client, listed, os.getpid, timeout=REGISTER_ANSWER_TIMEOUT)
+        silent = [a for a, r in answers.items() if not isinstance(r, int)]
         broadcast = asyncio.ensure_future(
             client.scheduler.register_worker_plugin(
                 plugin=pickle.dumps(plugin), name=name, idempotent=False)
         )
-        answers = asyncio.ensure_future(
-            asked(client, listed, _answers, timeout=REGISTER_ANSWER_TIMEOUT))
-        await asyncio.wait({broadcast, answers}, return_when=asyncio.FIRST_COMPLETED)
-        silent = [] if broadcast.done() else [
-            a for a, r in (await answers).items() if r is not True]
-        if not silent:
-            answers.cancel()
+        if not silent or len(silent) == len(listed):  # none to go on with: it is waited for
             _raise_errors(await broadcast)
             return []
         # (its end, an error included, is retrieved: the silent workers' answer, or drop)
@@ -320,11 +320,6 @@ def _raise_errors(responses: dict[str, Any]) -> None:
             _, exc, tb = clean_exception(response["exception"], response["traceback"])
             assert exc is not None
             raise exc.with_traceback(tb)
-
-
-def _answers(dask_worker: Any) -> bool:
-    """On a worker: ``True``, once its event loop is free to answer."""
-    return True
 
 
 async def _holds(name: str, dask_worker: Any) -> bool:
