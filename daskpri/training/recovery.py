@@ -10,10 +10,12 @@ answering is told apart from any other error.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
@@ -344,20 +346,38 @@ def _comm_closed(client: Client) -> bool:
     return client.status != "running" or comm is None or comm.closed()
 
 
-async def watch_scheduler(client: Client, address: str, interval: float = GONE_INTERVAL) -> None:
-    """Cut the calls waiting to connect to a scheduler that is gone, until cancelled.
+class _Watch:
+    """A client's :func:`watch_scheduler`: the blocks it watches for, and its run."""
 
-    Every ``interval`` seconds: where ``client``'s connection to the
-    scheduler closed and ``address`` :func:`refuses` a new one, the
-    connections that ``client``'s calls are trying to open to it fail at
-    once (``CommClosedError``), rather than after
-    ``distributed.comm.timeouts.connect`` (a scheduler shut down, closed
-    for idleness or killed). A scheduler that is only slow keeps its
-    connection, and its calls wait as they did.
+    def __init__(self) -> None:
+        self.blocks = 0  # blame_scheduler blocks running (a fit's thread's)
+        self.future: concurrent.futures.Future[None] | None = None
+
+
+# one watch a client, that ends a moment after its last block: a block costs no
+# message to the client's event loop (a step's block, 0.1 ms, at each step)
+_watches: weakref.WeakKeyDictionary[Client, _Watch] = weakref.WeakKeyDictionary()
+
+
+async def watch_scheduler(
+    client: Client, address: str, watch: _Watch, interval: float = GONE_INTERVAL
+) -> None:
+    """Cut the calls waiting to connect to a scheduler that is gone, while blocks run.
+
+    Every ``interval`` seconds while ``watch`` has blocks: where
+    ``client``'s connection to the scheduler closed and ``address``
+    :func:`refuses` a new one, the connections that ``client``'s calls are
+    trying to open to it fail at once (``CommClosedError``), rather than
+    after ``distributed.comm.timeouts.connect`` (a scheduler shut down,
+    closed for idleness or killed). A scheduler that is only slow keeps
+    its connection, and its calls wait as they did. Ends after four looks
+    without a block, or once the client closes.
     """
-    while True:
+    idle = 0
+    while client.status not in ("closing", "closed") and idle < 4:
         await asyncio.sleep(interval)
-        if _comm_closed(client) and await refuses(address):
+        idle = 0 if watch.blocks else idle + 1
+        if watch.blocks and _comm_closed(client) and await refuses(address):
             client.rpc.remove(address, reason=f"the scheduler at {address} refuses connections")
 
 
@@ -430,14 +450,18 @@ def blame_scheduler(check: Callable[[], None], client: Client | None = None) -> 
     While the block runs, ``client``'s calls waiting to connect to a
     scheduler that is gone fail at once (:func:`watch_scheduler`).
     """
-    watch, loop = None, None
+    watch = None
     address = str(getattr(getattr(client, "scheduler", None), "address", None))
     # a client reconnecting ("connecting") still has calls to cut
     if (client is not None and client.loop is not None
             and client.status in ("running", "connecting")
             and address.startswith(("tcp://", "tls://"))):
-        loop = client.loop.asyncio_loop  # type: ignore[attr-defined]  # tornado's AsyncIOLoop
-        watch = asyncio.run_coroutine_threadsafe(watch_scheduler(client, address), loop)
+        watch = _watches.setdefault(client, _Watch())
+        watch.blocks += 1
+        if watch.future is None or watch.future.done():
+            loop = client.loop.asyncio_loop  # type: ignore[attr-defined]  # tornado's AsyncIOLoop
+            watch.future = asyncio.run_coroutine_threadsafe(
+                watch_scheduler(client, address, watch), loop)
     try:
         yield
     except (ValueError, TypeError, FloatingPointError):
@@ -446,8 +470,8 @@ def blame_scheduler(check: Callable[[], None], client: Client | None = None) -> 
         check()
         raise
     finally:
-        if watch is not None and loop is not None and not loop.is_closed():
-            watch.cancel()
+        if watch is not None:
+            watch.blocks -= 1
 
 
 def kept_dying(
