@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_strategies import make_ctx as _make_ctx
+from _selection import make_ctx as _make_ctx
 
 import daskpri
 from daskpri.models import build_model
