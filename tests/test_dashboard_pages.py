@@ -1,0 +1,315 @@
+"""The dashboard on real clusters: the page served, over RPC and standalone.
+
+A loopback LocalCluster shared by the module after two runs (``trained``),
+a preloaded ``dask scheduler``, and schedulers that are silent or lack the
+table. Snapshots and components from hand-made runs are in test_dashboard.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+from _servers import page_server
+from bokeh.client import pull_session
+from bokeh.server.server import BokehTornado
+from distributed import Client, LocalCluster
+
+import daskpri
+from daskpri.dashboard.page import install
+from daskpri.dashboard.snapshot import snapshot_from_rpc, snapshot_from_run
+from daskpri.models import build_model
+
+
+def status_of(doc) -> dict[str, str]:
+    """The RunStatus table of a page's document, field by field."""
+    text = doc.get_model_by_name("daskpri-status-table").text
+    cells = re.findall(r"<th[^>]*>(.*?)</th><td[^>]*>(.*?)</td>", text)
+    return {html.unescape(k): html.unescape(v) for k, v in cells}
+
+
+def get(url: str) -> tuple[int, str, str]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+
+
+@pytest.fixture(scope="module")
+def trained(small_data):
+    """A loopback LocalCluster after a uniform run and a projection run (both kept)."""
+    train, test = small_data
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        trainers = {}
+        for strategy, steps in (("uniform", 20), ("projection", 30)):
+            tr = daskpri.Trainer(
+                build_model("mlp", train, seed=0),
+                strategy=strategy,
+                client=client,
+                seed=0,
+                batch_size=32,
+                eval_every=5,
+            )
+            tr.fit(train, eval_data=test, max_steps=steps, progress=False)
+            trainers[strategy] = tr
+        url = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
+        yield cluster, client, url, {k: t.run_id for k, t in trainers.items()}
+        for tr in trainers.values():
+            tr.close()
+
+
+def test_page_is_served_on_the_scheduler_dashboard(trained):
+    _, _, url, _ = trained
+    status, ctype, body = get(f"{url}/daskpri")
+    assert status == 200 and ctype.startswith("text/html")
+    assert "Bokeh.embed.embed_items" in body and "data-root-id" in body  # a Bokeh document
+    assert "Bokeh" in body and "static/js/bokeh" in body  # a Bokeh document, its JS served
+    assert 'href="daskpri"' in body  # and it has the dashboard's navigation bar
+
+
+def test_navigation_bar_of_the_dashboard_links_the_page(trained):
+    _, _, url, _ = trained
+    for page in ("status", "workers"):
+        status, _, body = get(f"{url}/{page}")
+        assert status == 200 and '<a href="daskpri">Daskpri</a>' in body
+
+
+def test_dashboard_listens_on_loopback_only(trained):
+    cluster, *_ = trained
+    sockets = cluster.scheduler.http_server._sockets.values()
+    assert sockets and {s.getsockname()[0] for s in sockets} == {"127.0.0.1"}
+
+
+def test_page_session_holds_the_newest_run_and_its_baseline(trained):
+    _, _, url, runs = trained
+    with pull_session(url=f"{url}/daskpri") as session:
+        doc = session.document
+        fields = status_of(doc)
+        assert fields["run"] == runs["projection"] and fields["baseline"] == runs["uniform"]
+        assert fields["step"] == "29"  # the last step selected: 0 to 29
+        hist = doc.get_model_by_name("daskpri-histogram").data
+        assert len(hist["current"]) == 40 and sum(hist["current"]) == pytest.approx(1.0)
+        assert len(doc.get_model_by_name("daskpri-loss").data["loss"]) == 30
+        assert len(doc.get_model_by_name("daskpri-baseline-loss").data["loss"]) == 20
+        assert len(doc.get_model_by_name("daskpri-accuracy").data["accuracy"]) == 6
+        assert len(doc.get_model_by_name("daskpri-heatmap").data["value"]) > 0
+        assert list(doc.get_model_by_name("daskpri-throughput").data["slot"]) == [0, 1]
+
+
+def test_install_is_idempotent(trained):
+    _, client, _, _ = trained
+
+    def twice(dask_scheduler):
+        from distributed.dashboard.scheduler import template_variables
+
+        assert install(dask_scheduler) and install(dask_scheduler)
+        apps = dask_scheduler.http_application.applications
+        served = [a for a in apps if isinstance(a, BokehTornado) and "/daskpri" in a.app_paths]
+        return len(served), template_variables(dask_scheduler)["pages"].count("daskpri")
+
+    assert client.run_on_scheduler(twice) == (1, 1)
+
+
+def test_rpc_snapshot_matches_the_in_process_one(trained):
+    _, client, _, runs = trained
+    name, base = runs["projection"], runs["uniform"]
+
+    def local(dask_scheduler):
+        plugin_runs = dask_scheduler.plugins["daskpri"].runs
+        return snapshot_from_run(
+            plugin_runs[name], name=name, baseline=plugin_runs[base], baseline_name=base
+        )
+
+    here = client.run_on_scheduler(local)
+    there = client.sync(snapshot_from_rpc, client.scheduler, name, baseline=base)
+    assert there.keys() == here.keys()
+    for key in ("run", "strategy", "step", "table_step", "n_updates", "elapsed", "cursor"):
+        assert there[key] == here[key], key
+    for key in ("sum", "seen", "owner"):
+        np.testing.assert_array_equal(there["partitions"][key], here["partitions"][key])
+    np.testing.assert_array_equal(there["chosen"], here["chosen"])
+    np.testing.assert_array_equal(there["histogram"]["current"], here["histogram"]["current"])
+    np.testing.assert_array_equal(there["metrics"]["loss"], here["metrics"]["loss"])
+    assert there["baseline"]["run"] == base and there["baseline"]["cursor"]["step"] == 19
+    later = client.sync(snapshot_from_rpc, client.scheduler, name, cursor=there["cursor"])
+    assert later["metrics"]["step"].size == 0
+
+
+def _standalone(scheduler_address: str) -> contextlib.AbstractContextManager[Any]:
+    """The standalone app's Bokeh server for ``scheduler_address``, serving in a thread."""
+    return page_server(scheduler_address, port=0)
+
+
+def test_standalone_app_serves_the_page_from_rpc_on_loopback(trained):
+    cluster, _, _, runs = trained
+    with _standalone(cluster.scheduler_address) as server:
+        assert server.address == "127.0.0.1"
+        assert {s.getsockname()[0] for s in server._http._sockets.values()} == {"127.0.0.1"}
+        status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # opens a session
+        assert status == 200
+        [session] = server.get_sessions("/daskpri")
+        doc = session.document  # read on the server: its refreshes ask the scheduler by RPC
+        # Over RPC, runs come oldest first: the app follows the newest.
+        first, n_steps = runs["projection"], 30
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            shown = status_of(doc)["run"]
+            loss = list(doc.get_model_by_name("daskpri-loss").data["loss"])
+            if shown == first and len(loss) == n_steps:
+                break
+            time.sleep(0.1)
+        assert shown == first and len(loss) == n_steps
+        assert sorted(doc.get_model_by_name("daskpri-run").options) == sorted(runs.values())
+        assert len(doc.get_model_by_name("daskpri-histogram").data["current"]) == 40
+
+
+def test_the_standalone_page_answers_while_it_waits_on_a_silent_scheduler():
+    """Connecting waits out its timeout without holding the document's lock."""
+    import socket
+
+    silent = socket.socket()  # accepts connections, never says a word
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    try:
+        with _standalone(f"tcp://127.0.0.1:{silent.getsockname()[1]}") as server:
+            status, _, _ = get(f"http://127.0.0.1:{server.port}/daskpri")  # its first refresh
+            assert status == 200                                          # starts connecting
+            [session] = server.get_sessions("/daskpri")
+            silent.settimeout(30)
+            conn, _ = silent.accept()  # the connection is there, its handshake unanswered
+            waited: dict = {}
+
+            async def lock_the_document() -> None:
+                t0 = time.monotonic()
+                await session.with_document_locked(lambda: None)
+                waited["s"] = time.monotonic() - t0
+
+            done = threading.Event()
+            server.io_loop.add_callback(
+                lambda: asyncio.ensure_future(lock_the_document()).add_done_callback(
+                    lambda _: done.set()))
+            assert done.wait(30)
+            # held through the connect, the lock would be free only after its 10 s timeout
+            assert waited["s"] < 5, waited
+            conn.close()
+    finally:
+        silent.close()
+
+
+def test_a_closed_uniform_run_stays_the_baseline_of_the_next_run(small_data):
+    """Trainers used as context managers close their runs: the page keeps them."""
+    train, test = small_data
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        page = f"http://127.0.0.1:{cluster.scheduler.http_server.port}/daskpri"
+        names = {}
+        for strategy, steps in (("uniform", 20), ("loss", 10)):
+            with daskpri.Trainer(
+                build_model("mlp", train, seed=0), strategy=strategy, client=client, seed=0,
+                batch_size=32, eval_every=5,
+            ) as tr:
+                tr.fit(train, eval_data=test, max_steps=steps, progress=False)
+                names[strategy] = tr.run_id
+                if strategy == "loss":
+                    with pull_session(url=page) as session:
+                        fields = status_of(session.document)
+                        assert fields["run"] == names["loss"] and fields["state"] == "live"
+                        assert fields["baseline"] == names["uniform"]
+                        baseline = session.document.get_model_by_name("daskpri-baseline-loss")
+                        assert len(baseline.data["loss"]) == 20
+        # both closed: the page still shows the last run beside its baseline
+        with pull_session(url=page) as session:
+            fields = status_of(session.document)
+            assert fields["run"] == names["loss"] and fields["state"].startswith("closed")
+            assert fields["baseline"] == names["uniform"] and fields["step"] == "9"
+        assert list(client.sync(client.scheduler.daskpri_runs)) == [names["uniform"], names["loss"]]
+
+
+def test_preloaded_scheduler_serves_the_page(tmp_path):
+    scheduler_file = tmp_path / "scheduler.json"
+    log = tmp_path / "scheduler.log"
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "dask"),
+        "scheduler",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--dashboard-address",
+        "127.0.0.1:0",
+        "--preload",
+        "daskpri.table.plugin",
+        "--scheduler-file",
+        str(scheduler_file),
+    ]
+    with open(log, "wb") as err, subprocess.Popen(command, stdout=err, stderr=err) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            identity = None
+            while identity is None:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                try:
+                    identity = json.loads(scheduler_file.read_text())
+                except (FileNotFoundError, json.JSONDecodeError):  # not (fully) written yet
+                    time.sleep(0.1)
+            url = f"http://127.0.0.1:{identity['services']['dashboard']}"
+            deadline = time.monotonic() + 30
+            while True:  # the file is written just before the preload (and plugin) start
+                try:
+                    status, _, body = get(f"{url}/daskpri")
+                    break
+                except urllib.error.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            assert status == 200 and "Bokeh.embed.embed_items" in body
+            assert '<a href="daskpri">Daskpri</a>' in get(f"{url}/status")[2]
+            with pull_session(url=f"{url}/daskpri") as session:
+                assert status_of(session.document)["run"] == "no daskpri run yet"
+            assert "no /daskpri dashboard page" not in log.read_text()  # no warning logged
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh():
+    from daskpri.dashboard.snapshot import NoPlugin, run_strategies
+
+    with (
+        LocalCluster(n_workers=0, processes=False, host="127.0.0.1",
+                     dashboard_address="127.0.0.1:0", protocol="tcp") as cluster,
+        Client(cluster) as client,
+    ):
+        with pytest.raises(NoPlugin, match="the scheduler has no daskpri table yet"):
+            client.sync(run_strategies, client.scheduler)
+
+
+def test_a_trainers_dashboard_outside_jupyter_is_the_pages_address(trained, small_data, capsys):
+    _, client, url, _ = trained
+    train, _ = small_data
+    with daskpri.Trainer(build_model("mlp", train, seed=0), client=client) as trainer:
+        address = trainer.dashboard()
+    assert address == f"{url}/daskpri"
+    assert f"daskpri dashboard: {url}/daskpri" in capsys.readouterr().out
+    status, _, body = get(address)
+    assert status == 200 and "Bokeh.embed.embed_items" in body
