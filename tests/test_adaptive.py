@@ -13,25 +13,14 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 
 import dask
+from _fits import fit_until_step
+from _fits import wait_while_fitting as _wait
 from distributed import Client, LocalCluster
 
 import daskpri
 from daskpri.models import build_model
-
-
-def _wait(condition: Callable[[], bool], what: str, running: Future | None,
-          timeout: float = 20.0) -> None:
-    """Wait for ``condition``, the fit ``running`` (if any) still running meanwhile."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if running is not None:
-            assert not running.done(), running.result()  # the fit ended (or failed) first
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data, caplog):
@@ -46,8 +35,7 @@ def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data,
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
                                   batch_size=16, partition_size=100)
         try:
-            running = trainer.fit_in_background(train, max_steps=100_000, progress=False)
-            _wait(lambda: trainer.step_ >= 3, "the fit took no step", running)
+            running = fit_until_step(trainer, train)
             # workers that join the run mid-fit are held too (two: Dask keeps the last
             # idle worker that holds data, which a lone one would be)
             cluster.scale(4)

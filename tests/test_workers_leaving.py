@@ -22,6 +22,7 @@ import dask
 import pytest
 import torch
 import xarray as xr
+from _fits import fit_until_step, wait_while_fitting
 from distributed import Client, LocalCluster
 
 import daskpri
@@ -61,18 +62,11 @@ def test_a_worker_retired_mid_fit_is_said_retired_and_costs_no_retry(small_data,
                                   batch_size=16, partition_size=100)
         try:
             with caplog.at_level(logging.WARNING, logger="daskpri"):
-                running = trainer.fit_in_background(train, max_steps=100_000, progress=False)
-                deadline = time.monotonic() + 60
-                while trainer.step_ < 3:
-                    assert not running.done(), running.result()  # it failed before step 3
-                    assert time.monotonic() < deadline
-                    time.sleep(0.01)
+                running = fit_until_step(trainer, train)
                 [retired] = trainer._deployment.slots[:1]
                 client.retire_workers([retired])  # mid-fit: steps run meanwhile
-                while trainer.history_["n_workers"].values[-1] == 3:
-                    assert not running.done(), running.result()
-                    assert time.monotonic() < deadline, "the run went on with the worker retired"
-                    time.sleep(0.01)
+                wait_while_fitting(lambda: trainer.history_["n_workers"].values[-1] != 3,
+                                   "the run went on with the worker retired", running, 60)
                 trainer.stop()
                 history = running.result(timeout=60)
             assert history["n_workers"].values[-1] == 2
