@@ -741,7 +741,22 @@ def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_
         trainer.close()
 
 
-def test_unreachable_scheduler_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+def _connect_within(monkeypatch: pytest.MonkeyPatch, module: str, timeout: float) -> None:
+    """``connect`` in daskpri's ``module`` gives up after ``timeout`` s, not its 10: a refused
+    or unanswered connection is told the same, sooner."""
+    import functools
+    import importlib
+
+    from daskpri.training.cluster import connect
+
+    monkeypatch.setattr(importlib.import_module(module), "connect",
+                        functools.partial(connect, timeout=timeout))
+
+
+def test_unreachable_scheduler_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _connect_within(monkeypatch, "daskpri.cli.train", 1.0)
     with refusing_port() as port:
         address = f"tcp://127.0.0.1:{port}"
         assert main(["train", *SMALL, "--scheduler", address]) == 1
@@ -1037,7 +1052,9 @@ def test_a_server_that_is_no_scheduler_fails_within_the_connect_timeout(server: 
 
 
 @pytest.mark.timeout(90)
-def test_bench_on_a_server_that_is_no_scheduler_fails_rather_than_waits(tmp_path, capsys):
+def test_bench_on_a_server_that_is_no_scheduler_fails_rather_than_waits(tmp_path, capsys,
+                                                                        monkeypatch):
+    _connect_within(monkeypatch, "daskpri.bench._clusters", 1.0)
     with _silent_server() as address:
         start = time.monotonic()
         code = main(["bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
