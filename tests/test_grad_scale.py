@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from test_strategies import make_ctx
+from _selection import make_ctx
 
 import daskpri
 from daskpri.models import build_model

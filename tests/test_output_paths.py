@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from _bench_records import MACHINE, SIZES, _config, _simulate
 from _disks import small_disk
-from test_bench import MACHINE, SIZES, _config, _simulate
 from test_history import _record
 
 import daskpri
