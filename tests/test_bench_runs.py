@@ -146,7 +146,7 @@ def test_bench_writes_json_markdown_pngs_and_html(tmp_path: Path):
     status = main([
         "bench", "--quick", "--datasets", "synthetic", "--n-samples", "2000",
         "--strategies", "uniform,selective-backprop,selective-backprop+fresh", "--workers", "1",
-        "--budget", "4", "--strategy-option", "selective-backprop+fresh:fraction=0.5",
+        "--budget", "2", "--strategy-option", "selective-backprop+fresh:fraction=0.5",
         "--baseline-budget", "1", "--no-ddp", "--no-progress", "--out", str(out),
         "--local-steps", "4", "--strategy-option", "selective-backprop:fraction=0.25",
         "--strategy-option", "selective-backprop@mlp:refresh=2", "--staleness", "exp-linear",
