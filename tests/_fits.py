@@ -1,4 +1,5 @@
-"""Helpers for tests that run a fit in the background and act on its cluster meanwhile."""
+"""Helpers for tests that fit: a short fit on a client, and a fit run in the background
+while the test acts on its cluster."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+import daskpri
+from daskpri.models import build_model
 
 
 def wait_while_fitting(condition: Callable[[], bool], what: str, running: Future | None,
@@ -35,3 +39,19 @@ def fit_until_step(trainer: Any, data: Any, step: int = 3, timeout: float = 60.0
     wait_while_fitting(lambda: trainer.step_ >= step, f"the fit did not reach step {step}",
                        running, timeout)
     return running
+
+
+def fit(client, data, strategy="uniform", steps=12, seed=0, **kw):
+    """A trainer of an MLP fitted ``steps`` steps on ``data`` (train, test), and its history."""
+    train, test = data
+    trainer = daskpri.Trainer(
+        build_model("mlp", train, seed=seed),
+        strategy=strategy,
+        client=client,
+        seed=seed,
+        batch_size=32,
+        eval_every=5,
+        **kw,
+    )
+    history = trainer.fit(train, eval_data=test, max_steps=steps, progress=False)
+    return trainer, history
