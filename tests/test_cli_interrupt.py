@@ -1,0 +1,255 @@
+"""Ctrl-C in the CLI: a run interrupted closes its cluster and keeps what it did.
+
+The command as a terminal's foreground job gets SIGINT; its workers' heartbeats
+stop before the cluster closes, and interrupted waits are not reported after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _cli_runs import SMALL, _open
+from _procs import _stop
+
+import daskpri
+from daskpri.cli._interrupt import _interruptible
+from daskpri.models import build_model
+from daskpri.training import checkpoint
+
+# Ctrl-C as a terminal's foreground job gets it. A shell starts background jobs
+# (``make test &``) with SIGINT ignored, their children inherit that, and
+# Python then leaves it ignored: the child is given Python's handler back.
+_FOREGROUND = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'daskpri'; runpy.run_module('daskpri', run_name='__main__')"
+)
+
+
+def test_interrupt_closes_the_cluster_and_exits_130() -> None:
+    argv = [sys.executable, "-c", _FOREGROUND, "train", *SMALL[:4], "--max-time", "60",
+            "--workers", "1", "--no-progress"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("dashboard: ")  # the cluster is up
+        time.sleep(1.0)  # into the training loop
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        _stop([proc])
+    assert proc.returncode == 130
+    assert err.endswith("daskpri: interrupted\n") and "Traceback" not in err
+
+
+def test_interrupt_writes_the_history_and_checkpoint_of_the_step_it_ended_on(
+    tmp_path: Path
+) -> None:
+    out, ckpt = tmp_path / "run.nc", tmp_path / "run.ckpt"
+    argv = [sys.executable, "-c", _FOREGROUND, "train", *SMALL[:4], "--max-time", "60",
+            "--workers", "1", "--output", str(out), "--checkpoint", str(ckpt),
+            "--checkpoint-every", "100000"]
+    # its own process group, as a terminal's foreground job: Ctrl-C reaches the workers too
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    err = bytearray()
+    assert proc.stderr is not None and proc.stdout is not None
+    stderr = proc.stderr.fileno()
+    reader = threading.Thread(
+        target=lambda: err.extend(b"".join(iter(lambda: os.read(stderr, 4096), b""))), daemon=True
+    )
+
+    def stepped() -> bool:  # the progress bar has counted a step
+        chunks = bytearray()
+        for chunk in iter(lambda: os.read(stderr, 4096), b""):
+            chunks += chunk
+            if re.search(rb"[1-9]\d*step", chunks):
+                err.extend(chunks)
+                return True
+        err.extend(chunks)
+        return False
+
+    try:
+        assert stepped(), err.decode()
+        os.killpg(proc.pid, signal.SIGINT)
+        reader.start()
+        rest = proc.stdout.read().decode()
+        proc.wait(timeout=60)
+        reader.join(10)
+    finally:
+        _stop([proc])
+    assert proc.returncode == 130
+    # (a traceback may come before it: distributed's sync() cancels a future it may not have
+    # made yet when the interrupt lands in it; test_interrupt_closes_the_cluster_... pins that)
+    assert err.decode().endswith("daskpri: interrupted\n")
+    said = re.search(rf"^interrupted at step (\d+): the history so far written to "
+                     rf"{re.escape(str(out))}$", rest, re.M)
+    assert said is not None, rest
+    with _open(out) as ds:
+        assert ds.sizes["step"] == int(said.group(1)) > 0
+        assert ds.attrs["dataset"] == "synthetic" and ds.attrs["model"] == "mlp"
+    # the run ended after its step in flight, and its checkpoint is of that step
+    assert f"the checkpoint in {ckpt} is of step {said.group(1)}" in rest
+    assert checkpoint.read(ckpt)["step"] == int(said.group(1))
+    text = err.decode()
+    assert "daskpri: stopping after the step in flight (Ctrl-C again to stop at once)" in text
+    # the workers ignored it: none was lost, nothing was reported
+    assert "Traceback" not in text and "lose scattered data" not in text, text
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def _heartbeat_running(dask_worker) -> bool:
+    return dask_worker.periodic_callbacks["heartbeat"].is_running()
+
+
+def _start_heartbeat(dask_worker) -> None:
+    dask_worker.periodic_callbacks["heartbeat"].start()
+    logger = logging.getLogger("distributed.worker")
+    for f in [f for f in logger.filters if type(f).__name__ == "_ClosingHeartbeatFilter"]:
+        logger.removeFilter(f)
+
+
+def _filters(dask_worker) -> list[str]:
+    return [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
+
+
+@contextlib.contextmanager
+def _captured(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
+    """The records ``logger`` passes on (after its filters) while the block runs."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+def _logged_errors(dask_worker) -> list[str]:
+    # what distributed's worker logs when a heartbeat fails, and another ERROR
+    logger = logging.getLogger("distributed.worker")
+    with _captured(logger) as records:
+        for message in ("Failed to communicate with scheduler during heartbeat.",
+                        "Failed to communicate with scheduler during heartbeat, and more",
+                        "Unexpected exception during heartbeat. Closing worker."):
+            try:
+                raise OSError("Stream is closed")
+            except OSError:
+                logger.exception(message)
+    return [r.getMessage() for r in records]
+
+
+def test_workers_stop_their_heartbeats_before_a_cluster_daskpri_started_closes(gpu_client):
+    # a heartbeat on its way while the cluster closes would end the run with a
+    # worker's traceback (dask/distributed#7105)
+    from daskpri.training.cluster import stop_heartbeats
+
+    assert all(gpu_client.run(_heartbeat_running).values())
+    assert all(len(logged) == 3 for logged in gpu_client.run(_logged_errors).values())
+    try:
+        stop_heartbeats(gpu_client)
+        assert not any(gpu_client.run(_heartbeat_running).values())
+        # one already on its way still fails as the scheduler closes: only its
+        # ERROR goes unlogged
+        for logged in gpu_client.run(_logged_errors).values():
+            assert logged == ["Failed to communicate with scheduler during heartbeat, and more",
+                              "Unexpected exception during heartbeat. Closing worker."]
+        stop_heartbeats(gpu_client)  # twice: one filter
+        assert all(names.count("_ClosingHeartbeatFilter") == 1
+                   for names in gpu_client.run(_filters).values())
+    finally:
+        gpu_client.run(_start_heartbeat)  # the fixture's workers go on
+
+
+def _abandon(exc: Exception) -> None:
+    """A task that fails with ``exc`` and is dropped unawaited, as an interrupted gather's."""
+    loop = asyncio.new_event_loop()
+
+    async def wait() -> None:
+        raise exc
+
+    task = loop.create_task(wait())
+    loop.run_until_complete(asyncio.sleep(0))  # it runs and fails; nothing retrieves it
+    loop.close()
+    del task
+    gc.collect()  # asyncio reports it as its task is collected
+
+
+def test_an_interrupted_gathers_waits_are_not_reported_after_the_interrupt():
+    # a Ctrl-C in Client.gather leaves its waits to end with AllExit as the
+    # cluster closes; asyncio would print each with a traceback after
+    # "daskpri: interrupted"
+    from distributed.client import AllExit
+
+    from daskpri.training.cluster import _AbandonedGatherFilter, drop_abandoned_gathers
+
+    logger = logging.getLogger("asyncio")
+    try:
+        with _captured(logger) as records:
+            _abandon(AllExit())
+            _abandon(ValueError("a real failure"))
+        assert [type(r.exc_info[1]) for r in records if r.exc_info] == [AllExit, ValueError]
+        drop_abandoned_gathers()
+        drop_abandoned_gathers()  # twice: one filter
+        assert sum(isinstance(f, _AbandonedGatherFilter) for f in logger.filters) == 1
+        with _captured(logger) as records:
+            _abandon(AllExit())
+            _abandon(ValueError("a real failure"))
+        assert [type(r.exc_info[1]) for r in records if r.exc_info] == [ValueError]
+    finally:
+        for f in [f for f in logger.filters if isinstance(f, _AbandonedGatherFilter)]:
+            logger.removeFilter(f)
+
+
+# the finalizer's KeyboardInterrupt is the point: Python reports it as unraisable
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_data):
+    train, _ = small_data
+    outer = signal.getsignal(signal.SIGINT)
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+
+    class Finalized:
+        def __del__(self) -> None:
+            # the handler runs, and raises, in here: Python prints and drops it
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+
+    try:
+        # an ignored SIGINT (a background job's) stays ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with _interruptible(trainer):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        # as a foreground job
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with pytest.raises(KeyboardInterrupt), _interruptible(trainer):
+            Finalized()
+            trainer.fit(train, max_steps=200, progress=False)
+        assert trainer.step_ == 0  # the fit ended before its first step
+        # the handler is put back
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        # the first interrupt only asks the fit to stop; a second raises at once
+        reached = False
+        with pytest.raises(KeyboardInterrupt), _interruptible(trainer):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            reached = True
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+            pytest.fail("the second interrupt did not raise")
+        assert reached
+    finally:
+        signal.signal(signal.SIGINT, outer)
+        trainer.close()
