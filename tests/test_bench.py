@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import dask
 import numpy as np
 import pytest
 from _bench_records import (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 
@@ -205,8 +206,12 @@ def test_bench_on_a_scheduler_checks_its_workers_for_every_run_before_the_first(
 
     _write_mnist(tmp_path, 200, 20)
     out = tmp_path / "bench"
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
-                      host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                     host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
+        # (a worker that joins meanwhile would do: the benchmark waits this long for one)
+        dask.config.set({"daskpri.trainer.no-workers-timeout": "0.2s"}),
+    ):
         # one worker is all --workers 1 asks for, but DDP's overhead runs pair two processes
         # with two: refused before any run, and nothing left in --out; the data came from
         # --root (mnist needs it)
@@ -216,5 +221,5 @@ def test_bench_on_a_scheduler_checks_its_workers_for_every_run_before_the_first(
     err = capsys.readouterr().err
     assert ("the benchmark needs 2 workers (DDP's overhead runs pair 2 processes with 2 "
             f"workers), but the scheduler at {cluster.scheduler_address} has 1; start more or "
-            "pass --workers up to 1 and --no-ddp") in err
+            "pass --workers up to 1 and --no-ddp; waited 0.2 s for 2 worker(s)") in err
     assert not out.exists()

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 import torch
@@ -334,7 +335,9 @@ def test_bench_on_a_running_scheduler_uses_its_gpu_workers(gpu_cluster: str, tmp
     assert all(r["curve"]["accuracy"] for r in doc["runs"])
     # more workers than the scheduler has: refused before any run, saying what to do
     capsys.readouterr()
-    assert main([*argv, "--workers", "3", "--out", str(tmp_path / "three")]) == 2
+    with dask.config.set({"daskpri.trainer.no-workers-timeout": "0.2s"}):  # waited this long
+        assert main([*argv, "--workers", "3", "--out", str(tmp_path / "three")]) == 2
     assert (f"the benchmark needs 3 workers, but the scheduler at {gpu_cluster} has 2; start "
-            "more or pass --workers up to 2") in capsys.readouterr().err
+            "more or pass --workers up to 2; waited 0.2 s for 3 worker(s)"
+            ) in capsys.readouterr().err
     assert not (tmp_path / "three" / "results.json").exists()
