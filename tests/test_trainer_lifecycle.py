@@ -128,13 +128,14 @@ def test_a_fit_that_fails_leaves_the_trainer_able_to_fit_and_its_last_run_kept(
     trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,
                               batch_size=32)
     try:
-        # x's values are checked by the workers, as they load the partitions
+        # a Dask array's values are checked by the workers, as they load the partitions
         x = train["x"].values.copy()
         x[5, 0] = np.nan
         with pytest.raises(ValueError, match=r"^x in partition 0 \(samples 0-799\) should hold "
                            r"finite numbers, but got 1 NaN or infinite value, the first at "
                            r"sample 5$"):
-            trainer.fit(train.assign(x=(train["x"].dims, x)), max_steps=5, progress=False)
+            trainer.fit(train.assign(x=(train["x"].dims, x)).chunk({"sample": 800}),
+                        max_steps=5, progress=False)
         gc.collect()
         # the erred load of partition 0 is not handed to this fit, under its key
         trainer.fit(train, max_steps=5, progress=False)
