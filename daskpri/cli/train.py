@@ -24,7 +24,7 @@ from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
 from daskpri.training.cluster import connect, one_torch_thread
 from daskpri.training.errors import WorkersLostError
-from daskpri.training.recovery import SchedulerLostError
+from daskpri.training.recovery import SchedulerLostError, close_client
 from daskpri.training.schedule import SCHEDULES
 
 _DEFAULT_CHECKPOINT_EVERY = 100
@@ -118,7 +118,7 @@ def _train(args: argparse.Namespace) -> int:
         if trainer is not None:
             _close(trainer, at_once=at_once)
         if client is not None:
-            client.close()
+            close_client(client)
     return 0
 
 

@@ -64,6 +64,7 @@ from daskpri.training.recovery import (
     report_left,
     rescan_interval,
     restarted_for_memory,
+    scheduler_gone,
     scheduler_id,
 )
 from daskpri.training.transport import register
@@ -483,7 +484,8 @@ class RunMixin:
         if self._abandoned is not None:
             self._abandoned.detach()
             self._abandoned = None
-        if self._client is not None and self._table is not None:
+        if (self._client is not None and self._table is not None
+                and not scheduler_gone(self._client)):  # gone, it took the run with it
             # each on its own: a table already gone must not keep the replicas and
             # partitions (GPU memory among them) on the workers
             for what, release in (

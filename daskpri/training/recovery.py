@@ -381,6 +381,44 @@ async def watch_scheduler(
             client.rpc.remove(address, reason=f"the scheduler at {address} refuses connections")
 
 
+def scheduler_gone(client: Client) -> bool:
+    """Whether ``client``'s scheduler is gone: its connection closed, its address refusing
+    new ones (:func:`refuses`), or the client closed.
+
+    What is left of a run there then goes with it, and a call to release it
+    would wait for the client's reconnection (its ``timeout``) in vain.
+    """
+    if client.status in ("closing", "closed") or client.scheduler is None:
+        return True
+    if not _comm_closed(client):
+        return False
+    address = str(getattr(client.scheduler, "address", ""))
+    try:
+        return bool(client.sync(refuses, address))
+    except Exception:  # the client's loop closed meanwhile
+        return True
+
+
+def close_client(client: Client) -> None:
+    """Close ``client``; where its scheduler is gone (:func:`scheduler_gone`), without
+    distributed's log of the reconnection that the close cuts short.
+
+    A client that lost its scheduler tries to reconnect for its ``timeout``;
+    its close cancels that, and distributed logs the cancelled attempt as an
+    error with its traceback: noise after the run has said the scheduler is lost.
+    """
+    quiet = scheduler_gone(client)
+    log = logging.getLogger("distributed.client")
+    level = log.level
+    if quiet:
+        log.setLevel(logging.CRITICAL)
+    try:
+        client.close()
+    finally:
+        if quiet:
+            log.setLevel(level)
+
+
 def check_scheduler(
     client: Client,
     checkpoint_path: str | None,
