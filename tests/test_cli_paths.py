@@ -362,8 +362,17 @@ def test_a_second_ctrl_c_stops_a_run_whose_step_does_not_end(tmp_path: Path) -> 
         time.sleep(1.0)
         assert proc.poll() is None  # the first waits for the step, which does not end
         proc.send_signal(signal.SIGINT)
+        second = time.monotonic()
         assert proc.wait(timeout=60) == 130
+        # at once: the stuck worker is killed, not waited for (its nanny's close waited 4 s
+        # for it to end, and two calls to the workers a second each: 7.5 s in all)
+        waited = time.monotonic() - second
         text, printed = err.close(10), said.close(10)
+        assert waited < 4.0, (waited, text)
+        assert " - ERROR - " not in text, text  # (no call to it left to fail as it dies)
+        # and no worker process is left running (a zombie waits for its reaper only)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert worker.status() == psutil.STATUS_ZOMBIE
     finally:
         _stop([proc])
         if worker is not None:

@@ -45,11 +45,12 @@ def _close(trainer: daskpri.Trainer, *, at_once: bool) -> None:
     """Close ``trainer``; after a second Ctrl-C (``at_once``) without waiting on its workers.
 
     A worker stuck in the step that the second Ctrl-C left answers nothing:
-    each of the close's calls to the workers would wait the scheduler
-    timeout (``daskpri.trainer.scheduler-timeout``) for it; they wait a
-    second then.
+    those of the trainer's own LocalCluster are killed, and each of the
+    close's calls to the workers of a cluster elsewhere would wait the
+    scheduler timeout (``daskpri.trainer.scheduler-timeout``) for it; they
+    wait a second then.
     """
     # dask.config.set takes effect as it is made: only made where it applies
     with (dask.config.set({"daskpri.trainer.scheduler-timeout": "1s"}) if at_once
           else contextlib.nullcontext()):
-        trainer.close()
+        trainer._close(at_once=at_once)

@@ -10,6 +10,7 @@ LocalCluster it started closed (:func:`close_dropped_cluster`, another).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import logging
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from distributed import Client, LocalCluster, SpecCluster
 from distributed.core import Status
 
+from daskpri import _config
 from daskpri.training._interrupts import interrupts_held
 from daskpri.training.cluster import local_cluster, stop_heartbeats
 
@@ -120,7 +122,7 @@ def close_dropped_cluster(client: Client, cluster: LocalCluster) -> None:
     threading.Thread(target=close, name="daskpri-close-dropped", daemon=True).start()
 
 
-def close_cluster(client: Client, cluster: LocalCluster) -> None:
+def close_cluster(client: Client, cluster: LocalCluster, *, at_once: bool = False) -> None:
     """Close a LocalCluster that a trainer started, and its client.
 
     A LocalCluster silences distributed's and bokeh's stream handlers to
@@ -128,8 +130,16 @@ def close_cluster(client: Client, cluster: LocalCluster) -> None:
     INFO level where another cluster started meanwhile found them silenced
     already, which then logs each worker's registration and each call into
     the notebook. The levels are kept as they were while another cluster runs.
+
+    ``at_once`` (after a second Ctrl-C) kills the worker processes first
+    (:func:`_kill_workers`): one stuck in the step the interrupt left
+    answers nothing, and the close would wait for it.
     """
-    stop_heartbeats(client)
+    if at_once:
+        # (killed, they send no heartbeat that could fail as the scheduler closes)
+        cluster.sync(_kill_workers, cluster, _config.get_seconds("trainer.scheduler-timeout"))
+    else:
+        stop_heartbeats(client)
     handlers = [h for root in ("distributed", "bokeh") for h in logging.getLogger(root).handlers
                 if isinstance(h, logging.StreamHandler)]
     levels = [h.level for h in handlers]
@@ -139,3 +149,24 @@ def close_cluster(client: Client, cluster: LocalCluster) -> None:
            for other in list(SpecCluster._instances)):
         for handler, level in zip(handlers, levels, strict=True):
             handler.setLevel(level)
+
+
+async def _kill_workers(cluster: LocalCluster, timeout: float) -> None:
+    """Kill the worker processes of ``cluster``'s nannies; wait ``timeout`` for them to end.
+
+    A nanny's close asks its worker to close, and kills it only 4 s later
+    (``Nanny.close(timeout=5)``, which ``LocalCluster.close`` gives no
+    other): a worker stuck in a step would hold a second Ctrl-C that long.
+    The nannies are told first that their workers end for good (not to
+    restart them), and close as they see them go.
+    """
+    processes = []
+    for nanny in list(cluster.workers.values()):
+        process = getattr(nanny, "process", None)  # a Nanny's WorkerProcess; none for threads
+        if process is None or process.process is None or process.status != Status.running:
+            continue
+        nanny.close_gracefully(reason="daskpri: stopped at once")
+        await process.process.kill()  # SIGKILL: a stopped process too
+        processes.append(process)
+    with contextlib.suppress(asyncio.TimeoutError):  # LocalCluster.close kills what is left
+        await asyncio.wait_for(asyncio.gather(*(p.stopped.wait() for p in processes)), timeout)

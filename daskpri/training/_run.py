@@ -479,8 +479,11 @@ class RunMixin:
                 self.step_, len(joined), ", ".join(joined), len(self._deployment.slots),
             )
 
-    def _release(self) -> None:
-        """Drop the run's table, replicas and partitions from the cluster."""
+    def _release(self, *, workers: bool = True) -> None:
+        """Drop the run's table, replicas and partitions from the cluster.
+
+        The replicas are left on workers about to be killed (``workers=False``).
+        """
         if self._abandoned is not None:
             self._abandoned.detach()
             self._abandoned = None
@@ -490,7 +493,7 @@ class RunMixin:
             # partitions (GPU memory among them) on the workers
             for what, release in (
                 ("the table", self._table.close),
-                ("the replicas", self._unregister_replicas),
+                ("the replicas", self._unregister_replicas if workers else lambda: None),
             ):
                 try:
                     release()
