@@ -19,6 +19,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import daskpri
+from daskpri.cli._interrupt import _interruptible
 from daskpri.models import build_model
 
 
@@ -96,7 +97,15 @@ def test_an_interrupt_while_a_fit_waits_for_workers_ends_it(small_data, no_worke
                                                     r"step_=0"):
             trainer.fit(train, max_steps=2, progress=False)
         assert time.monotonic() - t0 < 5  # not the 30 s the wait would have taken
-        assert "stopping the fit after its set-up" in capsys.readouterr().err
+        # it says what it stopped: a wait, not a set-up (none was made) or a step
+        assert capsys.readouterr().err == (
+            "daskpri: stopping the fit: it was waiting for workers, with nothing set up\n")
+        # and so does daskpri train's Ctrl-C, its handler around the fit told by it
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt), _interruptible(trainer):
+            trainer.fit(train, max_steps=2, progress=False)
+        assert trainer.step_ == 0
+        assert capsys.readouterr().err == "daskpri: stopping: the run was waiting for workers\n"
         # stop() alike, from another thread: the fit returns, none of its steps taken
         threading.Timer(0.3, trainer.stop).start()
         assert trainer.fit(train, max_steps=2, progress=False).sizes["step"] == 0

@@ -33,8 +33,8 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
     """
     with stop_on_interrupt(
         trainer, at_once=StopAtOnce,
-        says=lambda taken: f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop "
-                           "at once)",
+        says=lambda taken: f"{_PROG}: stopping: the run was waiting for workers" if taken.waiting
+        else f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop at once)",
     ) as taken:
         yield
     if taken.count:  # fit returned: the interrupt was lost on the way

@@ -146,7 +146,7 @@ def _set_up_and_step(
     check_config()
     reopened = trainer._closed and trainer.step_ > 0
     try:
-        trainer._prepare(ds, request.source, key, n_classes)
+        trainer._prepare(ds, request.source, key, n_classes, interrupts)
     except WaitStopped:
         # stop() (or an interrupt) while the cluster had no workers for the run: no run
         # was set up, and the fit ends, as a stop before its first step does

@@ -42,10 +42,14 @@ class Interrupts:
     count: int = 0
     #: whether the fit has set its run up and steps (what an interrupt waits for)
     stepping: bool = False
+    #: whether the fit waits for workers, before its set-up (an interrupt ends it at once)
+    waiting: bool = False
 
 
 def _fit_says(taken: Interrupts) -> str:
     """What a fit's first interrupt says on stderr (the library's, Jupyter's stop button)."""
+    if taken.waiting:
+        return "daskpri: stopping the fit: it was waiting for workers, with nothing set up"
     after = "the step in flight" if taken.stepping else "its set-up, before a step"
     return f"daskpri: stopping the fit after {after} (interrupt again to stop at once)"
 
@@ -99,12 +103,15 @@ def stop_on_interrupt(
     ``SIGINT`` only where Python's own handler has it (a kernel running a
     cell, a script, the CLI as a foreground job) in the main thread: an
     ignored one (a background job's) stays ignored, and a handler of the
-    caller's (the CLI's around :meth:`Trainer.fit`) is left as it is.
+    caller's (the CLI's around :meth:`Trainer.fit`) is left as it is: one of
+    this trainer's shares its :class:`Interrupts`, which the fit tells what
+    it does (``stepping``, ``waiting``), for the caller's words.
     """
     previous = signal.getsignal(signal.SIGINT)
     if (threading.current_thread() is not threading.main_thread()
             or previous is not signal.default_int_handler):
-        yield Interrupts()
+        yield (previous.taken if isinstance(previous, _Stopper) and previous.trainer is trainer
+               else Interrupts())
         return
     stopper = _Stopper(trainer, says, at_once)
     signal.signal(signal.SIGINT, stopper)

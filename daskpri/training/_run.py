@@ -69,6 +69,9 @@ from daskpri.training.recovery import (
 )
 from daskpri.training.transport import register
 
+if TYPE_CHECKING:
+    from daskpri.training._interrupts import Interrupts
+
 logger = logging.getLogger(__name__)
 
 
@@ -184,8 +187,12 @@ class RunMixin:
         source: xr.Dataset | str,
         key: tuple[Any, ...],
         n_classes: int,
+        interrupts: Interrupts | None = None,
     ) -> None:
-        """Set the run up in the cluster for data that :meth:`_check_data` checked."""
+        """Set the run up in the cluster for data that :meth:`_check_data` checked.
+
+        ``interrupts`` is told while the fit waits for workers (:mod:`._waiting`).
+        """
         if self._client is None:  # before the trainer starts its LocalCluster, here
             check_local_device(self.device)
         client = self.client
@@ -210,7 +217,7 @@ class RunMixin:
         # the worker that ran it until the run's data is there (see _waiting)
         with workers_awaited(
             client, suited, f"{'a worker' if need == 1 else f'{need} workers'}{with_resources}",
-            resources=asked, stopped=lambda: self._stop_requested,
+            resources=asked, stopped=lambda: self._stop_requested, interrupts=interrupts,
         ) as (resources, addrs):
             self.resources = resources
             self._prepare_on(client, ds, source, key, n_classes, addrs)

@@ -37,6 +37,8 @@ from daskpri.training.placement import cluster_workers
 if TYPE_CHECKING:
     from distributed import Client, Future
 
+    from daskpri.training._interrupts import Interrupts
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -63,6 +65,7 @@ def workers_awaited(
     *,
     resources: Mapping[str, float] | None = None,
     stopped: Callable[[], bool] = lambda: False,
+    interrupts: Interrupts | None = None,
 ) -> Iterator[T]:
     """``suited(workers)`` once the cluster's workers suit it, waiting up to the timeout for them.
 
@@ -77,8 +80,9 @@ def workers_awaited(
     ``daskpri.trainer.no-workers-timeout``: then ``suited``'s last error is
     raised, saying how long it waited. ``stopped()`` true ends the wait
     with :class:`WaitStopped` (a flag, which a signal handler sets: the
-    wait looks at it each time it wakes). The task is released as the
-    block ends.
+    wait looks at it each time it wakes). ``interrupts`` is told that the
+    fit waits (``waiting``) meanwhile, for an interrupt's words. The task is
+    released as the block ends.
     """
     try:
         found = suited(cluster_workers(client))
@@ -93,6 +97,8 @@ def workers_awaited(
     logger.warning("waiting up to %g s for %s at %s (daskpri.trainer.no-workers-timeout)",
                    timeout, what, address)
     pending: Future | None = None
+    if interrupts is not None:
+        interrupts.waiting = True
     try:
         while True:
             if stopped():
@@ -119,7 +125,11 @@ def workers_awaited(
             else:  # wakes as soon as a worker that suits the task runs it
                 with contextlib.suppress(distributed.TimeoutError):
                     distributed.wait(pending, timeout=min(LOOK_EVERY, left))
+        if interrupts is not None:
+            interrupts.waiting = False
         yield found
     finally:
+        if interrupts is not None:
+            interrupts.waiting = False
         if pending is not None:
             pending.release()
