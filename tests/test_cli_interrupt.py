@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from _cli_runs import SMALL, _open
 from _procs import _stop
@@ -253,3 +254,65 @@ def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_
     finally:
         signal.signal(signal.SIGINT, outer)
         trainer.close()
+
+
+def test_a_second_ctrl_c_kills_the_stuck_worker_of_the_demos_cluster(capfd) -> None:
+    # daskpri demo's LocalCluster is the command's, not its trainers': a worker stuck in a step
+    # is killed all the same, not waited for (Nanny.close's 4 s, and 10 s for the heartbeats)
+    from distributed.deploy.spec import SpecCluster
+
+    from daskpri.cli import main
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's own here: daskpri does not take it")
+    others = set(SpecCluster._instances)
+    stuck: list[psutil.Process] = []
+    second: list[float] = []
+    returned = threading.Event()
+
+    def stepping() -> SpecCluster | None:  # the demo's cluster, once its first run steps
+        for c in [c for c in list(SpecCluster._instances) if c not in others]:
+            runs = getattr(c.scheduler, "plugins", {}).get("daskpri")
+            if runs is not None and any(r.last_step >= 10 for r in list(runs.runs.values())):
+                return c
+        return None
+
+    def interrupt_twice() -> None:
+        try:
+            deadline = time.monotonic() + 30
+            while (demo := stepping()) is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert demo is not None
+            [nanny] = demo.workers.values()
+            stuck.append(psutil.Process(nanny.process.pid))
+            stuck[0].suspend()  # its step in flight now never ends
+            time.sleep(0.5)  # (the driver waits for it)
+        finally:  # (the demo ends, whatever happened here)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+            if not returned.is_set():  # (not to interrupt pytest)
+                second.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_twice, daemon=True)
+    thread.start()
+    try:
+        try:
+            code = main(["demo", "--workers", "1", "--dataset", "synthetic", "--max-time", "60"])
+            returned.set()
+            ended = time.monotonic()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C come too late
+        except KeyboardInterrupt:  # come as the demo returned
+            code, ended = None, time.monotonic()
+        thread.join(10)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for p in stuck:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    err = capfd.readouterr().err  # (distributed's log too)
+    assert code == 130 and stuck and second, err  # the first Ctrl-C waited for the step
+    assert ended - second[0] < 3.0, (ended - second[0], err)
+    assert " - ERROR - " not in err and "WARNING" not in err, err
+    with contextlib.suppress(psutil.NoSuchProcess):  # killed, and reaped by its nanny
+        assert stuck[0].status() == psutil.STATUS_ZOMBIE

@@ -41,16 +41,17 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _close(trainer: daskpri.Trainer, *, at_once: bool) -> None:
+def _close(trainer: daskpri.Trainer, *, at_once: bool, ours: bool = False) -> None:
     """Close ``trainer``; after a second Ctrl-C (``at_once``) without waiting on its workers.
 
     A worker stuck in the step that the second Ctrl-C left answers nothing:
-    those of the trainer's own LocalCluster are killed, and each of the
-    close's calls to the workers of a cluster elsewhere would wait the
-    scheduler timeout (``daskpri.trainer.scheduler-timeout``) for it; they
-    wait a second then.
+    those of a LocalCluster of daskpri's own (the trainer's, or the
+    command's: ``ours``) are killed, the run's state in them with them,
+    and each of the close's calls to the workers of a cluster elsewhere
+    would wait the scheduler timeout (``daskpri.trainer.scheduler-timeout``)
+    for it; they wait a second then.
     """
     # dask.config.set takes effect as it is made: only made where it applies
     with (dask.config.set({"daskpri.trainer.scheduler-timeout": "1s"}) if at_once
           else contextlib.nullcontext()):
-        trainer._close(at_once=at_once)
+        trainer._close(kill_workers=at_once and (ours or trainer._own_cluster is not None))

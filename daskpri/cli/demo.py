@@ -16,8 +16,9 @@ from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
 from daskpri.cli._summary import _dashboard, _summary
 from daskpri.strategies import check_strategy_options, get_strategy
 from daskpri.training._checks import check_eval_every, check_float, check_int
+from daskpri.training._cleanup import close_cluster
 from daskpri.training._interrupts import interrupts_held
-from daskpri.training.cluster import local_cluster, one_torch_thread, stop_heartbeats
+from daskpri.training.cluster import local_cluster, one_torch_thread
 from daskpri.training.history import time_to_accuracy
 
 _DEMO_STRATEGY = "selective-backprop"
@@ -38,6 +39,7 @@ def _demo(args: argparse.Namespace) -> int:
     train, test = daskpri.datasets.load(args.dataset, root=args.root, seed=args.seed)
     histories: dict[str, xr.Dataset] = {}
     cluster = None
+    at_once = False  # a second Ctrl-C: the workers are killed, not waited for
     try:
         # started as a trainer starts its own: a Ctrl-C in the middle of LocalCluster(...)
         # would leave the worker processes it had started running, owned by no one; held,
@@ -67,10 +69,12 @@ def _demo(args: argparse.Namespace) -> int:
                         at_once = True
                         raise
                     finally:
-                        _close(trainer, at_once=at_once)
+                        _close(trainer, at_once=at_once, ours=True)
                     print(_summary(histories[strategy]), flush=True)
             finally:
-                stop_heartbeats(client)
+                # a worker stuck in the step a second Ctrl-C left answers nothing: killed
+                with interrupts_held():  # (a close interrupted half-way would never end)
+                    close_cluster(client, cluster, kill_workers=at_once)
     finally:
         if cluster is not None:
             with interrupts_held():  # (a close interrupted half-way would never end)

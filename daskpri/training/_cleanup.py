@@ -122,7 +122,9 @@ def close_dropped_cluster(client: Client, cluster: LocalCluster) -> None:
     threading.Thread(target=close, name="daskpri-close-dropped", daemon=True).start()
 
 
-def close_cluster(client: Client, cluster: LocalCluster, *, at_once: bool = False) -> None:
+def close_cluster(
+    client: Client, cluster: LocalCluster, *, kill_workers: bool = False
+) -> None:
     """Close a LocalCluster that a trainer started, and its client.
 
     A LocalCluster silences distributed's and bokeh's stream handlers to
@@ -131,11 +133,11 @@ def close_cluster(client: Client, cluster: LocalCluster, *, at_once: bool = Fals
     already, which then logs each worker's registration and each call into
     the notebook. The levels are kept as they were while another cluster runs.
 
-    ``at_once`` (after a second Ctrl-C) kills the worker processes first
+    ``kill_workers`` (after a second Ctrl-C) kills the worker processes first
     (:func:`_kill_workers`): one stuck in the step the interrupt left
     answers nothing, and the close would wait for it.
     """
-    if at_once:
+    if kill_workers:
         # (killed, they send no heartbeat that could fail as the scheduler closes)
         cluster.sync(_kill_workers, cluster, _config.get_seconds("trainer.scheduler-timeout"))
     else:

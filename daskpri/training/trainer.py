@@ -325,17 +325,17 @@ class Trainer(PersistMixin):
         >>> with daskpri.Trainer(model) as trainer:  # closed when the block ends  # doctest: +SKIP
         ...     history = trainer.fit(train, max_steps=100)
         """
-        self._close(at_once=False)
+        self._close(kill_workers=False)
 
-    def _close(self, *, at_once: bool) -> None:
-        """:meth:`close`; ``at_once`` (a second Ctrl-C) kills its own cluster's workers first."""
+    def _close(self, *, kill_workers: bool) -> None:
+        """:meth:`close`; ``kill_workers``: a cluster of daskpri's own is killed, not waited for."""
         background = self._background
         if (background is not None and not background.done()
                 and self._fit_thread != threading.get_ident()):
             self.stop()
             concurrent.futures.wait([background])
         # killed, the workers take the run's replicas with them: none waited for
-        self._release(workers=not (at_once and self._own_cluster is not None))
+        self._release(workers=not kill_workers)
         if self._dropped is not None:
             self._dropped.detach()
             self._dropped = None
@@ -344,7 +344,7 @@ class Trainer(PersistMixin):
             # and the next close() waiting for it
             with interrupts_held():
                 close_cluster(self._client, self._own_cluster,  # type: ignore[arg-type]
-                              at_once=at_once)
+                              kill_workers=kill_workers)
                 self._own_cluster = self._client = None
         self._closed = True
 
