@@ -125,7 +125,7 @@ def close_dropped_cluster(client: Client, cluster: LocalCluster) -> None:
 def close_cluster(
     client: Client, cluster: LocalCluster, *, kill_workers: bool = False
 ) -> None:
-    """Close a LocalCluster that a trainer started, and its client.
+    """Close a LocalCluster that daskpri started (a trainer, ``daskpri demo``), and its client.
 
     A LocalCluster silences distributed's and bokeh's stream handlers to
     warnings while it runs and, closing, puts back the levels it found: the

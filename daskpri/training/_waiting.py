@@ -125,7 +125,7 @@ def workers_awaited(
             else:  # wakes as soon as a worker that suits the task runs it
                 with contextlib.suppress(distributed.TimeoutError):
                     distributed.wait(pending, timeout=min(LOOK_EVERY, left))
-        if interrupts is not None:
+        if interrupts is not None:  # (the block's set-up is no wait)
             interrupts.waiting = False
         yield found
     finally:
