@@ -312,7 +312,7 @@ def test_a_second_ctrl_c_kills_the_stuck_worker_of_the_demos_cluster(capfd) -> N
                 p.kill()
     err = capfd.readouterr().err  # (distributed's log too)
     assert code == 130 and stuck and second, err  # the first Ctrl-C waited for the step
-    assert ended - second[0] < 3.0, (ended - second[0], err)
+    assert ended - second[0] < 8.0, (ended - second[0], err)  # (0.02 s here; 15 s before)
     assert " - ERROR - " not in err and "WARNING" not in err, err
     with contextlib.suppress(psutil.NoSuchProcess):  # killed, and reaped by its nanny
         assert stuck[0].status() == psutil.STATUS_ZOMBIE

@@ -368,7 +368,7 @@ def test_a_second_ctrl_c_stops_a_run_whose_step_does_not_end(tmp_path: Path) -> 
         # for it to end, and two calls to the workers a second each: 7.5 s in all)
         waited = time.monotonic() - second
         text, printed = err.close(10), said.close(10)
-        assert waited < 4.0, (waited, text)
+        assert waited < 6.0, (waited, text)  # (about 1.5 s here; under load, more)
         assert " - ERROR - " not in text, text  # (no call to it left to fail as it dies)
         # and no worker process is left running (a zombie waits for its reaper only)
         with contextlib.suppress(psutil.NoSuchProcess):
