@@ -71,3 +71,21 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     worker = ["--nthreads", "1", "--resources", "GPU=1", "--no-dashboard"]
     with dask_cluster(directory, [worker, worker]) as address:
         yield address
+
+
+@pytest.fixture(autouse=True)
+def _no_dask_scheduler_left_on_a_closed_client() -> Iterator[None]:
+    """Fail a test that leaves Dask's config on the distributed scheduler with no client.
+
+    A default client closed inside its own ``with Client(...)`` block leaves
+    ``scheduler: dask.distributed`` set: every later ``.compute()`` of the
+    process fails ("Requested dask.distributed scheduler but no Client
+    active"), daskpri's own stores' reads included, far from the cause.
+    """
+    yield
+    from distributed.client import _get_global_client
+
+    if dask.config.get("scheduler", None) == "dask.distributed" and _get_global_client() is None:
+        dask.config.config.pop("scheduler", None)  # the next tests start clean
+        pytest.fail("the test left Dask's config on the distributed scheduler with no client "
+                    "alive (a default client closed inside its own `with` block?)")

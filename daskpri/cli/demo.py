@@ -46,7 +46,10 @@ def _demo(args: argparse.Namespace) -> int:
         # it is raised once the cluster has started, and the cluster closed below
         with interrupts_held():
             cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly
-        with Client(cluster) as client, one_torch_thread():  # the workers have the cores
+        # not the default client, nor the current one (`with Client`): closed below, inside
+        # the block, the current one's close would leave Dask's config on a closed client
+        client = Client(cluster, set_as_default=False)
+        with one_torch_thread():  # the workers have the cores
             print(f"dashboard: {_dashboard(client)}", flush=True)
             given = ", ".join(f"{k}={v}" for k, v in options.items())
             print(f"{_DEMO_STRATEGY}" + (f" ({given})" if given else "")
