@@ -445,7 +445,7 @@ def check_scheduler(
             "closed itself when idle, or died)")
     if client.status in ("closing", "closed") or client.scheduler is None:
         why = f"the client has {client.status} (it lost its connection, or was closed)"
-    elif _comm_closed(client) and client.sync(refuses, address):
+    elif scheduler_gone(client):  # (not closed: the branch above)
         why = gone
     else:
         try:
