@@ -12,10 +12,13 @@ cluster and the fit loop; the work behind them is in private modules:
 ``_resume`` writes and reads checkpoints, ``_results`` builds ``history_``
 and ``table_``, ``_cleanup`` starts its LocalCluster and closes a trainer
 never closed, ``_interrupts`` says what an interrupt (Jupyter's, Ctrl-C)
-does meanwhile, and its mixins ``_run.RunMixin``, ``_step.StepMixin`` and
-``_persist.PersistMixin`` hold the run in the cluster, each step, and the
-checkpoints and results
-(:meth:`~Trainer.save`, :meth:`~Trainer.resume`, ``history_``, ``table_``).
+does meanwhile, and its mixins ``_run.RunMixin``, ``_step.StepMixin``,
+``_persist.PersistMixin`` and ``_background.BackgroundMixin`` hold the run
+in the cluster, each step, the checkpoints and results
+(:meth:`~Trainer.save`, :meth:`~Trainer.resume`, ``history_``, ``table_``),
+and a fit in a thread, its stop and the dashboard
+(:meth:`~Trainer.fit_in_background`, :meth:`~Trainer.stop`,
+:meth:`~Trainer.dashboard`).
 The partitions and replicas on the workers, and re-planning after losing
 some, are a :class:`~daskpri.training.deployment.Deployment`; the
 workers' results of a step are combined in :mod:`~daskpri.training.rounds`;
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import inspect
 import os
 import threading
 import uuid
@@ -41,13 +43,12 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 from torch import nn
 
-from daskpri._warnings import caller, warnings_from
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
+from daskpri.training._background import BackgroundMixin
 from daskpri.training._cleanup import TRAINERS, close_cluster, start_own_cluster
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
 from daskpri.training._interrupts import interrupts_held, without_locals
-from daskpri.training._persist import PersistMixin
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
 from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
@@ -60,7 +61,7 @@ from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_
 # importable from here.
 __all__ = ["SchedulerLostError", "Trainer", "dask_timeout"]
 
-class Trainer(PersistMixin):
+class Trainer(BackgroundMixin):
     """Prioritized data-parallel SGD of a PyTorch module on a Dask cluster.
 
     Parameters
@@ -473,24 +474,6 @@ class Trainer(PersistMixin):
             self._fit_thread = None
             self._stop_requested = False  # a stop is spent by the fit it ended
 
-    def stop(self) -> None:
-        """End the running :meth:`fit` after the step (or round) in flight.
-
-        That fit evaluates, keeps its history and returns it as if its
-        budget were spent; the trainer can fit again afterwards. Safe to call
-        from any thread or a signal handler, for example while
-        :meth:`fit_in_background` runs. Called when no fit runs, it ends the
-        next one before its first step (a stop that lands as a fit ends on
-        its own may so end the next one).
-
-        Examples
-        --------
-        >>> future = trainer.fit_in_background(train, max_time=600)  # doctest: +SKIP
-        >>> trainer.stop()  # doctest: +SKIP
-        >>> history = future.result()  # the steps made so far  # doctest: +SKIP
-        """
-        self._stop_requested = True
-
     def _blame_scheduler(self) -> contextlib.AbstractContextManager[None]:
         """Turn a failure of the cluster into :class:`SchedulerLostError` if the scheduler is gone.
 
@@ -498,101 +481,3 @@ class Trainer(PersistMixin):
         pass as they are.
         """
         return blame_scheduler(self._check_scheduler, self._client)
-
-    def fit_in_background(
-        self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None = None, **kwargs: Any
-    ) -> concurrent.futures.Future[xr.Dataset]:
-        """Run :meth:`fit` in a thread; the future's result is the history.
-
-        The notebook (or script) stays usable while the run goes on; watch it
-        with :meth:`dashboard`. One fit at a time: a second call while one
-        runs raises ``RuntimeError``.
-
-        Parameters
-        ----------
-        data, eval_data
-            As for :meth:`fit`.
-        **kwargs
-            The keyword arguments of :meth:`fit` (``max_steps``,
-            ``max_time``, ``target_accuracy``, ``progress``); ``progress``
-            is ``False`` unless given.
-
-        Returns
-        -------
-        concurrent.futures.Future of xarray.Dataset
-            Its result is the history :meth:`fit` returns; it raises what
-            the fit raised.
-
-        Raises
-        ------
-        TypeError, ValueError
-            If ``kwargs`` are not arguments of :meth:`fit`, or an argument's
-            value is one :meth:`fit` refuses before any work in the cluster
-            (``max_steps=-1``, ``data`` neither a Dataset nor a path,
-            ``eval_data`` of another per-sample shape, ...): raised here, not
-            in the thread. What fit finds later (the model against the data,
-            the cluster's workers) the future raises.
-        RuntimeError
-            If a fit of this trainer is already running.
-
-        Examples
-        --------
-        >>> future = trainer.fit_in_background(train, eval_data=test, max_time=60)  # doctest: +SKIP
-        >>> trainer.dashboard()  # doctest: +SKIP
-        >>> history = future.result()  # doctest: +SKIP
-        """
-        kwargs.setdefault("progress", False)
-        # fit's arguments, bound here as fit would take them, with its defaults
-        bound = inspect.signature(self.fit).bind(data, eval_data, **kwargs)
-        bound.apply_defaults()
-        if not self._fitting.acquire(blocking=False):  # released by the fit's thread
-            raise RuntimeError(FIT_RUNNING)
-        try:  # their values checked here too, and the data opened
-            request = check_fit(self, *bound.args, **bound.kwargs)
-        except BaseException:
-            self._fitting.release()
-            raise
-
-        origin = caller()  # the warnings of the fit's thread point at this call's line
-
-        def run() -> xr.Dataset:
-            try:
-                with warnings_from(origin):
-                    return self._fit_holding(request)
-            finally:
-                self._fitting.release()
-
-        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="daskpri-fit")
-        try:
-            self._background = executor.submit(run)
-        except BaseException:
-            self._fitting.release()
-            raise
-        executor.shutdown(wait=False)
-        return self._background
-
-    def dashboard(self, height: int = 900) -> Any:
-        """The live ``/daskpri`` page of this trainer's cluster.
-
-        In Jupyter, an inline frame of the page (served by the scheduler, so
-        the browser never talks to the driver); elsewhere, its address.
-
-        Parameters
-        ----------
-        height : int, default 900
-            Height of the frame in pixels.
-
-        Returns
-        -------
-        IPython.display.IFrame or str
-            The frame in a Jupyter kernel, else the page's address (see
-            :func:`daskpri.dashboard.notebook.show`).
-
-        Examples
-        --------
-        >>> future = trainer.fit_in_background(train, max_steps=2000)  # doctest: +SKIP
-        >>> trainer.dashboard(height=600)  # doctest: +SKIP
-        """
-        from daskpri.dashboard.notebook import show
-
-        return show(self.client, height=height)
