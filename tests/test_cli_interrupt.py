@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -256,6 +257,87 @@ def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_
         trainer.close()
 
 
+def _stepping(others: set[Any]) -> Any:
+    """The LocalCluster started since ``others`` whose run has taken 10 steps, if one has."""
+    from distributed.deploy.spec import SpecCluster
+
+    for c in [c for c in list(SpecCluster._instances) if c not in others]:
+        runs = getattr(c.scheduler, "plugins", {}).get("daskpri")
+        if runs is not None and any(r.last_step >= 10 for r in list(runs.runs.values())):
+            return c
+    return None
+
+
+def test_a_second_ctrl_c_as_the_close_waits_on_a_stuck_worker_kills_it(
+    capfd, monkeypatch
+) -> None:
+    # the first Ctrl-C ends the fit; its worker stuck since, the close after it waits for
+    # it (the run's release 10 s, the cluster's close 14 s more): a second Ctrl-C then
+    # kills the workers of the trainer's own LocalCluster, as elsewhere, and the command
+    # ends with its cluster closed, not at exit
+    from distributed.deploy.spec import SpecCluster
+
+    from daskpri.cli import main
+    from daskpri.training._cleanup import TRAINERS
+    from daskpri.training.trainer import Trainer
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's own here: daskpri does not take it")
+    others = set(SpecCluster._instances)
+    stuck: list[psutil.Process] = []
+    second: list[float] = []
+    close = Trainer._close
+
+    def stuck_close(self: Trainer, *, kill_workers: bool) -> None:
+        # (the first Ctrl-C's close: the fit has ended, its step whole)
+        if self._own_cluster is not None and not stuck:
+            assert self.step_ >= 10  # (the fit stepped, and the first Ctrl-C ended it)
+            [nanny] = self._own_cluster.workers.values()
+            stuck.append(psutil.Process(nanny.process.pid))
+            stuck[0].suspend()
+
+            def interrupt() -> None:
+                time.sleep(0.5)  # (the close waits for the worker)
+                second.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+
+            threading.Thread(target=interrupt, daemon=True).start()
+        close(self, kill_workers=kill_workers)
+
+    monkeypatch.setattr(Trainer, "_close", stuck_close)
+
+    def interrupt_once() -> None:  # once the command's trainer steps
+        deadline = time.monotonic() + 30
+        while not any(t._own_cluster is not None and t.step_ >= 10 for t in list(TRAINERS)):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once, daemon=True).start()
+    try:
+        code = main(["train", "--workers", "1", "--dataset", "synthetic", "--n-samples",
+                     "2000", "--max-time", "60", "--no-progress"])
+        ended = time.monotonic()
+    finally:
+        left = [c for c in list(SpecCluster._instances) if c not in others
+                and c.status.name not in ("closing", "closed")]
+        for p in stuck:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        for c in left:  # (without the mend: its worker stuck, it is closed at exit)
+            c.close()
+    err = capfd.readouterr().err
+    assert code == 130 and stuck and second, err
+    assert err.endswith("daskpri: interrupted\n") and "Traceback" not in err, err
+    assert " - ERROR - " not in err, err
+    # the command's LocalCluster is closed, its stuck worker killed
+    assert not left, err
+    with contextlib.suppress(psutil.NoSuchProcess):  # killed, and reaped by its nanny
+        assert stuck[0].status() == psutil.STATUS_ZOMBIE
+    assert ended - second[0] < 8.0, (ended - second[0], err)  # (a backstop)
+
+
 def test_a_second_ctrl_c_kills_the_stuck_worker_of_the_demos_cluster(capfd) -> None:
     # daskpri demo's LocalCluster is the command's, not its trainers': a worker stuck in a step
     # is killed all the same, not waited for (Nanny.close's 4 s, and 10 s for the heartbeats)
@@ -270,17 +352,10 @@ def test_a_second_ctrl_c_kills_the_stuck_worker_of_the_demos_cluster(capfd) -> N
     second: list[float] = []
     returned = threading.Event()
 
-    def stepping() -> SpecCluster | None:  # the demo's cluster, once its first run steps
-        for c in [c for c in list(SpecCluster._instances) if c not in others]:
-            runs = getattr(c.scheduler, "plugins", {}).get("daskpri")
-            if runs is not None and any(r.last_step >= 10 for r in list(runs.runs.values())):
-                return c
-        return None
-
     def interrupt_twice() -> None:
         try:
             deadline = time.monotonic() + 30
-            while (demo := stepping()) is None and time.monotonic() < deadline:
+            while (demo := _stepping(others)) is None and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert demo is not None
             [nanny] = demo.workers.values()

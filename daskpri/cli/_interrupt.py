@@ -50,8 +50,19 @@ def _close(trainer: daskpri.Trainer, *, at_once: bool, ours: bool = False) -> No
     and each of the close's calls to the workers of a cluster elsewhere
     would wait the scheduler timeout (``daskpri.trainer.scheduler-timeout``)
     for it; they wait a second then.
+
+    A Ctrl-C during a close that waits (the first ended the fit, and the
+    close waits on a worker stuck since) is a second: the close goes on at
+    once so, and :class:`StopAtOnce` is raised (the trainer's own
+    LocalCluster's workers are killed by the close itself, which then
+    raises).
     """
-    # dask.config.set takes effect as it is made: only made where it applies
-    with (dask.config.set({"daskpri.trainer.scheduler-timeout": "1s"}) if at_once
-          else contextlib.nullcontext()):
-        trainer._close(kill_workers=at_once and (ours or trainer._own_cluster is not None))
+    if not at_once:
+        try:
+            trainer._close(kill_workers=False)
+        except KeyboardInterrupt:
+            _close(trainer, at_once=True, ours=ours)
+            raise StopAtOnce from None
+        return
+    with dask.config.set({"daskpri.trainer.scheduler-timeout": "1s"}):
+        trainer._close(kill_workers=ours or trainer._own_cluster is not None)

@@ -72,7 +72,11 @@ def _demo(args: argparse.Namespace) -> int:
                         at_once = True
                         raise
                     finally:
-                        _close(trainer, at_once=at_once, ours=True)
+                        try:
+                            _close(trainer, at_once=at_once, ours=True)
+                        except StopAtOnce:  # a Ctrl-C as the close waited: at once too
+                            at_once = True
+                            raise
                     print(_summary(histories[strategy]), flush=True)
             finally:
                 # a worker stuck in the step a second Ctrl-C left answers nothing: killed

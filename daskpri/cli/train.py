@@ -115,10 +115,12 @@ def _train(args: argparse.Namespace) -> int:
                 return 1
             print(f"history written to {args.output}", flush=True)
     finally:
-        if trainer is not None:
-            _close(trainer, at_once=at_once)
-        if client is not None:
-            close_client(client)
+        try:
+            if trainer is not None:
+                _close(trainer, at_once=at_once)  # (a Ctrl-C meanwhile: StopAtOnce)
+        finally:
+            if client is not None:
+                close_client(client)
     return 0
 
 

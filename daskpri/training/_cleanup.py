@@ -24,7 +24,7 @@ from distributed import Client, LocalCluster, SpecCluster
 from distributed.core import Status
 
 from daskpri import _config
-from daskpri.training._interrupts import interrupts_held
+from daskpri.training._interrupts import Held, interrupts_held
 from daskpri.training.cluster import local_cluster, stop_heartbeats
 
 if TYPE_CHECKING:
@@ -135,22 +135,91 @@ def close_cluster(
 
     ``kill_workers`` (after a second Ctrl-C) kills the worker processes first
     (:func:`_kill_workers`): one stuck in the step the interrupt left
-    answers nothing, and the close would wait for it.
+    answers nothing, and the close would wait for it. An interrupt during
+    the close (a second Ctrl-C, the first having ended the fit whose close
+    this is) kills them then (:func:`killing_on_interrupt`), and is raised
+    once the cluster has closed.
     """
-    if kill_workers:
-        # (killed, they send no heartbeat that could fail as the scheduler closes)
-        cluster.sync(_kill_workers, cluster, _config.get_seconds("trainer.scheduler-timeout"))
-    else:
-        stop_heartbeats(client)
-    handlers = [h for root in ("distributed", "bokeh") for h in logging.getLogger(root).handlers
-                if isinstance(h, logging.StreamHandler)]
-    levels = [h.level for h in handlers]
-    client.close()
-    cluster.close()
+    with killing_on_interrupt(cluster):
+        if kill_workers:
+            # (killed, they send no heartbeat that could fail as the scheduler closes)
+            cluster.sync(_kill_workers, cluster,
+                         _config.get_seconds("trainer.scheduler-timeout"))
+        else:
+            stop_heartbeats(client)
+        handlers = [h for root in ("distributed", "bokeh")
+                    for h in logging.getLogger(root).handlers
+                    if isinstance(h, logging.StreamHandler)]
+        levels = [h.level for h in handlers]
+        client.close()
+        cluster.close()
+        _killed.forget(cluster)
     if any(other is not cluster and other.status not in (Status.closing, Status.closed)
            for other in list(SpecCluster._instances)):
         for handler, level in zip(handlers, levels, strict=True):
             handler.setLevel(level)
+
+
+class _KilledWorkersFilter(logging.Filter):
+    """Drop the scheduler's ERRORs about the workers :func:`_kill_workers` killed on purpose.
+
+    A call on its way to a worker as it is killed (the run's release, the
+    heartbeats' stop, that a second Ctrl-C cut) fails ("broadcast to ...
+    failed"), and the run's partitions on it are lost ("Removing worker ...
+    caused the cluster to lose scattered data"): what the kill was for, in
+    a cluster that is closing. The addresses are those of the clusters
+    being closed so; the filter is installed once, on the scheduler's logger.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addresses: dict[str, LocalCluster] = {}
+
+    def watch(self, cluster: LocalCluster) -> None:
+        for nanny in list(cluster.workers.values()):
+            address = getattr(nanny, "worker_address", None)
+            if address is not None:
+                self.addresses[address] = cluster
+        logger = logging.getLogger("distributed.scheduler")
+        if self not in logger.filters:
+            logger.addFilter(self)
+
+    def forget(self, cluster: LocalCluster) -> None:
+        for address in [a for a, c in self.addresses.items() if c is cluster]:
+            del self.addresses[address]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR or not self.addresses:
+            return True
+        message = record.getMessage()
+        return not any(message.startswith((f"broadcast to {address} failed",
+                                           f"Removing worker {address!r} caused"))
+                       for address in list(self.addresses))
+
+
+_killed = _KilledWorkersFilter()
+
+
+def killing_on_interrupt(cluster: LocalCluster) -> contextlib.AbstractContextManager[Held]:
+    """:func:`interrupts_held`, where an interrupt meanwhile kills ``cluster``'s workers at once.
+
+    For a close of a LocalCluster daskpri started (and of the run in it):
+    an interrupt raised in the middle would leave the cluster closing for
+    ever, and, held, it would wait for what the close waits for: a worker
+    stuck in a step answers nothing, and the close waits the scheduler
+    timeout for each call to it, and 4 s more for the nanny to kill it. The
+    interrupt is a second Ctrl-C (the first ended the fit): the user wants
+    out at once, and the workers of a cluster of daskpri's own hold nothing
+    that the close would keep.
+    """
+    timeout = _config.get_seconds("trainer.scheduler-timeout")
+    loop = cluster.loop
+
+    def kill() -> None:  # (called in the thread that took the interrupt)
+        if loop is not None:  # (None: the cluster closed already)
+            loop.add_callback(_kill_workers, cluster, timeout)
+
+    return interrupts_held(on_interrupt=kill)
 
 
 async def _kill_workers(cluster: LocalCluster, timeout: float) -> None:
@@ -163,12 +232,15 @@ async def _kill_workers(cluster: LocalCluster, timeout: float) -> None:
     restart them), and close as they see them go.
     """
     processes = []
+    _killed.watch(cluster)
     for nanny in list(cluster.workers.values()):
         process = getattr(nanny, "process", None)  # a Nanny's WorkerProcess; none for threads
-        if process is None or process.process is None or process.status != Status.running:
+        if process is None or process.process is None or not process.process.is_alive():
             continue
-        nanny.close_gracefully(reason="daskpri: stopped at once")
-        await process.process.kill()  # SIGKILL: a stopped process too
+        if nanny.status == Status.running:  # (one closing already waits for its worker)
+            nanny.close_gracefully(reason="daskpri: stopped at once")
+        with contextlib.suppress(ValueError):  # (its process object closed meanwhile)
+            await process.process.kill()  # SIGKILL: a stopped process too
         processes.append(process)
     with contextlib.suppress(asyncio.TimeoutError):  # LocalCluster.close kills what is left
         await asyncio.wait_for(asyncio.gather(*(p.stopped.wait() for p in processes)), timeout)

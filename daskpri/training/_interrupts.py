@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import sys
@@ -206,8 +207,25 @@ class Held:
         return max(self._bytes.count(signal.SIGINT), len(self.frames))
 
 
+def _listen(reader: socket.socket, done: socket.socket,
+            on_interrupt: Callable[[], None] | None) -> None:
+    """The thread of :func:`interrupts_held`: it takes the interrupts, and calls ``on_interrupt``.
+
+    Where every other thread blocks ``SIGINT`` the system delivers it to this
+    one, whose C handler writes it to the wakeup socket (``reader``'s pair);
+    ``on_interrupt`` is called once, at the first, while the block still runs.
+    The data is left to :attr:`Held.count`. ``done`` is readable once the block ends.
+    """
+    waiting = [reader, done] if on_interrupt is not None else [done]
+    with contextlib.suppress(OSError, ValueError):  # (closed under it as the block ends)
+        ready, _, _ = select.select(waiting, [], [])
+        if reader in ready and on_interrupt is not None:
+            on_interrupt()
+            select.select([done], [], [])
+
+
 @contextlib.contextmanager
-def interrupts_held() -> Iterator[Held]:
+def interrupts_held(on_interrupt: Callable[[], None] | None = None) -> Iterator[Held]:
     """Hold ``SIGINT`` (an interrupt, Ctrl-C) off a LocalCluster's start or close until done.
 
     Jupyter's interrupt and a terminal's Ctrl-C go to the whole process
@@ -226,12 +244,19 @@ def interrupts_held() -> Iterator[Held]:
     two, a fit's "stop at once"; the block sees them counted in
     :attr:`Held.count` as they come (:meth:`Trainer.client` gives its
     start up on a second).
+
+    ``on_interrupt`` is called at the first interrupt while the block runs,
+    in a thread of its own, where the interrupt is counted (``SIGINT`` not
+    ignored; not on Windows): a close that waits on a stuck worker kills it
+    so (:func:`~daskpri.training._cleanup.close_cluster`). A block that
+    reads :attr:`Held.count` itself may take the interrupt before it is seen.
     """
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
     # counted for a Python handler; an ignored SIGINT is held, and dropped, uncounted
     counted = callable(previous)
-    reader = writer = None
+    reader = writer = listener = None
+    ended, end = socket.socketpair()  # readable by _listen once the block is done
     if counted:
         reader, writer = socket.socketpair()
         reader.setblocking(False)
@@ -241,7 +266,6 @@ def interrupts_held() -> Iterator[Held]:
     if main:
         signal.signal(signal.SIGINT, lambda signum, frame: held.frames.append(frame))
     blocking = hasattr(signal, "pthread_sigmask")  # not on Windows
-    listening = threading.Event()
     if blocking:
         # started now if not yet: starting it unblocks SIGINT in the thread that
         # does (the cluster's event loop, by whose threads its workers start)
@@ -249,15 +273,19 @@ def interrupts_held() -> Iterator[Held]:
         if counted:
             # a thread that takes each interrupt as it comes: where every thread blocks
             # it (a script's), the system keeps one pending, however many came
-            threading.Thread(target=listening.wait, name="daskpri-interrupts",
-                             daemon=True).start()
+            assert reader is not None
+            listener = threading.Thread(target=_listen, args=(reader, ended, on_interrupt),
+                                        name="daskpri-interrupts", daemon=True)
+            listener.start()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield held
     finally:
         if blocking:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        listening.set()
+        end.close()
+        if listener is not None:  # (it ends as it reads ``ended``'s end)
+            listener.join()
         if writer is not None:
             signal.set_wakeup_fd(wakeup)
         if main:  # (None: a handler not set from Python, which cannot be put back)
@@ -270,6 +298,7 @@ def interrupts_held() -> Iterator[Held]:
                     os.write(wakeup, held._bytes)
             reader.close()
             writer.close()
+        ended.close()
     if count and callable(previous):
         for _ in range(min(count, 2)):
             previous(signal.SIGINT, held.frames[0] if held.frames else None)

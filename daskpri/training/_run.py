@@ -494,22 +494,27 @@ class RunMixin:
         if self._abandoned is not None:
             self._abandoned.detach()
             self._abandoned = None
-        if (self._client is not None and self._table is not None
-                and not scheduler_gone(self._client)):  # gone, it took the run with it
-            # each on its own: a table already gone must not keep the replicas and
-            # partitions (GPU memory among them) on the workers
-            for what, release in (
-                ("the table", self._table.close),
-                ("the replicas", self._unregister_replicas if workers else lambda: None),
-            ):
-                try:
-                    release()
-                except Exception as e:  # the cluster, or that part of the run, gone already
-                    logger.debug("releasing %s of run %s: %r", what, self.run_id, e)
-        self._data_key = None
-        self._table = None
-        if self._deployment is not None:
-            self._deployment.release()  # the layout stays, for the history's n_workers
+        try:
+            if (self._client is not None and self._table is not None
+                    and not scheduler_gone(self._client)):  # gone, it took the run with it
+                # each on its own: a table already gone must not keep the replicas and
+                # partitions (GPU memory among them) on the workers
+                for what, release in (
+                    ("the table", self._table.close),
+                    ("the replicas", self._unregister_replicas if workers else lambda: None),
+                ):
+                    try:
+                        release()
+                    except Exception as e:  # the cluster, or that part of the run, gone
+                        logger.debug("releasing %s of run %s: %r", what, self.run_id, e)
+        finally:
+            # released, even where an interrupt cut a call to a worker stuck in a step:
+            # the next close (at exit's) would wait for it again, and the scheduler,
+            # asked to drop the replicas it dropped already, log an ERROR
+            self._data_key = None
+            self._table = None
+            if self._deployment is not None:
+                self._deployment.release()  # the layout stays, for the history's n_workers
 
     def _unregister_replicas(self) -> None:
         """Drop the run's replicas from the workers, waiting at most the scheduler timeout.

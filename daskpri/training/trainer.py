@@ -46,9 +46,14 @@ from torch import nn
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable
 from daskpri.training._background import BackgroundMixin
-from daskpri.training._cleanup import TRAINERS, close_cluster, start_own_cluster
+from daskpri.training._cleanup import (
+    TRAINERS,
+    close_cluster,
+    killing_on_interrupt,
+    start_own_cluster,
+)
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
-from daskpri.training._interrupts import interrupts_held, without_locals
+from daskpri.training._interrupts import without_locals
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
 from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
@@ -335,17 +340,21 @@ class Trainer(BackgroundMixin):
                 and self._fit_thread != threading.get_ident()):
             self.stop()
             concurrent.futures.wait([background])
-        # killed, the workers take the run's replicas with them: none waited for
-        self._release(workers=not kill_workers)
-        if self._dropped is not None:
-            self._dropped.detach()
-            self._dropped = None
-        if self._own_cluster is not None:
-            # cut by an interrupt, the cluster's close would leave it closing for ever,
-            # and the next close() waiting for it
-            with interrupts_held():
-                close_cluster(self._client, self._own_cluster,  # type: ignore[arg-type]
-                              kill_workers=kill_workers)
+        own = self._own_cluster
+        # the close of the trainer's own LocalCluster, the run's release in it included, is
+        # whole: an interrupt meanwhile (a second Ctrl-C, after the first ended the fit)
+        # kills its workers, a stuck one that the close would wait for among them, and is
+        # raised once it is closed; cut, the close would leave it closing for ever, and
+        # the next close(), at exit's among them, waiting for it
+        with (contextlib.nullcontext() if own is None else killing_on_interrupt(own)) as held:
+            # killed, the workers take the run's replicas with them: none waited for
+            self._release(workers=not (kill_workers or held is not None and held.count > 0))
+            if self._dropped is not None:
+                self._dropped.detach()
+                self._dropped = None
+            if own is not None:
+                close_cluster(self._client, own,  # type: ignore[arg-type]
+                              kill_workers=kill_workers or held is not None and held.count > 0)
                 self._own_cluster = self._client = None
         self._closed = True
 
