@@ -30,6 +30,7 @@ import daskpri
 from daskpri.cli._interrupt import _interruptible
 from daskpri.models import build_model
 from daskpri.training import checkpoint
+from daskpri.training._interrupts import Interrupts, _fit_says
 
 # Ctrl-C as a terminal's foreground job gets it. A shell starts background jobs
 # (``make test &``) with SIGINT ignored, their children inherit that, and
@@ -255,6 +256,33 @@ def test_an_interrupt_lost_in_a_finalizer_still_stops_the_fit(gpu_client, small_
     finally:
         signal.signal(signal.SIGINT, outer)
         trainer.close()
+
+
+def test_a_ctrl_c_during_the_set_up_says_the_fit_ends_before_its_first_step(
+    gpu_client, small_data, capfd
+) -> None:
+    train, _ = small_data
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's own here: daskpri does not take it")
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client)
+    try:
+        with (pytest.raises(KeyboardInterrupt, match="stopped at step_=0"),
+              _interruptible(trainer)):
+            os.kill(os.getpid(), signal.SIGINT)  # as the fit starts: before its set-up ends
+            trainer.fit(train, max_steps=200, progress=False)
+    finally:
+        trainer.close()
+    assert trainer.step_ == 0
+    err = capfd.readouterr().err
+    assert ("daskpri: stopping as the run's set-up ends, before its first step: nothing is "
+            "trained (Ctrl-C again to stop at once)\n") in err, err
+    assert "step in flight" not in err, err
+    # the library's words (Jupyter's stop button), by the same phases
+    assert _fit_says(Interrupts()) == (
+        "daskpri: stopping the fit as its set-up ends, before its first step: nothing is "
+        "trained (interrupt again to stop at once)")
+    assert "after the step in flight" in _fit_says(Interrupts(stepping=True))
+    assert "waiting for workers" in _fit_says(Interrupts(waiting=True))
 
 
 def _stepping(others: set[Any]) -> Any:

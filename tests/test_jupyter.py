@@ -185,8 +185,8 @@ def test_an_interrupt_as_the_trainer_starts_its_cluster_leaves_its_workers_runni
         "the fit was interrupted and stopped at step_=0: its history is trainer.history_; "
         "fit again to go on",
     )
-    assert cell.stderr == ("daskpri: stopping the fit after its set-up, before a step "
-                           "(interrupt again to stop at once)\n")
+    assert cell.stderr == ("daskpri: stopping the fit as its set-up ends, before its first "
+                           "step: nothing is trained (interrupt again to stop at once)\n")
     cell = kernel.ok(
         "print(len(trainer.client.scheduler_info()['workers']))\n"
         "print(trainer.fit(train, max_steps=2, progress=False).sizes['step'])\n"

@@ -9,7 +9,7 @@ import dask.config
 
 import daskpri
 from daskpri.cli._prog import _PROG
-from daskpri.training._interrupts import stop_on_interrupt
+from daskpri.training._interrupts import Interrupts, stop_on_interrupt
 
 
 class StopAtOnce(KeyboardInterrupt):
@@ -31,14 +31,20 @@ def _interruptible(trainer: daskpri.Trainer) -> Iterator[None]:
     (:func:`~daskpri.training._interrupts.stop_on_interrupt`), in the CLI's
     words; the fit inside leaves it in place.
     """
-    with stop_on_interrupt(
-        trainer, at_once=StopAtOnce,
-        says=lambda taken: f"{_PROG}: stopping: the run was waiting for workers" if taken.waiting
-        else f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop at once)",
-    ) as taken:
+    with stop_on_interrupt(trainer, at_once=StopAtOnce, says=_says) as taken:
         yield
     if taken.count:  # fit returned: the interrupt was lost on the way
         raise KeyboardInterrupt
+
+
+def _says(taken: Interrupts) -> str:
+    """What the first Ctrl-C of a fit says on stderr, by what the fit was doing."""
+    if taken.waiting:
+        return f"{_PROG}: stopping: the run was waiting for workers"
+    if taken.setting_up:
+        return (f"{_PROG}: stopping as the run's set-up ends, before its first step: nothing "
+                "is trained (Ctrl-C again to stop at once)")
+    return f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop at once)"
 
 
 def _close(trainer: daskpri.Trainer, *, at_once: bool, ours: bool = False) -> None:

@@ -46,13 +46,23 @@ class Interrupts:
     #: whether the fit waits for workers, before its set-up (an interrupt ends it at once)
     waiting: bool = False
 
+    @property
+    def setting_up(self) -> bool:
+        """Whether the fit sets its run up (its cluster's start, its data's checks and
+        partitions, its replicas): an interrupt lets the set-up end whole, as cut it
+        would leave the cluster half-made, and ends the fit before its first step."""
+        return not (self.stepping or self.waiting)
+
 
 def _fit_says(taken: Interrupts) -> str:
     """What a fit's first interrupt says on stderr (the library's, Jupyter's stop button)."""
     if taken.waiting:
         return "daskpri: stopping the fit: it was waiting for workers, with nothing set up"
-    after = "the step in flight" if taken.stepping else "its set-up, before a step"
-    return f"daskpri: stopping the fit after {after} (interrupt again to stop at once)"
+    if taken.setting_up:
+        return ("daskpri: stopping the fit as its set-up ends, before its first step: "
+                "nothing is trained (interrupt again to stop at once)")
+    return ("daskpri: stopping the fit after the step in flight "
+            "(interrupt again to stop at once)")
 
 
 class _Stopper:
