@@ -414,3 +414,49 @@ def test_a_bad_config_value_stops_a_fit_before_its_cluster_starts(small_data, ke
         trainer.fit(train, max_steps=1, progress=False)
     assert trainer._own_cluster is None
     trainer.close()
+
+
+def test_a_trainer_interrupted_as_its_client_starts_is_not_kept_by_the_traceback(
+    small_data, monkeypatch
+):
+    """IPython keeps the last error's traceback: a trainer dropped after it closes its cluster."""
+    import multiprocessing.process
+    import os
+    import signal
+    import weakref
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's own here: daskpri does not take it")
+    train, _ = small_data
+    trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", n_workers=1)
+    start = multiprocessing.process.BaseProcess.start
+
+    def interrupting(process: multiprocessing.process.BaseProcess) -> None:
+        start(process)
+        if "Dask Worker" in (process.name or ""):  # Jupyter's stop button, as it starts
+            os.kill(os.getpid(), signal.SIGINT)  # (held until the cluster has started)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", interrupting)
+    try:
+        trainer.client  # noqa: B018
+    except KeyboardInterrupt as e:
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+    monkeypatch.undo()
+    cluster = trainer._own_cluster
+    try:
+        assert hasattr(sys, "last_value"), "not interrupted"
+        assert cluster is not None and cluster.status.name == "running"  # the trainer's
+        dropped = weakref.ref(trainer)
+        del trainer  # a notebook's cell made again
+        gc.collect()
+        assert dropped() is None  # not kept by sys.last_traceback's frames
+        deadline = time.monotonic() + 20  # (its cluster closes in a thread)
+        while cluster.status.name != "closed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cluster.status.name == "closed"
+    finally:
+        for name in ("last_type", "last_value", "last_traceback"):
+            if hasattr(sys, name):
+                delattr(sys, name)
+        if cluster is not None:
+            cluster.close()

@@ -20,6 +20,7 @@ import xarray as xr
 
 from daskpri._warnings import caller, warnings_from
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit
+from daskpri.training._interrupts import dropped_by_interrupts
 from daskpri.training._persist import PersistMixin
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class BackgroundMixin(PersistMixin):
         """
         self._stop_requested = True
 
+    @dropped_by_interrupts
     def fit_in_background(
         self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None = None, **kwargs: Any
     ) -> concurrent.futures.Future[xr.Dataset]:
@@ -136,6 +138,7 @@ class BackgroundMixin(PersistMixin):
         executor.shutdown(wait=False)
         return self._background
 
+    @dropped_by_interrupts
     def dashboard(self, height: int = 900) -> Any:
         """The live ``/daskpri`` page of this trainer's cluster.
 

@@ -16,6 +16,7 @@ button would kill the workers of a cluster of their own
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -26,7 +27,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from daskpri import _config
 from daskpri._warnings import warn
@@ -34,6 +35,9 @@ from daskpri.training.cluster import drop_abandoned_gathers
 
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass
@@ -147,6 +151,30 @@ def without_locals(interrupt: KeyboardInterrupt) -> KeyboardInterrupt:
         traceback.clear_frames(exc.__traceback__)  # (the one still running is left)
         exc = exc.__cause__ or exc.__context__
     return interrupt
+
+
+def dropped_by_interrupts(method: Callable[P, R]) -> Callable[P, R]:
+    """``method`` of a trainer, its ``KeyboardInterrupt`` keeping no trainer alive.
+
+    An interrupt in a public method (:attr:`Trainer.client` starting the
+    trainer's LocalCluster, :meth:`Trainer.save` waiting on the cluster,
+    ...) leaves a traceback through frames that hold the trainer; IPython
+    keeps it (``sys.last_traceback``) until the next error, and with it the
+    trainer that a notebook drops, and the LocalCluster its collection
+    would close. The frames' variables are cleared (:func:`without_locals`),
+    the wrapper's own included; the lines stay.
+    """
+
+    @functools.wraps(method)
+    def dropping(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except KeyboardInterrupt as e:
+            interrupt = e
+        del args, kwargs  # (this frame is the traceback's first)
+        raise without_locals(interrupt)
+
+    return dropping
 
 
 def warn_workers_unshielded(trainer: Trainer) -> None:

@@ -19,6 +19,7 @@ from distributed import Client
 from torch import nn
 
 from daskpri.training import checkpoint
+from daskpri.training._interrupts import dropped_by_interrupts
 from daskpri.training._results import history_attrs, priority_table
 from daskpri.training._resume import checkpoint_state, resume_trainer
 from daskpri.training._step import StepMixin
@@ -40,6 +41,7 @@ class PersistMixin(StepMixin):
 
     # -- checkpoints ---------------------------------------------------------------------
 
+    @dropped_by_interrupts
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write a checkpoint of the whole run to ``path``, atomically.
 
@@ -94,6 +96,7 @@ class PersistMixin(StepMixin):
                 "before closing, or pass checkpoint_path= to checkpoint as it runs")
 
     @classmethod
+    @dropped_by_interrupts
     def resume(
         cls,
         path: str | os.PathLike[str],
@@ -202,6 +205,7 @@ class PersistMixin(StepMixin):
         return self._fit_thread not in (None, threading.get_ident())
 
     @property
+    @dropped_by_interrupts
     def table_(self) -> xr.DataArray:
         """The current priorities along ``sample`` (fetched from the cluster).
 

@@ -53,7 +53,7 @@ from daskpri.training._cleanup import (
     start_own_cluster,
 )
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
-from daskpri.training._interrupts import without_locals
+from daskpri.training._interrupts import dropped_by_interrupts
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
 from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
@@ -278,6 +278,7 @@ class Trainer(BackgroundMixin):
     # -- cluster -------------------------------------------------------------
 
     @property
+    @dropped_by_interrupts
     def client(self) -> Client:
         """The client in use (a LocalCluster's, started on first use).
 
@@ -380,6 +381,7 @@ class Trainer(BackgroundMixin):
 
     # -- fit -----------------------------------------------------------------
 
+    @dropped_by_interrupts
     def fit(
         self,
         data: xr.Dataset | str,
@@ -458,21 +460,15 @@ class Trainer(BackgroundMixin):
         >>> history.accuracy.dropna("step")  # doctest: +SKIP
         >>> history = trainer.fit(train, max_steps=1000)  # 500 steps more  # doctest: +SKIP
         """
+        # (an interrupt's traceback keeps no trainer alive: dropped_by_interrupts)
         if not self._fitting.acquire(blocking=False):
             raise RuntimeError(FIT_RUNNING)
         try:
             request = check_fit(self, data, eval_data, max_steps=max_steps, max_time=max_time,
                                 target_accuracy=target_accuracy, progress=progress)
             return self._fit_holding(request)
-        except KeyboardInterrupt as e:
-            interrupt = e
         finally:
             self._fitting.release()
-        # IPython keeps an error's traceback (sys.last_traceback) until the next error, and
-        # with it the frames it passed: a trainer held there, that a notebook then drops,
-        # would keep its LocalCluster's workers running
-        del self
-        raise without_locals(interrupt)
 
     def _fit_holding(self, request: FitRequest) -> xr.Dataset:
         """:meth:`fit`, its caller holding ``_fitting`` (one fit at a time)."""
