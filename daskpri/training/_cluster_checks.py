@@ -105,10 +105,12 @@ def check_cluster(
     model: nn.Module,
     strategy: Strategy,
     path: str | None,
-) -> None:
+) -> list[str]:
     """Refuse a run that the cluster cannot set up, from one probe of ``workers`` and the scheduler.
 
-    ``path`` is the data's store (None: data in memory).
+    ``path`` is the data's store (None: data in memory). Returns those of
+    ``workers`` that did not answer the probe, for the set-up
+    (:func:`~daskpri.training.transport.register` does not wait for them again).
     """
     accelerator = _accelerator(device)
     of_model = foreign_modules(type(m) for m in model.modules())
@@ -128,6 +130,7 @@ def check_cluster(
     if path is not None:
         check_workers_see({a: r["cannot_read"] for a, r in answers.workers.items()},
                           len(workers), path)
+    return [a for a in workers if a not in answers.workers]
 
 
 def _listed(addresses: list[str]) -> str:

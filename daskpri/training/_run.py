@@ -67,7 +67,7 @@ from daskpri.training.recovery import (
     scheduler_gone,
     scheduler_id,
 )
-from daskpri.training.transport import register
+from daskpri.training.transport import register, unregister
 
 if TYPE_CHECKING:
     from daskpri.training._interrupts import Interrupts
@@ -247,14 +247,14 @@ class RunMixin:
         owner = assign_owners(sizes, len(addrs))
         self._check_batch_fits(sizes, owner, len(addrs))
         # one probe of the workers and the scheduler answers every check of the cluster
-        check_cluster(client, addrs, self.device, self.model, self.strategy,
-                      source if isinstance(source, str) else None)
+        silent = check_cluster(client, addrs, self.device, self.model, self.strategy,
+                               source if isinstance(source, str) else None)
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
         self._n_classes = n_classes
         self._warn_unequal_shares(sizes, owner, len(addrs))
         try:
-            self._set_up(client, ds, source, bounds, sizes, owner, addrs, key)
+            self._set_up(client, ds, source, bounds, sizes, owner, addrs, key, silent)
         except BaseException:
             # a set-up that failed on the workers (x's values they check as they
             # load them, a device that a worker joined meanwhile lacks) leaves
@@ -272,8 +272,12 @@ class RunMixin:
         owner: np.ndarray,
         addrs: list[str],
         key: tuple[Any, ...],
+        silent: list[str],
     ) -> None:
-        """Make the run in the cluster: replicas, table, partitions placed and checked."""
+        """Make the run in the cluster: replicas, table, partitions placed and checked.
+
+        ``silent`` are the workers that did not answer the cluster's probe.
+        """
         self._plugin = ReplicaPlugin(
             # cloudpickle itself: distributed's pickle sends by value only a top-level
             # object of __main__ or of a module registered with register_pickle_by_value,
@@ -283,7 +287,16 @@ class RunMixin:
         )
         # (a failure here, its setup failing on a worker, leaves the plugin in the
         # scheduler, which would set it up on each worker that joins: _prepare drops it)
-        self._register_replicas(client)
+        silent = self._register_replicas(client, silent)
+        if set(silent) & set(addrs):  # (named by the registration's warning)
+            # a worker frozen (or gone) since it was planned on: a scatter or a task sent
+            # to it would wait for the scheduler to drop it (worker-ttl, 5 minutes)
+            addrs = [a for a in addrs if a not in silent]
+            if not addrs:
+                raise WorkersLostError(
+                    f"none of the run's workers ({', '.join(silent)}) answered as its replicas "
+                    "were set up: restart (or stop) the workers that are frozen, and fit again")
+            owner = assign_owners(sizes, len(addrs))
         RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)
         self._deployment = Deployment(
@@ -342,7 +355,7 @@ class RunMixin:
             self._resume_state = None
         self._next_rescan = time.monotonic() + rescan_interval()
 
-    def _register_replicas(self, client: Client) -> None:
+    def _register_replicas(self, client: Client, silent: list[str]) -> list[str]:
         """Register the run's :class:`ReplicaPlugin`, again where workers die under it.
 
         The scheduler keeps the plugin, and sets it up on the workers that
@@ -351,6 +364,8 @@ class RunMixin:
         sent again, up to ``daskpri.trainer.max-retries`` times, to the
         workers left, as a step is after losing workers. A worker its nanny
         killed for memory as it built the replica stops the fit, saying so.
+        The workers that do not answer (``silent``: the probe's, not asked
+        again) are left out, and returned (see :func:`.transport.register`).
         """
         retries = _config.get_int("trainer.max-retries", 0)
         restarts = memory_restarts(client)
@@ -358,8 +373,7 @@ class RunMixin:
         for attempt in range(retries + 1):  # (its set-up on a worker failing raises at once)
             before = sorted(cluster_workers(client))
             try:
-                register(client, self._plugin)  # not held up by a worker that does not answer
-                return
+                return register(client, self._plugin, silent)  # not held up by a silent one
             except LOST as e:
                 why = restarted_for_memory(client, restarts)
                 if why is not None:
@@ -376,6 +390,7 @@ class RunMixin:
                     "them up again on the workers left", ", ".join(sorted(gone)) or "?",
                     type(e).__name__, e,
                 )
+        return []  # (not reached: the last attempt returns or raises)
 
     def _drop_failed_set_up(self) -> None:
         """Release what a set-up that failed had made: table, replicas, partitions."""
@@ -521,12 +536,12 @@ class RunMixin:
 
         The scheduler answers once every worker has: a worker that never
         does (one stuck in a step, for which a second Ctrl-C stops the run
-        at once) would hold the close, and the interrupt, forever.
+        at once, or one frozen) would hold the close, and the interrupt,
+        forever (see :func:`.transport.unregister`).
         """
         assert self._client is not None
-        client = self._client
-        client.sync(client.scheduler.unregister_worker_plugin, name=self._plugin.name,
-                    callback_timeout=_config.get_seconds("trainer.scheduler-timeout"))
+        unregister(self._client, self._plugin.name,
+                   _config.get_seconds("trainer.scheduler-timeout"))
 
     def _restore(self, state: dict[str, Any], owner: np.ndarray) -> None:
         assert self._opt is not None

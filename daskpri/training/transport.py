@@ -12,13 +12,14 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from distributed import Client, Future
 from distributed.protocol import pickle
 from distributed.protocol.serialize import Serialize, to_serialize
 
+from daskpri import _config
 from daskpri.replicas.worker import StepResult, raise_state_lost
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import cluster_workers, eligible_workers, listed_workers
@@ -251,13 +252,17 @@ async def asked(
     return dict(zip(addresses, answers, strict=True))
 
 
-#: seconds each worker has to answer as a run's replicas are registered (:func:`register`)
+#: seconds each worker has to answer as a run's replicas are registered or dropped
+#: (:func:`register`, :func:`unregister`)
 REGISTER_ANSWER_TIMEOUT = 5.0
 
+#: seconds a worker that answered has to set the run's replica up (:func:`register`)
+REGISTER_SETUP_TIMEOUT = 60.0
 
-def register(client: Client, plugin: Any) -> None:
+
+def register(client: Client, plugin: Any, silent: Collection[str] = ()) -> list[str]:
     """``client.register_plugin(plugin)`` (a worker plugin), not held up by a worker that
-    does not answer.
+    does not answer: the workers left out, that do not answer.
 
     The scheduler keeps the plugin for the workers that join, and broadcasts
     it to those there, waiting for each: a worker that the scheduler lists
@@ -265,15 +270,25 @@ def register(client: Client, plugin: Any) -> None:
     holds the broadcast until the scheduler drops it
     (``distributed.scheduler.worker-ttl``, 5 minutes by default). Each
     worker is asked first whether it answers, for
-    :data:`REGISTER_ANSWER_TIMEOUT` seconds (a worker that died is dropped
-    by the scheduler at once, failing the broadcast as before): where some
-    do not, the others' set-ups are waited for (each answers once its own
-    ended), and the broadcast is left to reach the silent ones if they come
-    back; they hold no replica meanwhile, and take no part in the run
-    (:meth:`~daskpri.training.deployment.Deployment.serving`). Where none
-    answers, the broadcast is waited for, as before. A set-up that
-    fails on a worker raises, as ``client.register_plugin`` does, where the
-    broadcast ends in time.
+    :data:`REGISTER_ANSWER_TIMEOUT` seconds, but for those of ``silent``
+    (which the cluster's probe found silent moments ago: not waited for
+    again). Asked once the broadcast has started, a worker cannot tell a
+    freeze from a set-up, which holds its event loop: this one round trip
+    is the last look at which a worker that froze since the probe is told
+    apart. A worker that died is dropped by the scheduler at once, failing
+    the broadcast as before.
+
+    The others' set-ups are waited for (each answers once its own ended),
+    :data:`REGISTER_SETUP_TIMEOUT` seconds each at most (one that has not
+    answered by then is left out too), and the broadcast is left to reach
+    the silent ones if they come back; they hold no replica meanwhile, and
+    take no part in the run (the caller plans without them). Where none
+    answers, the broadcast is waited for
+    ``daskpri.trainer.no-workers-timeout`` (the scheduler drops a dead
+    worker, which fails it: the caller retries on the workers left), then
+    :class:`~daskpri.training.errors.WorkersLostError` names them. A set-up
+    that fails on a worker raises, as ``client.register_plugin`` does,
+    where the broadcast ends in time.
     """
     name = plugin.name
 
@@ -281,34 +296,102 @@ def register(client: Client, plugin: Any) -> None:
         listed = sorted(await listed_workers(client))
         # asked before the broadcast (a worker's set-up holds its event loop), a builtin:
         # daskpri's modules, unpickled there, would import torch before the replica does
-        answers = await asked(client, listed, os.getpid, timeout=REGISTER_ANSWER_TIMEOUT)
-        silent = [a for a, r in answers.items() if not isinstance(r, int)]
+        quiet = await _silent(client, listed, silent)
         broadcast = asyncio.ensure_future(
             client.scheduler.register_worker_plugin(
                 plugin=pickle.dumps(plugin), name=name, idempotent=False)
         )
-        if not silent or len(silent) == len(listed):  # none to go on with: it is waited for
-            _raise_errors(await broadcast)
-            return []
         # (its end, an error included, is retrieved: the silent workers' answer, or drop)
         broadcast.add_done_callback(lambda f: f.cancelled() or f.exception())
-        pending = [a for a in listed if a not in silent]
+        if len(quiet) == len(listed):  # none to go on with: it is waited for, as long
+            wait = _config.get_seconds("trainer.no-workers-timeout")
+            await asyncio.wait({broadcast}, timeout=wait)
+            if not broadcast.done():
+                raise WorkersLostError(
+                    f"no worker of the cluster answered within {wait:g} s "
+                    f"(daskpri.trainer.no-workers-timeout) as the run's replicas were set "
+                    f"up: {', '.join(listed) or 'none listed'}; a worker whose host is frozen "
+                    "or gone, or whose event loop is held, answers nothing: restart (or stop) "
+                    "those workers, or wait for them, and fit again"
+                )
+            _raise_errors(broadcast.result())
+            return []
+        pending = [a for a in listed if a not in quiet]
         while pending and not broadcast.done():
             # each answers once the plugin reached it and its set-up (on its event loop) ended
-            found = await asked(client, pending, _holds, name, timeout=60.0)
+            found = await asked(client, pending, _holds, name, timeout=REGISTER_SETUP_TIMEOUT)
+            # one that stopped answering since it was asked (frozen) is left out
+            quiet += [a for a, r in found.items() if isinstance(r, TimeoutError)]
             pending = [a for a, r in found.items() if r is False]
             if pending:
                 await asyncio.wait({broadcast}, timeout=0.1)
+        # each that answered has its answer on the way: a failed set-up's error is raised
+        await asyncio.wait({broadcast}, timeout=REGISTER_ANSWER_TIMEOUT if not quiet else 0)
         if broadcast.done():
             _raise_errors(broadcast.result())
-        return silent
+        return quiet
 
-    silent = client.sync(registered)
-    if silent:
+    left_out = client.sync(registered)
+    if left_out:
         logger.warning(
             "worker(s) %s did not answer within %g s as the run's replicas were set up: the "
-            "run goes on without them", ", ".join(silent), REGISTER_ANSWER_TIMEOUT,
+            "run goes on without them (each joins it once it answers again: restart, or stop, "
+            "a worker that stays frozen)", ", ".join(left_out), REGISTER_ANSWER_TIMEOUT,
         )
+    return left_out
+
+
+def unregister(client: Client, name: str, timeout: float) -> None:
+    """``client.unregister_worker_plugin(name)``, not held up by a worker that does not answer.
+
+    The scheduler forgets the plugin at once, then tells each worker,
+    waiting for each (as :func:`register`'s broadcast does). The workers
+    are asked first whether they answer (:data:`REGISTER_ANSWER_TIMEOUT`
+    seconds); those that do are waited for, ``timeout`` seconds at most
+    (a worker stuck in a step answers nothing either), and the silent ones
+    are named in a warning: each keeps its replica until it answers again,
+    when the scheduler's message reaches it. Raises ``TimeoutError`` where
+    those that answered did not drop it in time.
+    """
+
+    async def dropped() -> list[str]:
+        listed = sorted(await listed_workers(client))
+        quiet = await _silent(client, listed)
+        call = asyncio.ensure_future(client.scheduler.unregister_worker_plugin(name=name))
+        call.add_done_callback(lambda f: f.cancelled() or f.exception())
+        deadline = time.monotonic() + timeout
+        pending = [a for a in listed if a not in quiet]
+        while not call.done() and time.monotonic() < deadline:
+            if quiet:  # the call waits for them: each that answered is asked instead
+                found = await asked(client, pending, _holds, name,
+                                    timeout=max(0.0, deadline - time.monotonic()))
+                quiet += [a for a, r in found.items() if isinstance(r, TimeoutError)]
+                pending = [a for a, r in found.items() if r is True]
+                if not pending:
+                    return quiet
+            await asyncio.wait({call}, timeout=0.1)
+        if not call.done():
+            call.cancel()
+            raise TimeoutError(
+                f"worker(s) {', '.join(pending)} did not drop plugin {name} within {timeout:g} s")
+        call.result()  # (an unknown plugin's ValueError)
+        return quiet
+
+    quiet = client.sync(dropped)
+    if quiet:
+        logger.warning(
+            "worker(s) %s did not answer within %g s as the run's replicas were dropped: each "
+            "keeps its replica (and its memory) until it answers again; restart (or stop) a "
+            "worker that stays frozen", ", ".join(quiet), REGISTER_ANSWER_TIMEOUT,
+        )
+
+
+async def _silent(client: Client, listed: list[str], known: Collection[str] = ()) -> list[str]:
+    """Those of ``listed`` that do not answer within :data:`REGISTER_ANSWER_TIMEOUT`
+    (``known`` ones not asked)."""
+    ask = [a for a in listed if a not in known]
+    answers = await asked(client, ask, os.getpid, timeout=REGISTER_ANSWER_TIMEOUT)
+    return [a for a in listed if a in known or not isinstance(answers[a], int)]
 
 
 def _raise_errors(responses: dict[str, Any]) -> None:

@@ -1,0 +1,134 @@
+"""Workers that freeze: a fit, its set-up and its close are not held up by them.
+
+A frozen worker (its process stopped with ``SIGSTOP``: the scheduler lists it,
+its port accepts connections at the kernel level, nothing answers) holds any
+call that waits for it until the scheduler drops it
+(``distributed.scheduler.worker-ttl``, 5 minutes by default). A
+LocalCluster of two worker processes on loopback (its workers forked from the
+suite's forkserver start at once, where ``dask worker`` processes would each
+import torch afresh, and its scheduler in this process has daskpri imported
+already); a worker process is stopped by the driver at a moment of the fit,
+and always continued after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+import daskpri
+from daskpri.models import build_model
+from daskpri.training import _run, transport
+
+#: seconds within which a fit (or a close) with a frozen worker must end: well under the
+#: 5 minutes of distributed.scheduler.worker-ttl that would end a wait for it otherwise
+BOUND = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """The address of a scheduler with two one-thread worker processes."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster:
+        yield cluster.scheduler_address
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[Callable[[], None]]:
+    """A function that stops process ``pid`` (``SIGSTOP``); continued after the block."""
+    try:
+        yield lambda: os.kill(pid, signal.SIGSTOP)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def bounded(call: Callable[[], Any], what: str) -> Any:
+    """``call()``, in a thread, failing the test where it has not ended within :data:`BOUND`."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as e:
+            out["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND)
+    assert not thread.is_alive(), f"{what} did not end within {BOUND:g} s of a frozen worker"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_worker_that_freezes_after_the_probe_is_left_out_of_the_fit_and_its_close(
+    cluster, small_data, monkeypatch, caplog
+):
+    # a worker that freezes between the probe and the set-up: the registration's
+    # broadcast, the partitions' scatter and its load task would wait for it
+    train, _ = small_data
+    monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 1.0)
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        stays, stops = sorted(pids)
+        probe = _run.check_cluster
+        with frozen(pids[stops]) as freeze:
+            def probed(*args: Any, **kwargs: Any) -> list[str]:
+                silent = probe(*args, **kwargs)
+                freeze()  # both answered the probe; one is frozen before the set-up
+                return silent
+
+            monkeypatch.setattr(_run, "check_cluster", probed)
+            trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
+                                      client=client, n_workers=2, transport="direct")
+            caplog.set_level(logging.WARNING, logger="daskpri")
+            with dask.config.set({"daskpri.trainer.scheduler-timeout": "5s"}):
+                history = bounded(lambda: trainer.fit(train, max_steps=2, progress=False),
+                                  "the fit")
+                assert (f"worker(s) {stops} did not answer within 1 s as the run's replicas "
+                        "were set up: the run goes on without them") in caplog.text
+                assert list(history["n_workers"].values) == [1, 1]
+                assert trainer._deployment is not None
+                assert trainer._deployment.slots == [stays]
+                start = time.monotonic()
+                bounded(trainer.close, "the trainer's close")
+                assert time.monotonic() - start < 5  # not the scheduler-timeout's wait
+            assert (f"worker(s) {stops} did not answer within 1 s as the run's replicas were "
+                    "dropped: each keeps its replica") in caplog.text
+        # continued, it gets the scheduler's messages that waited for it: no replica left
+        plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+        assert not [p for ps in plugins.values() for p in ps if trainer.run_id in p]
+
+
+def test_a_registration_that_no_worker_answers_names_them_in_bounded_time(cluster, monkeypatch):
+    from distributed import WorkerPlugin
+
+    monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 0.5)
+    plugin = WorkerPlugin()
+    plugin.name = "daskpri-test-frozen"
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        addresses = sorted(pids)
+        with contextlib.ExitStack() as stack:
+            for address in addresses:
+                stack.enter_context(frozen(pids[address]))()
+            with (dask.config.set({"daskpri.trainer.no-workers-timeout": "500ms"}),
+                  pytest.raises(daskpri.WorkersLostError,
+                                match=r"no worker of the cluster answered within 0.5 s "
+                                      r"\(daskpri.trainer.no-workers-timeout\) as the run's "
+                                      rf"replicas were set up: {addresses[0]}, {addresses[1]}; "
+                                      r".*restart \(or stop\) those workers")):
+                bounded(lambda: transport.register(client, plugin), "the registration")
+            bounded(lambda: transport.unregister(client, plugin.name, 5.0), "the drop")
+        assert client.run(lambda dask_worker: plugin.name in dask_worker.plugins) == {
+            a: False for a in addresses}
