@@ -28,6 +28,7 @@ from daskpri import _config
 from daskpri.data.io import FILE_ERRORS as FILE_ERRORS
 from daskpri.replicas.worker import StoreRef
 from daskpri.training import checkpoint
+from daskpri.training.transport import ask_workers
 
 if TYPE_CHECKING:
     from daskpri.training.deployment import Deployment
@@ -98,19 +99,10 @@ def is_lost(ref: StoreRef | Future | None) -> bool:
 
 
 def responsive(client: Client, addresses: list[str], timeout: float = 2.0) -> list[str]:
-    """Those of ``addresses`` whose worker answers an RPC within ``timeout``."""
-
-    async def answers(address: str) -> bool:
-        try:
-            await asyncio.wait_for(client.rpc(address).identity(), timeout)
-            return True
-        except Exception:
-            return False
-
-    async def probe() -> list[bool]:
-        return list(await asyncio.gather(*(answers(a) for a in addresses)))
-
-    return [a for a, ok in zip(addresses, client.sync(probe), strict=True) if ok]
+    """Those of ``addresses`` whose worker answers within ``timeout`` seconds, each asked
+    directly (:func:`~daskpri.training.transport.ask_workers`)."""
+    found = ask_workers(client, addresses, os.getpid, timeout=timeout)
+    return [a for a in addresses if isinstance(found[a], int)]
 
 
 #: the topic of the event a nanny logs on the scheduler when it restarts its worker for memory
@@ -452,8 +444,11 @@ def check_scheduler(
             identity = client.sync(client.scheduler.identity, callback_timeout=timeout)
         except Exception as e:
             cause = e
-            # a connection that broke as the scheduler died fails the call at once
-            why = (gone if client.sync(refuses, address) else
+            # a connection that broke as the scheduler died fails the call at once; a call
+            # timed out while the client's connection is up is not asked whether the address
+            # refuses (a raw connection to a live scheduler logs a dropped handshake)
+            look = not isinstance(e, TimeoutError) or _comm_closed(client)
+            why = (gone if look and client.sync(refuses, address) else
                    f"no answer within {timeout:g} s (daskpri.trainer.scheduler-timeout)")
         else:
             if expected_id is None or identity.get("id") == expected_id:
