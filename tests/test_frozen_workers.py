@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import dask
@@ -28,7 +29,7 @@ from distributed import Client, LocalCluster
 
 import daskpri
 from daskpri.models import build_model
-from daskpri.training import _run, transport
+from daskpri.training import _run, deployment, transport
 
 #: seconds within which a fit (or a close) with a frozen worker must end: well under the
 #: 5 minutes of distributed.scheduler.worker-ttl that would end a wait for it otherwise
@@ -89,15 +90,26 @@ def test_a_worker_that_freezes_after_the_probe_is_left_out_of_the_fit_and_its_cl
                 return silent
 
             monkeypatch.setattr(_run, "check_cluster", probed)
+            asked: list[str] = []  # the workers asked to join the run as it goes
+
+            def responsive(client: Client, addresses: list[str], **kwargs: Any) -> list[str]:
+                asked.extend(addresses)
+                return answering(client, addresses, **kwargs)
+
+            answering = deployment.responsive
+            monkeypatch.setattr(deployment, "responsive", responsive)
             trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
-                                      client=client, n_workers=2, transport="direct")
+                                      client=client, n_workers=2, transport="tasks")
             caplog.set_level(logging.WARNING, logger="daskpri")
-            with dask.config.set({"daskpri.trainer.scheduler-timeout": "5s"}):
-                history = bounded(lambda: trainer.fit(train, max_steps=2, progress=False),
+            with dask.config.set({"daskpri.trainer.scheduler-timeout": "5s",
+                                  "daskpri.trainer.rescan-interval": "10ms"}):
+                history = bounded(lambda: trainer.fit(train, max_steps=3, progress=False),
                                   "the fit")
+                # looked for at each step, it is not asked again, and again (2 s each)
+                assert stops not in asked
                 assert (f"worker(s) {stops} did not answer within 1 s as the run's replicas "
                         "were set up: the run goes on without them") in caplog.text
-                assert list(history["n_workers"].values) == [1, 1]
+                assert list(history["n_workers"].values) == [1, 1, 1]
                 assert trainer._deployment is not None
                 assert trainer._deployment.slots == [stays]
                 start = time.monotonic()
@@ -110,25 +122,44 @@ def test_a_worker_that_freezes_after_the_probe_is_left_out_of_the_fit_and_its_cl
         assert not [p for ps in plugins.values() for p in ps if trainer.run_id in p]
 
 
-def test_a_registration_that_no_worker_answers_names_them_in_bounded_time(cluster, monkeypatch):
+def test_a_registration_goes_on_without_a_worker_that_freezes_under_it_and_names_all_frozen(
+    cluster, monkeypatch
+):
     from distributed import WorkerPlugin
 
-    monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 0.5)
-    plugin = WorkerPlugin()
-    plugin.name = "daskpri-test-frozen"
+    monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 1.0)  # (a live worker's)
+    monkeypatch.setattr(transport, "REGISTER_SETUP_TIMEOUT", 0.5)
+    plugins = [WorkerPlugin(), WorkerPlugin()]
+    for i, plugin in enumerate(plugins):
+        plugin.name = f"daskpri-test-frozen-{i}"
     with Client(cluster, timeout=60, set_as_default=False) as client:
         pids = client.run(os.getpid)
-        addresses = sorted(pids)
+        stays, stops = addresses = sorted(pids)
         with contextlib.ExitStack() as stack:
-            for address in addresses:
-                stack.enter_context(frozen(pids[address]))()
+            freeze = [stack.enter_context(frozen(pids[a])) for a in addresses]
+            asked = transport._silent
+
+            async def silent(*args: Any) -> list[str]:
+                found = await asked(*args)
+                freeze[1]()  # both answered; one freezes before the broadcast reaches it
+                return found
+
+            monkeypatch.setattr(transport, "_silent", silent)
+            left_out = bounded(lambda: transport.register(client, plugins[0]), "the registration")
+            assert left_out == [stops]
+            monkeypatch.setattr(transport, "_silent", asked)
+            freeze[0]()  # none answers
+            monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 0.3)
             with (dask.config.set({"daskpri.trainer.no-workers-timeout": "500ms"}),
                   pytest.raises(daskpri.WorkersLostError,
                                 match=r"no worker of the cluster answered within 0.5 s "
                                       r"\(daskpri.trainer.no-workers-timeout\) as the run's "
-                                      rf"replicas were set up: {addresses[0]}, {addresses[1]}; "
+                                      rf"replicas were set up: {stays}, {stops}; "
                                       r".*restart \(or stop\) those workers")):
-                bounded(lambda: transport.register(client, plugin), "the registration")
-            bounded(lambda: transport.unregister(client, plugin.name, 5.0), "the drop")
-        assert client.run(lambda dask_worker: plugin.name in dask_worker.plugins) == {
-            a: False for a in addresses}
+                bounded(lambda: transport.register(client, plugins[1]), "the registration")
+            bounded(partial(transport.unregister, client, plugins[0].name, 5.0), "the drop")
+        transport.unregister(client, plugins[1].name, 5.0)
+        # continued, each gets the scheduler's messages that waited for it
+        assert client.run(lambda dask_worker: [
+            p for p in dask_worker.plugins if p.startswith("daskpri-test-frozen")]) == {
+            a: [] for a in addresses}

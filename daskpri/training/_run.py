@@ -310,6 +310,7 @@ class RunMixin:
             source=source,
             ds=ds,
         )
+        self._deployment.left_quiet(silent)
         self._table.create(
             sizes,
             owner,

@@ -59,6 +59,9 @@ from daskpri.training.transport import ask_workers, run_direct, scatter_running,
 
 logger = logging.getLogger(__name__)
 
+#: seconds before a worker that did not answer as it was asked to join a run is asked again
+ASK_AGAIN_AFTER = 30.0
+
 
 class Deployment:
     """Where a run's partitions live and how its steps reach the workers.
@@ -122,6 +125,9 @@ class Deployment:
         self.parts: dict[int, StoreRef | Future] = {}
         self.unfit: dict[str, str] = {}
         self.memory_limits: dict[str, int] = {}
+        #: workers that did not answer as they were asked to join (or as the run was set
+        #: up), by address: when (``time.monotonic()``) to ask them again
+        self.quiet: dict[str, float] = {}
 
     def release(self) -> None:
         """Drop the partitions, the scheduler releasing those scattered before it returns.
@@ -340,7 +346,8 @@ class Deployment:
     ) -> list[StepResult]:
         """One Dask task per worker, through the scheduler."""
         client = self.client
-        wfut = scatter_running(client, weights, resources, dask_timeout())
+        wfut = scatter_running(client, weights, resources, dask_timeout(), self.slots,
+                               step_timeout())
         futures = [
             client.submit(
                 train_task,
@@ -387,7 +394,8 @@ class Deployment:
         connect timeout (``distributed.comm.timeouts.connect``, 30 s) before
         it failed. New workers are those that joined since the run was
         planned, or came back under another address after a restart (a nanny
-        restarts a worker that died). One call to the scheduler.
+        restarts a worker that died), but for those ``quiet`` for now. One call
+        to the scheduler.
         """
         workers = cluster_workers(self.client)
         self.note_limits(workers)
@@ -396,8 +404,9 @@ class Deployment:
             live = eligible_workers(workers, resources, self.client.scheduler.address)
         except (RuntimeError, ValueError):
             return gone, []
+        now = time.monotonic()
         new = [a for a in live if a not in self.slots and a not in excluded
-               and a not in self.unfit]
+               and a not in self.unfit and self.quiet.get(a, 0.0) <= now]
         if limit is not None:
             new = new[: max(0, limit - len(self.slots))]
         return gone, new
@@ -410,7 +419,10 @@ class Deployment:
         does not answer is left out; one lost meanwhile raises as in a step
         (the caller recovers).
         """
-        new = self.serving(responsive(self.client, new))
+        answering = responsive(self.client, new)
+        # a frozen worker would cost each rescan the wait for its answer
+        self.left_quiet([a for a in new if a not in answering])
+        new = self.serving(answering)
         if not new:
             return []
         old = self.owner_addr
@@ -427,6 +439,11 @@ class Deployment:
         self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64),
                              workers=self.slots)
         return [a for a in new if a in slot_of]
+
+    def left_quiet(self, addresses: list[str]) -> None:
+        """Ask ``addresses`` (workers that did not answer) to join again only after
+        :data:`ASK_AGAIN_AFTER` seconds."""
+        self.quiet.update(dict.fromkeys(addresses, time.monotonic() + ASK_AGAIN_AFTER))
 
     def serving(self, addresses: list[str]) -> list[str]:
         """Those of ``addresses`` that hold a replica of the run; the others go to ``unfit``.

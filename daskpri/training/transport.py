@@ -176,7 +176,8 @@ SCATTER_WAIT = 1.0
 
 
 def scatter_running(
-    client: Client, data: Any, resources: dict[str, float] | None, no_workers_timeout: float
+    client: Client, data: Any, resources: dict[str, float] | None, no_workers_timeout: float,
+    workers: list[str] | None = None, timeout: float | None = None,
 ) -> Future:
     """``data`` scattered (its future) once a worker takes data: a step's weights.
 
@@ -190,12 +191,38 @@ def scatter_running(
     :func:`~daskpri.training.placement.eligible_workers`, naming them with
     their memory, as a re-plan does. Any other want (no worker at all) is
     the scatter's ``TimeoutError``, a lost worker, at once.
+
+    Only ``workers`` (the run's) are sent it: the scheduler sends each
+    scatter to the next of the workers it may use, a frozen one included
+    (one the run left out), and its send waits for an answer until the
+    scheduler drops that worker (``distributed.scheduler.worker-ttl``, 5
+    minutes by default). A scatter not done after ``timeout`` seconds
+    raises :class:`StepTimeout`, naming those of ``workers`` that do not
+    answer (:func:`asked`, 2 s); one the scheduler dropped, :class:`WorkersGone`.
     """
     deadline = None
+
+    async def scattered() -> Future:
+        send = asyncio.ensure_future(client.scatter(
+            [data], workers=workers, hash=False, timeout=SCATTER_WAIT, asynchronous=True))
+        done, _ = await asyncio.wait({send}, timeout=timeout)
+        if not done:
+            send.cancel()
+            found = await asked(client, workers or [], os.getpid, timeout=2.0)
+            silent = [a for a, r in found.items() if not isinstance(r, int)]
+            raise StepTimeout(silent or workers or [], timeout or 0.0)
+        try:
+            [future] = send.result()
+        except KeyError:  # (the scheduler's, for a worker of ``workers`` it dropped)
+            listed = await listed_workers(client)
+            raise WorkersGone([a for a in workers or [] if a not in listed]) from None
+        return future
+
     while True:
         try:
-            [future] = client.scatter([data], hash=False, timeout=SCATTER_WAIT)
-            return future
+            return client.sync(scattered)
+        except StepTimeout:
+            raise
         except TimeoutError as e:
             deadline = deadline or time.monotonic() + no_workers_timeout
             try:
@@ -316,17 +343,22 @@ def register(client: Client, plugin: Any, silent: Collection[str] = ()) -> list[
                 )
             _raise_errors(broadcast.result())
             return []
+        limit = REGISTER_SETUP_TIMEOUT
+        if not quiet:  # it ends once each set-up has: waited for, as before, but bounded
+            await asyncio.wait({broadcast}, timeout=limit)
+            if broadcast.done():
+                _raise_errors(broadcast.result())
+                return []
+            limit = REGISTER_ANSWER_TIMEOUT  # (the set-ups had their time)
         pending = [a for a in listed if a not in quiet]
         while pending and not broadcast.done():
             # each answers once the plugin reached it and its set-up (on its event loop) ended
-            found = await asked(client, pending, _holds, name, timeout=REGISTER_SETUP_TIMEOUT)
+            found = await asked(client, pending, _holds, name, timeout=limit)
             # one that stopped answering since it was asked (frozen) is left out
             quiet += [a for a, r in found.items() if isinstance(r, TimeoutError)]
             pending = [a for a, r in found.items() if r is False]
             if pending:
                 await asyncio.wait({broadcast}, timeout=0.1)
-        # each that answered has its answer on the way: a failed set-up's error is raised
-        await asyncio.wait({broadcast}, timeout=REGISTER_ANSWER_TIMEOUT if not quiet else 0)
         if broadcast.done():
             _raise_errors(broadcast.result())
         return quiet
@@ -345,37 +377,39 @@ def unregister(client: Client, name: str, timeout: float) -> None:
     """``client.unregister_worker_plugin(name)``, not held up by a worker that does not answer.
 
     The scheduler forgets the plugin at once, then tells each worker,
-    waiting for each (as :func:`register`'s broadcast does). The workers
-    are asked first whether they answer (:data:`REGISTER_ANSWER_TIMEOUT`
-    seconds); those that do are waited for, ``timeout`` seconds at most
-    (a worker stuck in a step answers nothing either), and the silent ones
-    are named in a warning: each keeps its replica until it answers again,
-    when the scheduler's message reaches it. Raises ``TimeoutError`` where
-    those that answered did not drop it in time.
+    waiting for each (as :func:`register`'s broadcast does). Where it has
+    not answered after :data:`REGISTER_ANSWER_TIMEOUT` seconds, each worker
+    is asked whether it still holds the plugin: those that do not answer
+    within that time are named in a warning (each keeps its replica until
+    it answers again, when the scheduler's message reaches it), the others
+    are waited for, ``timeout`` seconds in all (a worker stuck in a step
+    answers nothing either). Raises ``TimeoutError`` where those that
+    answered did not drop it in time.
     """
 
     async def dropped() -> list[str]:
         listed = sorted(await listed_workers(client))
-        quiet = await _silent(client, listed)
         call = asyncio.ensure_future(client.scheduler.unregister_worker_plugin(name=name))
         call.add_done_callback(lambda f: f.cancelled() or f.exception())
         deadline = time.monotonic() + timeout
-        pending = [a for a in listed if a not in quiet]
+        await asyncio.wait({call}, timeout=min(timeout, REGISTER_ANSWER_TIMEOUT))
+        quiet: list[str] = []
+        pending = listed
         while not call.done() and time.monotonic() < deadline:
-            if quiet:  # the call waits for them: each that answered is asked instead
-                found = await asked(client, pending, _holds, name,
-                                    timeout=max(0.0, deadline - time.monotonic()))
-                quiet += [a for a, r in found.items() if isinstance(r, TimeoutError)]
-                pending = [a for a, r in found.items() if r is True]
-                if not pending:
-                    return quiet
+            # the call waits for a worker: each is asked instead
+            left = min(REGISTER_ANSWER_TIMEOUT, max(0.0, deadline - time.monotonic()))
+            found = await asked(client, pending, _holds, name, timeout=left)
+            quiet += [a for a, r in found.items() if isinstance(r, TimeoutError)]
+            pending = [a for a, r in found.items() if r is True]
+            if not pending:
+                return quiet
             await asyncio.wait({call}, timeout=0.1)
         if not call.done():
             call.cancel()
             raise TimeoutError(
                 f"worker(s) {', '.join(pending)} did not drop plugin {name} within {timeout:g} s")
         call.result()  # (an unknown plugin's ValueError)
-        return quiet
+        return []
 
     quiet = client.sync(dropped)
     if quiet:
