@@ -128,7 +128,7 @@ def test_a_registration_goes_on_without_a_worker_that_freezes_under_it_and_names
     from distributed import WorkerPlugin
 
     monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 1.0)  # (a live worker's)
-    monkeypatch.setattr(transport, "REGISTER_SETUP_TIMEOUT", 0.5)
+    monkeypatch.setattr(transport, "REGISTER_SETUP_TIMEOUT", 0.2)
     plugins = [WorkerPlugin(), WorkerPlugin()]
     for i, plugin in enumerate(plugins):
         plugin.name = f"daskpri-test-frozen-{i}"
