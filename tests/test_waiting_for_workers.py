@@ -130,3 +130,32 @@ def test_an_adaptive_cluster_at_zero_workers_starts_one_for_a_waiting_fit(small_
         assert [r["status"] for _, r in adaptive.log] == ["up"], adaptive.log
         # the fit over, nothing of it is left: an idle cluster goes back to zero
         _wait_for(lambda: not cluster.scheduler.workers and not cluster.scheduler.tasks)
+
+
+def test_a_fit_of_more_workers_than_an_adaptive_clusters_minimum_fails_at_once_saying_so(
+    small_data,
+):
+    # Adaptive starts one worker for the task a waiting fit keeps pending, and no more
+    train, _ = small_data
+    with (
+        LocalCluster(n_workers=0, threads_per_worker=1, processes=False,
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+        daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                        n_workers=2, batch_size=16) as trainer,
+    ):
+        cluster.adapt(minimum=0, maximum=3, interval="50ms")
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=(
+            rf"^the cluster at {client.scheduler.address} has no workers; .*; the cluster "
+            r"adapts \(minimum=0, maximum=3\), and Dask's Adaptive starts workers for the load "
+            r"of tasks, not for the 2 workers a fit needs, nor keeps any past its minimum as "
+            r"the fit trains: adapt it with minimum=2 \(cluster.adapt\(minimum=2, maximum=3\)\)$"
+        )):
+            trainer.fit(train, max_steps=2, progress=False)
+        assert time.monotonic() - t0 < 1  # not the 30 s of the no-workers-timeout
+        assert not cluster.scheduler.tasks and not cluster.scheduler.workers
+        # as it says: the floor at n_workers, the fit waits for them and trains on both
+        cluster.adapt(minimum=2, maximum=3, interval="50ms")
+        history = trainer.fit(train, max_steps=2, progress=False)
+        assert trainer.step_ == 2 and history.sizes["worker"] == 2

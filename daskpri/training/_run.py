@@ -217,7 +217,7 @@ class RunMixin:
         # the worker that ran it until the run's data is there (see _waiting)
         with workers_awaited(
             client, suited, f"{'a worker' if need == 1 else f'{need} workers'}{with_resources}",
-            resources=asked, stopped=lambda: self._stop_requested, interrupts=interrupts,
+            resources=asked, need=need, stopped=lambda: self._stop_requested, interrupts=interrupts,
         ) as (resources, addrs):
             self.resources = resources
             self._prepare_on(client, ds, source, key, n_classes, addrs)

@@ -19,6 +19,15 @@ workers held, see :func:`daskpri.training._fit.hold_workers`): Dask's
 ``workers_to_close`` keeps the last worker that holds data, so Adaptive
 does not retire the worker it started for the fit before the run has
 placed its data there.
+
+That task brings one worker, not more: ``adaptive_target`` weighs the
+load of the tasks waiting (their expected durations against
+``target_duration``), not their number, and the first worker runs every
+task any worker could. Nor does Adaptive keep a worker past its
+``minimum`` for a fit's RPCs. A fit that needs more workers than an
+adaptive cluster's ``minimum`` (and finds fewer) fails at once saying so
+(:func:`adaptive_shortfall`) rather than wait for workers that will not
+come: ``cluster.adapt(minimum=n_workers, ...)`` gives it them.
 """
 
 from __future__ import annotations
@@ -48,6 +57,46 @@ T = TypeVar("T")
 LOOK_EVERY = 0.25
 
 
+def adaptive_bounds(client: Client) -> tuple[int, float] | None:
+    """``(minimum, maximum)`` of the adaptive scaling of ``client``'s cluster object, if it adapts.
+
+    ``None`` for a client of a scheduler address (its cluster, if adaptive,
+    is another process's) or of a cluster that does not adapt.
+    """
+    # Cluster.adapt keeps its Adaptive as _adaptive, with no public accessor:
+    # Cluster.__repr__ reads it so too; stopped, it has no periodic_callback
+    adaptive = getattr(getattr(client, "cluster", None), "_adaptive", None)
+    if adaptive is None or getattr(adaptive, "periodic_callback", None) is None:
+        return None
+    return int(adaptive.minimum), float(adaptive.maximum)
+
+
+def adaptive_shortfall(need: int, minimum: int, maximum: float) -> str | None:
+    """Why an adaptive cluster of these bounds will not give a fit its ``need`` workers, if so.
+
+    The wait's pending task starts one worker (from none); Adaptive starts
+    no more for a fit, and keeps none past its ``minimum``.
+
+    Examples
+    --------
+    >>> print(adaptive_shortfall(2, 0, 4))  # doctest: +NORMALIZE_WHITESPACE
+    the cluster adapts (minimum=0, maximum=4), and Dask's Adaptive starts workers for the load of
+    tasks, not for the 2 workers a fit needs, nor keeps any past its minimum as the fit trains:
+    adapt it with minimum=2 (cluster.adapt(minimum=2, maximum=4))
+    >>> print(adaptive_shortfall(3, 1, float("inf")))  # doctest: +ELLIPSIS
+    the cluster adapts (minimum=1, maximum=inf), ... (cluster.adapt(minimum=3))
+    >>> adaptive_shortfall(1, 0, 4) is None, adaptive_shortfall(2, 2, 2) is None
+    (True, True)
+    """
+    if need <= max(minimum, 1):
+        return None
+    upper = "" if maximum == float("inf") else f", maximum={max(maximum, need):g}"
+    return (f"the cluster adapts (minimum={minimum}, maximum={maximum:g}), and Dask's Adaptive "
+            f"starts workers for the load of tasks, not for the {need} workers a fit needs, "
+            "nor keeps any past its minimum as the fit trains: adapt it with "
+            f"minimum={need} (cluster.adapt(minimum={need}{upper}))")
+
+
 class WaitStopped(Exception):
     """:meth:`Trainer.stop` (or a fit's first interrupt) came while the fit waited for workers."""
 
@@ -64,6 +113,7 @@ def workers_awaited(
     what: str,
     *,
     resources: Mapping[str, float] | None = None,
+    need: int = 1,
     stopped: Callable[[], bool] = lambda: False,
     interrupts: Interrupts | None = None,
 ) -> Iterator[T]:
@@ -82,12 +132,19 @@ def workers_awaited(
     with :class:`WaitStopped` (a flag, which a signal handler sets: the
     wait looks at it each time it wakes). ``interrupts`` is told that the
     fit waits (``waiting``) meanwhile, for an interrupt's words. The task is
-    released as the block ends.
+    released as the block ends. Where the client's cluster adapts with a
+    ``minimum`` below ``need`` (the workers ``suited`` asks for), the first
+    look that finds them wanting raises ``suited``'s error at once, saying
+    so (:func:`adaptive_shortfall`).
     """
     try:
         found = suited(cluster_workers(client))
     except (RuntimeError, ValueError) as e:
         why: Exception = e
+        bounds = adaptive_bounds(client)
+        short = None if bounds is None else adaptive_shortfall(need, *bounds)
+        if short is not None:
+            raise type(e)(f"{e}; {short}") from None
     else:  # (yielded outside the try: the block's own errors are not this wait's)
         yield found
         return
