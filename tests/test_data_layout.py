@@ -203,3 +203,25 @@ def test_eval_datas_dimensions_are_lined_up_with_the_training_datas_by_name():
                        r"like data.x, but got \(4, 3\) \(data.x's dimensions besides 'sample' "
                        r"are \('h', 'w', 'channel'\), eval_data.x's \('h', 'w'\)\)$"):
         open_data(train, train.isel(channel=0, drop=True))
+
+
+def test_eval_data_of_the_same_shape_under_other_dimension_names_is_refused_saying_to_rename(
+    tmp_path,
+):
+    from daskpri.training._checks import open_data
+
+    train = small().rename({"feature": "pixel"})
+    test = small(8)  # (sample, feature): as many features as train's pixels, yet others
+    with pytest.raises(ValueError, match=re.escape(
+        "eval_data.x's dimensions besides 'sample' should be data.x's ('pixel',), as xarray "
+        "lines them up by name, but got ('feature',) of the same shape; where they are the "
+        "same features, rename them: eval_data = eval_data.rename({'feature': 'pixel'})"
+    ) + "$"):
+        open_data(train, test)
+    # renamed as it says, a store's eval_data of matching names (written as by another tool,
+    # sample last) is taken, lined up with data's x
+    path = to_store(test.rename({"feature": "pixel"}).transpose("pixel", "sample"),
+                    tmp_path / "test.nc")
+    _, info, evalset = open_data(train, path)
+    assert info["x_shape"] == (3,)
+    np.testing.assert_array_equal(evalset.x.numpy(), test["x"].values)

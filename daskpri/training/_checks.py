@@ -221,6 +221,24 @@ def check_budget(
         raise ValueError("target_accuracy= needs eval_data= to measure accuracy on")
 
 
+def _eval_dims_differ(dims: tuple[Any, ...], edims: tuple[Any, ...]) -> str:
+    """Why eval_data.x of data.x's per-sample shape, with other dimension names, is refused.
+
+    xarray lines arrays up by dimension name: features of other names are
+    most likely other features, and taking them by position would be a
+    guess.
+
+    >>> print(_eval_dims_differ(("pixel",), ("feature",)))  # doctest: +NORMALIZE_WHITESPACE
+    eval_data.x's dimensions besides 'sample' should be data.x's ('pixel',), as xarray lines
+    them up by name, but got ('feature',) of the same shape; where they are the same
+    features, rename them: eval_data = eval_data.rename({'feature': 'pixel'})
+    """
+    renames = {e: d for e, d in zip(edims, dims, strict=True) if e != d}
+    return (f"eval_data.x's dimensions besides 'sample' should be data.x's {dims}, as xarray "
+            f"lines them up by name, but got {edims} of the same shape; where they are the "
+            f"same features, rename them: eval_data = eval_data.rename({renames!r})")
+
+
 def open_data(
     data: xr.Dataset | str, eval_data: xr.Dataset | str | None
 ) -> tuple[xr.Dataset, dict[str, Any], EvalSet | None]:
@@ -235,6 +253,8 @@ def open_data(
             # the same dimensions in another order: lined up by name, as xarray would
             eds = eds.assign(x=eds["x"].transpose("sample", *dims))
         einfo = validate_dataset(eds, name="eval_data")
+        if einfo["x_shape"] == info["x_shape"] and eds["x"].dims[1:] != dims:
+            raise ValueError(_eval_dims_differ(dims, edims))
         if einfo["x_shape"] != info["x_shape"]:
             named = "" if edims == dims else (
                 f" (data.x's dimensions besides 'sample' are {dims}, eval_data.x's {edims})")
