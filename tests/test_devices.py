@@ -61,3 +61,20 @@ def test_a_numbered_device_or_the_cpu_is_taken_as_given(requested):
 @pytest.mark.parametrize("requested", [None, "cuda"])
 def test_a_process_that_sees_fewer_than_two_gpus_has_none_to_choose(requested):
     assert spread_kind(None, requested) is None
+
+
+def test_a_process_that_joins_later_takes_the_device_its_live_peers_hold_least():
+    stays, left, joiner = "tcp://h:9000", "tcp://h:8999", "tcp://h:10000"
+    # 8999 and 9000 chose cuda:0 and cuda:1 by place; 8999 left, and 10000 joined
+    held = {left: "cuda:0", stays: "cuda:1"}
+    assert spread_device("cuda", 2, joiner, [stays, joiner]) == "cuda:1"  # by place alone
+    assert spread_device("cuda", 2, joiner, [stays, joiner], held) == "cuda:0"
+    # its own earlier choice (a nanny's restarted worker), or another kind's, counts for none
+    assert spread_device("cuda", 2, stays, [stays, joiner], {stays: "cuda:1"}) == "cuda:0"
+    assert spread_device("cuda", 2, joiner, [stays, joiner], {stays: "xpu:1"}) == "cuda:1"
+    # all held alike: its place's; processes that chose at once by place keep their places
+    three = ["tcp://h:1", "tcp://h:2", "tcp://h:3"]
+    by_place = {p: spread_device("cuda", 3, p, three) for p in three}
+    assert {p: spread_device("cuda", 3, p, three, by_place) for p in three} == by_place
+    assert spread_device("cuda", 2, three[2], three, {three[0]: "cuda:0",
+                                                      three[1]: "cuda:1"}) == "cuda:0"

@@ -306,7 +306,7 @@ def test_a_worker_that_joins_unable_to_build_the_model_is_left_out_of_the_run(
 
 
 def test_dask_worker_nworkers_processes_are_given_distinct_devices_by_the_scheduler(cluster):
-    from daskpri.replicas.devices import choose_device
+    from daskpri.replicas.devices import _address_order, choose_device
 
     async def chosen(count: int, resources: Any, dask_worker: Any) -> str:
         # what ReplicaPlugin runs on a worker whose process sees `count` GPUs
@@ -318,6 +318,14 @@ def test_dask_worker_nworkers_processes_are_given_distinct_devices_by_the_schedu
         assert len({w["nanny"] for w in workers.values()}) == len(workers) == 3
         # the three processes of the host, three GPUs: one each
         assert sorted(client.run(chosen, 3, None).values()) == ["cuda:0", "cuda:1", "cuda:2"]
+        # kept on the scheduler: one that chooses later takes a GPU its live peers do not
+        # hold, not its place's where a peer holds that (one that chose at another place)
+        [host] = {w["host"] for w in workers.values()}
+        held = client.get_metadata(["daskpri", "devices", host])
+        last = max(workers, key=lambda a: _address_order(workers[a]["nanny"]))
+        client.set_metadata(["daskpri", "devices", host, min(held, key=_address_order)],
+                            "cuda:2")
+        assert client.run(chosen, 3, None, workers=[last]) == {last: "cuda:0"}
         # with the run's resources, only those that have them count: the FOO worker alone
         [foo] = [a for a, w in workers.items() if w["resources"].get("FOO")]
         assert client.run(chosen, 3, {"FOO": 1}, workers=[foo]) == {foo: "cuda:0"}

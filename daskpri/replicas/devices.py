@@ -12,9 +12,13 @@ this, every process took device 0, and the other GPUs idled.
 ``CUDA_VISIBLE_DEVICES`` holds as torch applies it (a process that sees one
 GPU trains on it), and a numbered device (``"cuda:1"``) is taken as given.
 
-A worker process that joins later takes its place among the host's
-processes then: where others have left or joined since the first ones
-chose, it may share a GPU with one of them. Start one process per GPU with
+Each process's choice is kept on the scheduler (its metadata, under
+``("daskpri", "devices", host)``), and a process that chooses later takes
+the device its live peers hold least, its place's where that is one of
+those: one that joins after others left, whose place's GPU a peer holds,
+takes one that none holds rather than share. Processes that start
+together choose at once, by place alone (each sees none of the others'
+choices). Start one process per GPU with
 ``CUDA_VISIBLE_DEVICES`` set to pin each for good.
 
 Examples
@@ -38,13 +42,22 @@ logger = logging.getLogger(__name__)
 #: accelerator kinds of which a process may see several, numbered from 0
 SPREAD_KINDS = ("cuda", "xpu")
 
+#: where on the scheduler (its metadata, below the host) each process's choice is kept
+DEVICES_KEY = ("daskpri", "devices")
 
-def spread_device(kind: str, count: int, me: str, peers: Collection[str]) -> str:
+
+def spread_device(
+    kind: str, count: int, me: str, peers: Collection[str],
+    held: Mapping[str, str] | None = None,
+) -> str:
     """The device of ``kind`` for worker process ``me`` among ``peers``, those of its host.
 
     Each takes the device at its place among ``me`` and ``peers`` sorted
     by address (ports as numbers), modulo ``count``: as many processes as
-    devices train on one each, and more share them round the host.
+    devices train on one each, and more share them round the host. Where
+    ``held`` says which devices ``peers`` chose before, ``me`` takes the one
+    they hold least: its place's where that is one of those, else the
+    lowest numbered.
 
     Parameters
     ----------
@@ -59,6 +72,10 @@ def spread_device(kind: str, count: int, me: str, peers: Collection[str]) -> str
     peers : collection of str
         The worker processes on the same host that train on ``kind``,
         likewise (``me`` among them or not).
+    held : mapping of str to str, optional
+        The devices processes of the host chose (``{nanny: "cuda:1"}``):
+        those of ``peers`` other than ``me``, of ``kind`` and below
+        ``count``, count; others (processes gone since) do not.
 
     Returns
     -------
@@ -77,6 +94,12 @@ def spread_device(kind: str, count: int, me: str, peers: Collection[str]) -> str
     ['cuda:1', 'cuda:2', 'cuda:0']
     >>> [spread_device("cuda", 2, n, nannies) for n in nannies]  # three on two: one shared
     ['cuda:1', 'cuda:0', 'cuda:0']
+    >>> # 8999 and 9000 chose cuda:0 and cuda:1 by place; 8999 left and 10000 joined
+    >>> live = ["tcp://10.0.0.5:9000", "tcp://10.0.0.5:10000"]
+    >>> spread_device("cuda", 2, live[1], live)  # by place alone: 9000's, cuda:0 idle
+    'cuda:1'
+    >>> spread_device("cuda", 2, live[1], live, {live[0]: "cuda:1", nannies[2]: "cuda:0"})
+    'cuda:0'
     >>> spread_device("xpu", 1, "tcp://10.0.0.5:9000", nannies)
     'xpu:0'
     >>> spread_device("cpu", 2, "tcp://10.0.0.5:9000", nannies)
@@ -91,7 +114,15 @@ def spread_device(kind: str, count: int, me: str, peers: Collection[str]) -> str
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count should be a positive integer, but got count={count!r}")
     order = sorted({me, *peers}, key=_address_order)
-    return f"{kind}:{order.index(me) % count}"
+    place = order.index(me) % count
+    uses = [0] * count
+    for peer, device in (held or {}).items():
+        peer_kind, _, index = str(device).partition(":")
+        if peer != me and peer in order and peer_kind == kind and index.isdigit():
+            if int(index) < count:
+                uses[int(index)] += 1
+    least = min(uses)
+    return f"{kind}:{place if uses[place] == least else uses.index(least)}"
 
 
 def _address_order(address: str) -> tuple[str, int, str]:
@@ -170,10 +201,16 @@ async def choose_device(
 
     What :class:`~daskpri.replicas.worker.ReplicaPlugin` runs where
     :func:`spread_kind` names a kind: :func:`host_workers` (``resources``
-    and ``gpu`` as there), then :func:`spread_device`.
+    and ``gpu`` as there), then :func:`spread_device` with the devices its
+    peers chose, as the scheduler keeps them; this process's choice is kept
+    there in turn.
     """
     me, peers = await host_workers(worker, resources, gpu=gpu)
-    device = spread_device(kind, count, me, peers)
+    # the scheduler's metadata: what a process that joins later finds its peers hold
+    keys = [*DEVICES_KEY, get_address_host(worker.address)]
+    held = await worker.scheduler.get_metadata(keys=keys, default=None)
+    device = spread_device(kind, count, me, peers, held if isinstance(held, dict) else None)
+    await worker.scheduler.set_metadata(keys=[*keys, me], value=device)
     logger.info("daskpri: worker %s trains on %s, one of %d %s devices shared by the host's %d "
                 "worker processes", worker.address, device, count, kind.upper(), len(peers))
     return torch.device(device)
