@@ -23,8 +23,7 @@ placed its data there.
 That task brings one worker, not more: ``adaptive_target`` weighs the
 load of the tasks waiting (their expected durations against
 ``target_duration``), not their number, and the first worker runs every
-task any worker could. Nor does Adaptive keep a worker past its
-``minimum`` for a fit's RPCs. A fit that needs more workers than an
+task any worker could. A fit that needs more workers than an
 adaptive cluster's ``minimum`` (and finds fewer) fails at once saying so
 (:func:`adaptive_shortfall`) rather than wait for workers that will not
 come: ``cluster.adapt(minimum=n_workers, ...)`` gives it them.
@@ -75,14 +74,15 @@ def adaptive_shortfall(need: int, minimum: int, maximum: float) -> str | None:
     """Why an adaptive cluster of these bounds will not give a fit its ``need`` workers, if so.
 
     The wait's pending task starts one worker (from none); Adaptive starts
-    no more for a fit, and keeps none past its ``minimum``.
+    no more for a fit (it weighs the load of tasks, and the first worker
+    runs them all); with ``minimum`` workers it starts them.
 
     Examples
     --------
     >>> print(adaptive_shortfall(2, 0, 4))  # doctest: +NORMALIZE_WHITESPACE
     the cluster adapts (minimum=0, maximum=4), and Dask's Adaptive starts workers for the load of
-    tasks, not for the 2 workers a fit needs, nor keeps any past its minimum as the fit trains:
-    adapt it with minimum=2 (cluster.adapt(minimum=2, maximum=4))
+    tasks, not for the 2 workers a fit needs: adapt it with minimum=2
+    (cluster.adapt(minimum=2, maximum=4))
     >>> print(adaptive_shortfall(3, 1, float("inf")))  # doctest: +ELLIPSIS
     the cluster adapts (minimum=1, maximum=inf), ... (cluster.adapt(minimum=3))
     >>> adaptive_shortfall(1, 0, 4) is None, adaptive_shortfall(2, 2, 2) is None
@@ -92,9 +92,8 @@ def adaptive_shortfall(need: int, minimum: int, maximum: float) -> str | None:
         return None
     upper = "" if maximum == float("inf") else f", maximum={max(maximum, need):g}"
     return (f"the cluster adapts (minimum={minimum}, maximum={maximum:g}), and Dask's Adaptive "
-            f"starts workers for the load of tasks, not for the {need} workers a fit needs, "
-            "nor keeps any past its minimum as the fit trains: adapt it with "
-            f"minimum={need} (cluster.adapt(minimum={need}{upper}))")
+            f"starts workers for the load of tasks, not for the {need} workers a fit needs: "
+            f"adapt it with minimum={need} (cluster.adapt(minimum={need}{upper}))")
 
 
 class WaitStopped(Exception):
