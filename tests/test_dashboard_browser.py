@@ -16,10 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from distributed import Client, LocalCluster
-
-import daskpri
-from daskpri.models import build_model
+from _fits import fit, local_cluster, mlp_trainer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -107,35 +104,18 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
     update_docs = os.environ.get("DASKPRI_UPDATE_SCREENSHOT") == "1"
     screenshot = DOCS_SCREENSHOT if update_docs else tmp_path / "dashboard.png"
     train, test = small_data
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-
-        def trainer(strategy: str) -> daskpri.Trainer:
-            return daskpri.Trainer(
-                build_model("mlp", train, seed=0),
-                strategy=strategy,
-                client=client,
-                seed=0,
-                batch_size=32,
-                eval_every=5,
-            )
-
-        baseline = trainer("uniform")
-        baseline.fit(train, eval_data=test, max_steps=40, progress=False)
-        run = trainer("projection")
+    with local_cluster(2) as (cluster, client):
+        baseline, _ = fit(client, small_data, "uniform", steps=40)
+        run = mlp_trainer(client, train, strategy="projection", batch_size=32, eval_every=5)
         errors: list[BaseException] = []
 
-        def fit() -> None:
+        def live() -> None:
             try:
                 run.fit(train, eval_data=test, max_steps=2000, max_time=15, progress=False)
             except BaseException as e:  # re-raised in the test's thread
                 errors.append(e)
 
-        thread = threading.Thread(target=fit)
+        thread = threading.Thread(target=live)
         thread.start()
         try:
             chromium.get(f"http://127.0.0.1:{cluster.scheduler.http_server.port}/daskpri")

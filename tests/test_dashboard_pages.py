@@ -22,15 +22,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _fits import fit, local_cluster, mlp_trainer
 from _servers import page_server
 from bokeh.client import pull_session
 from bokeh.server.server import BokehTornado
-from distributed import Client, LocalCluster
 
-import daskpri
 from daskpri.dashboard.page import install
 from daskpri.dashboard.snapshot import snapshot_from_rpc, snapshot_from_run
-from daskpri.models import build_model
 
 
 def status_of(doc) -> dict[str, str]:
@@ -48,25 +46,9 @@ def get(url: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def trained(small_data):
     """A loopback LocalCluster after a uniform run and a projection run (both kept)."""
-    train, test = small_data
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        trainers = {}
-        for strategy, steps in (("uniform", 20), ("projection", 30)):
-            tr = daskpri.Trainer(
-                build_model("mlp", train, seed=0),
-                strategy=strategy,
-                client=client,
-                seed=0,
-                batch_size=32,
-                eval_every=5,
-            )
-            tr.fit(train, eval_data=test, max_steps=steps, progress=False)
-            trainers[strategy] = tr
+    with local_cluster(2) as (cluster, client):
+        trainers = {strategy: fit(client, small_data, strategy, steps)[0]
+                    for strategy, steps in (("uniform", 20), ("projection", 30))}
         url = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
         yield cluster, client, url, {k: t.run_id for k, t in trainers.items()}
         for tr in trainers.values():
@@ -214,19 +196,12 @@ def test_the_standalone_page_answers_while_it_waits_on_a_silent_scheduler():
 def test_a_closed_uniform_run_stays_the_baseline_of_the_next_run(small_data):
     """Trainers used as context managers close their runs: the page keeps them."""
     train, test = small_data
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with local_cluster(1) as (cluster, client):
         page = f"http://127.0.0.1:{cluster.scheduler.http_server.port}/daskpri"
         names = {}
         for strategy, steps in (("uniform", 20), ("loss", 10)):
-            with daskpri.Trainer(
-                build_model("mlp", train, seed=0), strategy=strategy, client=client, seed=0,
-                batch_size=32, eval_every=5,
-            ) as tr:
+            with mlp_trainer(client, train, strategy=strategy, batch_size=32,
+                             eval_every=5) as tr:
                 tr.fit(train, eval_data=test, max_steps=steps, progress=False)
                 names[strategy] = tr.run_id
                 if strategy == "loss":
@@ -295,11 +270,7 @@ def test_preloaded_scheduler_serves_the_page(tmp_path):
 def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh():
     from daskpri.dashboard.snapshot import NoPlugin, run_strategies
 
-    with (
-        LocalCluster(n_workers=0, processes=False, host="127.0.0.1",
-                     dashboard_address="127.0.0.1:0", protocol="tcp") as cluster,
-        Client(cluster) as client,
-    ):
+    with local_cluster(0, processes=False, host="127.0.0.1", protocol="tcp") as (_, client):
         with pytest.raises(NoPlugin, match="the scheduler has no daskpri table yet"):
             client.sync(run_strategies, client.scheduler)
 
@@ -307,7 +278,7 @@ def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh
 def test_a_trainers_dashboard_outside_jupyter_is_the_pages_address(trained, small_data, capsys):
     _, client, url, _ = trained
     train, _ = small_data
-    with daskpri.Trainer(build_model("mlp", train, seed=0), client=client) as trainer:
+    with mlp_trainer(client, train) as trainer:
         address = trainer.dashboard()
     assert address == f"{url}/daskpri"
     assert f"daskpri dashboard: {url}/daskpri" in capsys.readouterr().out

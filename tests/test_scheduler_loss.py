@@ -6,7 +6,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import dask.config
 import pytest
@@ -28,6 +30,22 @@ def _scheduler_and_worker(directory: Path) -> tuple[str, subprocess.Popen, subpr
     return address, scheduler, worker
 
 
+def _then_after_checkpoint(client: Any, train: Any, ckpt: Path, step: int,
+                           then: Callable[[], None]) -> daskpri.Trainer:
+    """A uniform MLP trainer checkpointing to ``ckpt`` every 5 steps; ``then()`` right after
+    its checkpoint at ``step``: the real save first, so no race with the checkpoint."""
+
+    class ThenAfterACheckpoint(daskpri.Trainer):
+        def save(self, path):
+            written = super().save(path)
+            if self.step_ == step:
+                then()
+            return written
+
+    return ThenAfterACheckpoint(build_model("mlp", train), strategy="uniform", client=client,
+                                checkpoint_path=ckpt, checkpoint_every=5)
+
+
 def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, tmp_path):
     address, scheduler, worker = _scheduler_and_worker(tmp_path)
     ckpt = tmp_path / "run.ckpt"
@@ -37,18 +55,11 @@ def test_losing_the_scheduler_fails_fast_naming_the_last_checkpoint(small_data, 
         client.wait_for_workers(1, timeout=60)
         train, _ = small_data
 
-        class KillsAfterTheSecondCheckpoint(daskpri.Trainer):
-            def save(self, path):  # the real save, then the scheduler dies: no race
-                written = super().save(path)
-                if self.step_ == 10:
-                    scheduler.kill()
-                    killed_at.append(time.monotonic())
-                return written
+        def kill() -> None:  # the scheduler dies after the second checkpoint
+            scheduler.kill()
+            killed_at.append(time.monotonic())
 
-        trainer = KillsAfterTheSecondCheckpoint(
-            build_model("mlp", train), strategy="uniform", client=client,
-            checkpoint_path=ckpt, checkpoint_every=5,
-        )
+        trainer = _then_after_checkpoint(client, train, ckpt, 10, kill)
         with dask.config.set({"daskpri.trainer.scheduler-timeout": "3s"}):
             with pytest.raises(daskpri.SchedulerLostError) as info:
                 trainer.fit(train, max_steps=100_000, progress=False)
@@ -75,21 +86,13 @@ def test_a_scheduler_restarted_at_its_address_is_a_lost_scheduler_naming_the_che
         client.wait_for_workers(1, timeout=60)
         train, _ = small_data
 
-        class RestartsAfterTheSecondCheckpoint(daskpri.Trainer):
-            def save(self, path):  # the real save, then a supervisor's restart: no race
-                written = super().save(path)
-                if self.step_ == 10:
-                    scheduler.kill()
-                    scheduler.wait()
-                    (tmp_path / "again").mkdir()
-                    again.append(start_scheduler(
-                        tmp_path / "again", "--no-dashboard", "--port", port)[1])
-                return written
+        def restart() -> None:  # a supervisor's restart after the second checkpoint
+            scheduler.kill()
+            scheduler.wait()
+            (tmp_path / "again").mkdir()
+            again.append(start_scheduler(tmp_path / "again", "--no-dashboard", "--port", port)[1])
 
-        trainer = RestartsAfterTheSecondCheckpoint(
-            build_model("mlp", train), strategy="uniform", client=client,
-            checkpoint_path=ckpt, checkpoint_every=5,
-        )
+        trainer = _then_after_checkpoint(client, train, ckpt, 10, restart)
         with dask.config.set({"daskpri.trainer.scheduler-timeout": "3s"}):
             # the client and the worker reconnect to the new scheduler, which answers,
             # but knows nothing of the run: not the user's error, a lost scheduler
@@ -178,19 +181,12 @@ def test_a_scheduler_shut_down_during_a_fit_is_said_at_once_naming_the_checkpoin
     address = client.scheduler.address
     try:
 
-        class ShutsDownAfterTheFirstCheckpoint(daskpri.Trainer):
-            def save(self, path):  # the real save, then the scheduler is shut down: no race
-                written = super().save(path)
-                if self.step_ == 5:
-                    with Client(address) as other:
-                        other.shutdown()
-                    closed_at.append(time.monotonic())
-                return written
+        def shut_down() -> None:  # the scheduler is shut down after the first checkpoint
+            with Client(address) as other:
+                other.shutdown()
+            closed_at.append(time.monotonic())
 
-        trainer = ShutsDownAfterTheFirstCheckpoint(
-            build_model("mlp", train), strategy="uniform", client=client,
-            checkpoint_path=ckpt, checkpoint_every=5,
-        )
+        trainer = _then_after_checkpoint(client, train, ckpt, 5, shut_down)
         with pytest.raises(daskpri.SchedulerLostError) as info:
             trainer.fit(train, max_steps=100_000, progress=False)
         waited = time.monotonic() - closed_at[0]

@@ -16,27 +16,17 @@ import time
 import dask
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from _fits import fit_until_step, local_cluster, mlp_trainer, wait_while_fitting
 
 import daskpri
-from daskpri.models import build_model
 
 
 def test_fit_survives_a_killed_worker(small_data):
     train, test = small_data
     with (
-        LocalCluster(
-            n_workers=3, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
+        local_cluster(3) as (_, client),
+        mlp_trainer(client, train, strategy="projection", batch_size=32, renew=0.05) as trainer,
     ):
-        trainer = daskpri.Trainer(
-            build_model("mlp", train),
-            strategy="projection",
-            client=client,
-            batch_size=32,
-            renew=0.05,
-        )
         pids = client.run(os.getpid)
         victim = sorted(pids)[1]
         killed = threading.Event()
@@ -49,16 +39,13 @@ def test_fit_survives_a_killed_worker(small_data):
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
-        try:
-            h = trainer.fit(train, eval_data=test, max_steps=80, progress=False)
-            assert killed.is_set()
-            assert h.sizes["step"] == 80
-            assert int(h["n_workers"].min()) in (2, 3)
-            table = trainer.table_
-            assert np.isfinite(table.values).all(), "every sample has a finite priority"
-            assert float(h["accuracy"].dropna("step")[-1]) > 0.5
-        finally:
-            trainer.close()
+        h = trainer.fit(train, eval_data=test, max_steps=80, progress=False)
+        assert killed.is_set()
+        assert h.sizes["step"] == 80
+        assert int(h["n_workers"].min()) in (2, 3)
+        table = trainer.table_
+        assert np.isfinite(table.values).all(), "every sample has a finite priority"
+        assert float(h["accuracy"].dropna("step")[-1]) > 0.5
 
 
 # selective-backprop without its warmup epoch, whose plain steps forward fewer
@@ -68,88 +55,63 @@ def test_fit_survives_a_killed_worker(small_data):
 def test_workers_that_join_take_partitions_up_to_n_workers(small_data, caplog, strategy,
                                                            options):
     train, _ = small_data
+    # 8 partitions: enough for every worker
+    kwargs = dict(strategy=strategy, batch_size=16, partition_size=200, **options)
     with (
         dask.config.set({"daskpri.trainer.rescan-interval": "0s"}),
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
+        local_cluster(1) as (cluster, client),
+        mlp_trainer(client, train, **kwargs) as grows,
+        mlp_trainer(client, train, n_workers=1, **kwargs) as capped,
     ):
-        # 8 partitions: enough for every worker
-        grows = daskpri.Trainer(build_model("mlp", train), strategy=strategy, client=client,
-                                batch_size=16, partition_size=200, **options)
-        capped = daskpri.Trainer(build_model("mlp", train), strategy=strategy, client=client,
-                                 batch_size=16, partition_size=200, n_workers=1, **options)
-        try:
-            capped.fit(train, max_steps=4, progress=False)
-            with caplog.at_level(logging.WARNING, logger="daskpri"):
-                running = grows.fit_in_background(train, max_steps=100_000, progress=False)
-                deadline = time.monotonic() + 60
-                while grows.step_ < 4:
-                    assert not running.done(), running.result()  # it failed before step 4
-                    assert time.monotonic() < deadline
-                    time.sleep(0.01)
-                cluster.scale(3)  # while it trains
-                deadline = time.monotonic() + 60
-                while grows.history_["n_workers"].values[-1] < 3:
-                    assert time.monotonic() < deadline, "the workers that joined were not used"
-                    time.sleep(0.05)
-                grows.stop()
-                h = running.result(timeout=60)
-            n = h["n_workers"].values
-            assert n[0] == 1 and n[-1] == 3 and (np.diff(n) >= 0).all()
-            grew = int(np.argmax(n == 3))
-            # every worker processes its share on its own partitions from then on
-            per_step = np.diff(h["samples"].values)
-            assert set(per_step[grew:].tolist()) == {3 * per_step[0]}
-            assert set(grows._deployment.owner_addr) == set(
-                client.scheduler_info(n_workers=-1)["workers"])
-            assert re.search(r"step \d+: [12] worker\(s\) joined the run .* it goes on with 3",
-                             caplog.text)
-            assert np.isfinite(h["loss"]).all()
-            h = capped.fit(train, max_steps=8, progress=False)  # on the grown cluster
-            assert h["n_workers"].values.tolist() == [1] * 8  # n_workers=1 asked for one
-        finally:
-            grows.close()
-            capped.close()
+        capped.fit(train, max_steps=4, progress=False)
+        with caplog.at_level(logging.WARNING, logger="daskpri"):
+            running = fit_until_step(grows, train, step=4)  # (failing before step 4 fails)
+            cluster.scale(3)  # while it trains
+            wait_while_fitting(lambda: grows.history_["n_workers"].values[-1] >= 3,
+                               "the workers that joined were not used", running, 60)
+            grows.stop()
+            h = running.result(timeout=60)
+        n = h["n_workers"].values
+        assert n[0] == 1 and n[-1] == 3 and (np.diff(n) >= 0).all()
+        grew = int(np.argmax(n == 3))
+        # every worker processes its share on its own partitions from then on
+        per_step = np.diff(h["samples"].values)
+        assert set(per_step[grew:].tolist()) == {3 * per_step[0]}
+        assert set(grows._deployment.owner_addr) == set(
+            client.scheduler_info(n_workers=-1)["workers"])
+        assert re.search(r"step \d+: [12] worker\(s\) joined the run .* it goes on with 3",
+                         caplog.text)
+        assert np.isfinite(h["loss"]).all()
+        h = capped.fit(train, max_steps=8, progress=False)  # on the grown cluster
+        assert h["n_workers"].values.tolist() == [1] * 8  # n_workers=1 asked for one
 
 
 def test_a_killed_worker_that_its_nanny_restarts_is_taken_back(small_data, caplog):
     train, _ = small_data
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        # the next fit looks at the cluster before its first round, whatever the interval
-        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
-                                  batch_size=16)
-        try:
-            trainer.fit(train, max_steps=4, progress=False)
-            before = set(client.scheduler_info()["workers"])
-            pids = client.run(os.getpid)
-            os.kill(pids[sorted(pids)[1]], signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while True:  # the nanny starts a new worker process, under a new address
-                now = set(client.scheduler_info(n_workers=-1)["workers"])
-                if len(now) == 2 and now != before:
-                    break
-                assert time.monotonic() < deadline, "the nanny did not restart the worker"
-                time.sleep(0.1)
-            with caplog.at_level(logging.WARNING, logger="daskpri"):
-                h = trainer.fit(train, max_steps=8, progress=False)
-            assert h.sizes["step"] == 8
-            assert h["n_workers"].values.tolist()[-1] == 2
-            assert set(trainer._deployment.owner_addr) == now
-            # the scheduler said the worker had gone before the run called it
-            # (a call would wait for the 30 s connect timeout, then fail)
-            [dead] = before - now
-            assert f"step 4: worker(s) {dead} left the cluster; their partitions moved" in (
-                caplog.text)
-            assert "a worker was lost" not in caplog.text
-        finally:
-            trainer.close()
+    # the next fit looks at the cluster before its first round, whatever the interval
+    with local_cluster(2) as (_, client), mlp_trainer(client, train, batch_size=16) as trainer:
+        trainer.fit(train, max_steps=4, progress=False)
+        before = set(client.scheduler_info()["workers"])
+        pids = client.run(os.getpid)
+        os.kill(pids[sorted(pids)[1]], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # the nanny starts a new worker process, under a new address
+            now = set(client.scheduler_info(n_workers=-1)["workers"])
+            if len(now) == 2 and now != before:
+                break
+            assert time.monotonic() < deadline, "the nanny did not restart the worker"
+            time.sleep(0.1)
+        with caplog.at_level(logging.WARNING, logger="daskpri"):
+            h = trainer.fit(train, max_steps=8, progress=False)
+        assert h.sizes["step"] == 8
+        assert h["n_workers"].values.tolist()[-1] == 2
+        assert set(trainer._deployment.owner_addr) == now
+        # the scheduler said the worker had gone before the run called it
+        # (a call would wait for the 30 s connect timeout, then fail)
+        [dead] = before - now
+        assert f"step 4: worker(s) {dead} left the cluster; their partitions moved" in (
+            caplog.text)
+        assert "a worker was lost" not in caplog.text
 
 
 @pytest.mark.timeout(120)
@@ -161,10 +123,7 @@ def test_a_call_to_a_worker_that_died_between_steps_fails_once_the_scheduler_dro
 
     with (
         dask.config.set({"distributed.comm.timeouts.connect": "600s"}),
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
+        local_cluster(1) as (_, client),
     ):
         [(dead, pid)] = client.run(os.getpid).items()
         os.kill(pid, signal.SIGKILL)
@@ -208,25 +167,17 @@ _CALLS = [0]
 
 @pytest.mark.parametrize("transport", ["direct", "tasks"])
 def test_a_stuck_worker_is_left_behind_after_the_step_timeout(small_data, tmp_path, transport):
-    import dask
-
     train, test = small_data
     strategy = _HangsOnce(str(tmp_path / "hung"), hang=8.0)
     with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
+        local_cluster(2) as (_, client),
         dask.config.set({"daskpri.trainer.step-timeout": "1s"}),
+        mlp_trainer(client, train, strategy=strategy, batch_size=32,
+                    transport=transport) as trainer,
     ):
-        trainer = daskpri.Trainer(
-            build_model("mlp", train), strategy=strategy, client=client, batch_size=32,
-            transport=transport,
-        )
         with pytest.warns(daskpri.DaskpriWarning, match=r"step 3: worker\(s\) tcp://127\.0\.0\.1:"
                           r"\d+ did not finish .* within 1 s .*training goes on without them"):
             h = trainer.fit(train, eval_data=test, max_steps=12, progress=False)
-        trainer.close()
     assert (tmp_path / "hung").exists()
     assert h.sizes["step"] == 12
     assert h["n_workers"].values[:3].tolist() == [2, 2, 2]
@@ -236,12 +187,7 @@ def test_a_stuck_worker_is_left_behind_after_the_step_timeout(small_data, tmp_pa
 
 def test_workers_of_a_cluster_preloading_worker_signals_outlive_an_interrupt():
     """As the README and notebooks start theirs: Jupyter's interrupt reaches the workers."""
-    with (
-        LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
-                     dashboard_address="127.0.0.1:0", preload=["daskpri.training.worker_signals"])
-        as cluster,
-        Client(cluster) as client,
-    ):
+    with local_cluster(1, preload=["daskpri.training.worker_signals"]) as (_, client):
         [pid] = client.run(os.getpid).values()
         os.kill(pid, signal.SIGINT)
         time.sleep(1.0)

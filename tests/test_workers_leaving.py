@@ -22,11 +22,9 @@ import dask
 import pytest
 import torch
 import xarray as xr
-from _fits import fit_until_step, wait_while_fitting
-from distributed import Client, LocalCluster
+from _fits import fit_until_step, local_cluster, mlp_trainer, wait_while_fitting
 
 import daskpri
-from daskpri.models import build_model
 
 
 class Hog(torch.nn.Module):
@@ -54,29 +52,23 @@ def test_a_worker_retired_mid_fit_is_said_retired_and_costs_no_retry(small_data,
         # a retry would fail the fit: the retirement must cost none
         dask.config.set({"daskpri.trainer.max-retries": 0,
                          "daskpri.trainer.rescan-interval": rescan}),
-        LocalCluster(n_workers=3, threads_per_worker=1, processes=False,
-                     dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
+        local_cluster(3, processes=False) as (_, client),
+        mlp_trainer(client, train, batch_size=16, partition_size=100) as trainer,
     ):
-        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
-                                  batch_size=16, partition_size=100)
-        try:
-            with caplog.at_level(logging.WARNING, logger="daskpri"):
-                running = fit_until_step(trainer, train)
-                [retired] = trainer._deployment.slots[:1]
-                client.retire_workers([retired])  # mid-fit: steps run meanwhile
-                wait_while_fitting(lambda: trainer.history_["n_workers"].values[-1] != 3,
-                                   "the run went on with the worker retired", running, 60)
-                trainer.stop()
-                history = running.result(timeout=60)
-            assert history["n_workers"].values[-1] == 2
-            others = ", ".join(sorted(set(client.scheduler_info()["workers"])))
-            assert re.search(
-                rf"step \d+: worker\(s\) {retired} retired; their partitions moved to "
-                rf"{re.escape(others)}, the run goes on with 2", caplog.text)
-            assert "a worker was lost" not in caplog.text and "left the cluster" not in caplog.text
-        finally:
-            trainer.close()
+        with caplog.at_level(logging.WARNING, logger="daskpri"):
+            running = fit_until_step(trainer, train)
+            [retired] = trainer._deployment.slots[:1]
+            client.retire_workers([retired])  # mid-fit: steps run meanwhile
+            wait_while_fitting(lambda: trainer.history_["n_workers"].values[-1] != 3,
+                               "the run went on with the worker retired", running, 60)
+            trainer.stop()
+            history = running.result(timeout=60)
+        assert history["n_workers"].values[-1] == 2
+        others = ", ".join(sorted(set(client.scheduler_info()["workers"])))
+        assert re.search(
+            rf"step \d+: worker\(s\) {retired} retired; their partitions moved to "
+            rf"{re.escape(others)}, the run goes on with 2", caplog.text)
+        assert "a worker was lost" not in caplog.text and "left the cluster" not in caplog.text
 
 
 def test_a_step_whose_retry_its_nanny_kills_for_memory_stops_the_fit_saying_why(
@@ -87,38 +79,33 @@ def test_a_step_whose_retry_its_nanny_kills_for_memory_stops_the_fit_saying_why(
     model = Hog(int(train["x"].shape[1]), int(train["y"].max()) + 1, str(flag), 2**30)
     with (
         # a worker's process with torch and the replica is well under 95% of 1 GB
-        LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB",
-                     host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
+        local_cluster(1, memory_limit="1GB") as (_, client),
+        daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16) as trainer,
     ):
         [worker] = client.scheduler_info(n_workers=-1)["workers"]
-        trainer = daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16)
-        try:
-            trainer.fit(train, max_steps=2, progress=False)
-            flag.touch()  # from now on each step takes the worker past its limit
-            killed = (r"worker\(s\) {} \(at [\d.]+ [MG]iB of its 0.93 GiB memory limit\) were "
-                      r"killed by their nanny for memory as they trained: a worker's memory "
-                      r"passed distributed.worker.memory.terminate \(95% of its limit by default\)")
-            advice = r"train with a smaller batch_size .*more workers .*--memory-limit"
-            with (
-                caplog.at_level(logging.WARNING, logger="daskpri"),
-                pytest.raises(daskpri.WorkersLostError, match=(
-                    "^step 2 failed again at its retry: " + killed.format(r"tcp://[\d.:]+")
-                    + "; " + advice
-                )),
-            ):
-                trainer.fit(train, max_steps=6, progress=False)
-            # the restarted worker took the partitions, then was killed too: the fit stopped
-            # there, not after daskpri.trainer.max-retries (10) more
-            assert len(client.get_events("worker-restart-memory")) == 2
-            assert re.search(
-                rf"step 2: {killed.format(re.escape(worker))}; their partitions moved, the run "
-                r"goes on with 1 \(a retry of the step killed for memory again stops the fit\): "
-                + advice, caplog.text)
-            assert "a worker was lost" not in caplog.text
-            assert trainer.step_ == 2
-        finally:
-            trainer.close()
+        trainer.fit(train, max_steps=2, progress=False)
+        flag.touch()  # from now on each step takes the worker past its limit
+        killed = (r"worker\(s\) {} \(at [\d.]+ [MG]iB of its 0.93 GiB memory limit\) were "
+                  r"killed by their nanny for memory as they trained: a worker's memory "
+                  r"passed distributed.worker.memory.terminate \(95% of its limit by default\)")
+        advice = r"train with a smaller batch_size .*more workers .*--memory-limit"
+        with (
+            caplog.at_level(logging.WARNING, logger="daskpri"),
+            pytest.raises(daskpri.WorkersLostError, match=(
+                "^step 2 failed again at its retry: " + killed.format(r"tcp://[\d.:]+")
+                + "; " + advice
+            )),
+        ):
+            trainer.fit(train, max_steps=6, progress=False)
+        # the restarted worker took the partitions, then was killed too: the fit stopped
+        # there, not after daskpri.trainer.max-retries (10) more
+        assert len(client.get_events("worker-restart-memory")) == 2
+        assert re.search(
+            rf"step 2: {killed.format(re.escape(worker))}; their partitions moved, the run "
+            r"goes on with 1 \(a retry of the step killed for memory again stops the fit\): "
+            + advice, caplog.text)
+        assert "a worker was lost" not in caplog.text
+        assert trainer.step_ == 2
 
 
 def test_workers_paused_mid_fit_are_named_with_their_memory(small_data, tmp_path):
@@ -132,28 +119,23 @@ def test_workers_paused_mid_fit_are_named_with_their_memory(small_data, tmp_path
             "distributed.worker.memory.terminate": False,
             "daskpri.trainer.no-workers-timeout": "1s",
         }),
-        LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB",
-                     host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
         # (a step's scatter of the weights waited distributed's connect timeout, 30 s, for a
         # worker that takes data: now it asks why at once)
-        Client(cluster) as client,
+        local_cluster(1, memory_limit="1GB") as (_, client),
+        # a paused worker runs no task: the tasks transport's steps wait for it
+        daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16,
+                        transport="tasks") as trainer,
     ):
         [worker] = client.scheduler_info(n_workers=-1)["workers"]
-        # a paused worker runs no task: the tasks transport's steps wait for it
-        trainer = daskpri.Trainer(model, strategy="uniform", client=client, batch_size=16,
-                                  transport="tasks")
-        try:
-            trainer.fit(train, max_steps=2, progress=False)
-            flag.touch()  # the next step leaves the worker past its pause threshold
-            t0 = time.monotonic()
-            with pytest.raises(ValueError, match=(
-                rf"that could train this run are paused by Dask: {worker} uses [\d.]+ [MG]iB of "
-                r"its 0.93 GiB memory limit; .*distributed.worker.memory.pause .*--memory-limit"
-            )):
-                trainer.fit(train, max_steps=100, progress=False)
-            assert time.monotonic() - t0 < 20  # not the scatter's (30 s) or the step's (300 s)
-        finally:
-            trainer.close()
+        trainer.fit(train, max_steps=2, progress=False)
+        flag.touch()  # the next step leaves the worker past its pause threshold
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=(
+            rf"that could train this run are paused by Dask: {worker} uses [\d.]+ [MG]iB of "
+            r"its 0.93 GiB memory limit; .*distributed.worker.memory.pause .*--memory-limit"
+        )):
+            trainer.fit(train, max_steps=100, progress=False)
+        assert time.monotonic() - t0 < 20  # not the scatter's (30 s) or the step's (300 s)
 
 
 def test_train_whose_workers_are_lost_past_its_retries_ends_in_one_line_keeping_the_history(
