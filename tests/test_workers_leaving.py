@@ -13,9 +13,13 @@ imports torch afresh, which took the memory test from 4 s to 12-24 s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
+import socket
+import threading
 import time
 
 import dask
@@ -106,6 +110,51 @@ def test_a_step_whose_retry_its_nanny_kills_for_memory_stops_the_fit_saying_why(
             + advice, caplog.text)
         assert "a worker was lost" not in caplog.text
         assert trainer.step_ == 2
+
+
+def _take_a_gibibyte() -> None:
+    """Fill a GiB of this worker's memory a moment after the call has returned (in a thread)."""
+
+    def take() -> None:
+        time.sleep(0.2)
+        _TAKEN.append(b"x" * 2**30)
+
+    threading.Thread(target=take, daemon=True).start()
+
+
+_TAKEN: list[bytes] = []
+
+
+def test_a_worker_started_again_at_its_address_is_not_said_gone_for_the_one_before():
+    """A worker at a fixed port has the address (and the event topic) of the one before it."""
+    from daskpri.training.recovery import MEMORY_RESTART, how_workers_left
+
+    with socket.socket() as s:  # (a port free now: the workers listen on it, one at a time)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with local_cluster(1, memory_limit="1GB", worker_port=port) as (cluster, client):
+        [address] = cluster.scheduler.workers
+        killed = cluster.scheduler.workers[address].pid
+        client.run(_take_a_gibibyte)
+        # its nanny kills it for memory, and starts a worker again, at the same port
+        wait_while_fitting(lambda: getattr(cluster.scheduler.workers.get(address), "pid",
+                                           killed) != killed,
+                           "the nanny did not start the worker killed for memory again", None)
+        [(_, event)] = client.get_events(MEMORY_RESTART)
+        assert event["worker"] == address and event["pid"] == killed
+        assert how_workers_left(client, [address]) == (set(), {})  # that was the one before
+        retired = cluster.scheduler.workers[address].pid
+        client.retire_workers([address])
+        assert how_workers_left(client, [address]) == ({address}, {})  # this one retired
+        # (its process lingers, which its nanny's close would wait 4 s for)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(retired, signal.SIGKILL)
+        cluster.scale(0)  # its nanny, which stays after the retirement, closed too
+        wait_while_fitting(lambda: not cluster.workers, "the cluster kept its worker", None)
+        cluster.scale(1)  # a worker of the cluster's again, at the same port
+        client.wait_for_workers(1, timeout=30)
+        assert list(cluster.scheduler.workers) == [address]
+        assert how_workers_left(client, [address]) == (set(), {})  # the one before retired
 
 
 def test_workers_paused_mid_fit_are_named_with_their_memory(small_data, tmp_path):
