@@ -15,8 +15,11 @@ import re
 import time
 
 import dask
+import torch
 from _fits import fit_until_step, local_cluster, mlp_trainer
 from _fits import wait_while_fitting as _wait
+
+import daskpri
 
 
 def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data, caplog):
@@ -83,3 +86,39 @@ def test_a_fits_steps_keep_a_scheduler_with_an_idle_timeout_open(small_data):
         history = trainer.fit(train, max_time=1.5, progress=False)
         assert cluster.scheduler.status.name == "running"
         assert history.sizes["step"] > 10
+
+
+class _SlowToLoad(torch.nn.Module):
+    """A linear model whose copy takes ``delay`` seconds to unpickle, as large weights do."""
+
+    def __init__(self, n_features: int, n_classes: int, delay: float) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(n_features, n_classes)
+        self.delay = delay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.flatten(1))
+
+    def __setstate__(self, state: dict) -> None:
+        time.sleep(state["delay"])
+        super().__setstate__(state)
+
+
+def test_an_adaptive_cluster_at_zero_keeps_the_worker_it_started_through_a_slow_set_up(
+    small_data
+):
+    """The task a waiting fit kept pending holds its result, and so its worker, until the
+    run is set up: a replica that loads slowly leaves the worker idle, with no data."""
+    train, _ = small_data
+    model = _SlowToLoad(int(train["x"].shape[1]), int(train["y"].max()) + 1, delay=0.3)
+    with (
+        dask.config.set({"daskpri.trainer.no-workers-timeout": "20s"}),
+        local_cluster(0) as (cluster, client),
+    ):
+        # it would retire an idle worker holding no data within 0.1 s
+        adaptive = cluster.adapt(minimum=0, maximum=1, interval="100ms", wait_count=1)
+        with daskpri.Trainer(model, strategy="uniform", client=client,
+                             batch_size=16) as trainer:
+            history = trainer.fit(train, max_steps=2, progress=False)
+            assert trainer.step_ == 2 and history.sizes["worker"] == 1
+        assert [r["status"] for _, r in adaptive.log] == ["up"], adaptive.log
