@@ -10,12 +10,12 @@ Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``, the options the
 strategy's (checked before the cluster starts) or the trainer's learning-rate
 schedule (``lr_schedule``, ``schedule_steps``), gradient clipping
 (``max_grad_norm``) and the table's staleness model (``staleness``). Every
-arm runs each seed on one LocalCluster of 2 one-thread workers (batch 64 a worker, 16 local steps unless
-``--local-steps`` says otherwise, SGD with momentum 0.9, partitions of
-1,000, as
-``daskpri bench`` runs them) until the test accuracy reaches ``--target``
-or ``--max-steps``. It prints each run's steps and training seconds to the
-target, then per arm the median and each seed's steps.
+arm runs each seed on one LocalCluster of 2 one-thread workers (batch 64
+a worker, 16 local steps unless ``--local-steps`` says otherwise, SGD with
+momentum 0.9, partitions of 1,000, as ``daskpri bench`` runs them) until
+the test accuracy reaches ``--target`` or ``--max-steps``. It prints each
+run's steps and training seconds to the target, then per arm the median
+and each seed's steps.
 
 ``--target`` may name several targets (``0.9553,0.958,0.96``): a run
 stops at the highest, and each is reported. ``--run-out`` runs every arm

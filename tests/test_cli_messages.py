@@ -17,7 +17,7 @@ import daskpri
 from daskpri.bench.config import BenchConfig, StrategyOptionError
 from daskpri.cli import main
 from daskpri.cli._arguments import _parser
-from daskpri.training._run import _too_few_workers
+from daskpri.training.placement import too_few_workers
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -180,7 +180,7 @@ def test_too_few_workers_says_to_start_more_or_ask_for_fewer(small_data) -> None
 
 
 def test_too_few_workers_with_resources_names_them() -> None:
-    said = _too_few_workers(3, 1, 4, "tcp://h:8786", {"GPU": 1.0})
+    said = too_few_workers(3, 1, 4, "tcp://h:8786", {"GPU": 1.0})
     assert said == (
         "n_workers=3 with resources={'GPU': 1.0}, but 1 of the 4 workers of the cluster at "
         "tcp://h:8786 has them: start 2 more with them (dask worker tcp://h:8786 --resources "

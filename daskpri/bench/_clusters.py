@@ -42,7 +42,8 @@ class _Clusters:
                     )
 
             # workers still starting (or an adaptive cluster's) are waited for, as a fit does
-            with workers_awaited(self._client, enough, f"{n_workers} worker(s)"):
+            with workers_awaited(self._client, enough, f"{n_workers} worker(s)",
+                                 need=n_workers):
                 return self._client
         if self._client is None or self._n != n_workers:
             self.close()

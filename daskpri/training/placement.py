@@ -393,3 +393,26 @@ def rebalance_owners(owner_addr: list[str], workers: list[str]) -> list[str]:
         pid = held[most].pop()
         held[least].append(pid)
         out[pid] = least
+
+
+def too_few_workers(
+    wanted: int, have: int, total: int, address: str, resources: dict[str, float] | None
+) -> str:
+    """Why a run of ``wanted`` workers cannot start on a cluster with ``have`` that fit it.
+
+    Examples
+    --------
+    >>> print(too_few_workers(3, 1, 1, "tcp://10.0.0.1:8786", None))  # doctest: +ELLIPSIS
+    n_workers=3, but the cluster at tcp://10.0.0.1:8786 has 1 worker: start 2 more ...
+    """
+    workers = "worker" if total == 1 else "workers"
+    fewer = f"ask for at most {have} (n_workers={have}; daskpri train --workers {have})"
+    more = wanted - have
+    if not resources:
+        return (f"n_workers={wanted}, but the cluster at {address} has {total} {workers}: "
+                f"start {more} more (dask worker {address}), or {fewer}")
+    want = ",".join(f"{k}={v:g}" for k, v in resources.items())
+    return (f"n_workers={wanted} with resources={resources!r}, but {have} of the {total} "
+            f"{workers} of the cluster at {address} {'has' if have == 1 else 'have'} them: "
+            f"start {more} more with them (dask worker {address} --resources {want}), or "
+            f"{fewer}, or ask for other resources")
