@@ -53,6 +53,10 @@ steps is not counted. Arms (``NAME[:OPTION=VALUE...]``):
   8 seeds, to 0.9553) the top losses took 120 steps from the start and
   76 after a warmup epoch (two seeds never, in 400), the entropy 76
   from the start (every seed) and 88 after one (thirty-fifth session).
+- ``lw=b`` (with any arm): each trained row's loss weighted by its loss
+  to the power ``b`` (weights of mean 1), from the step's own forward
+  pass, so it costs nothing: a soft prioritization within the batch, as
+  the focal loss weights by ``(1 - p) ** gamma``.
 - ``sampled``: a draw without replacement with probability proportional
   to ``loss ** alpha`` (``alpha`` default 1; Gumbel top-k), no importance
   weights: between uniform (``alpha=0``) and the top losses (large
@@ -93,10 +97,11 @@ def parse_arm(text: str) -> tuple[str, dict[str, float]]:
     options = {}
     for item in items:
         key, _, value = item.partition("=")
-        if key not in ("skip", "il_epochs", "sign", "alpha", "warmup", "proxy_lr", "narrow"):
+        if key not in ("skip", "il_epochs", "sign", "alpha", "warmup", "proxy_lr", "narrow",
+                       "lw"):
             raise argparse.ArgumentTypeError(
-                f"arm {text!r}: options are skip, il_epochs, sign, alpha, warmup, proxy_lr "
-                f"and narrow, "
+                f"arm {text!r}: options are skip, il_epochs, sign, alpha, warmup, proxy_lr, "
+                f"narrow and lw, "
                 f"but got {key!r}"
             )
         options[key] = float(value)
@@ -247,7 +252,11 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
             else:
                 rows = candidates[score.argsort(descending=True)[first:first + args.batch]]
         optimizer.zero_grad()
-        F.cross_entropy(model(x[rows]), y[rows]).backward()
+        losses = F.cross_entropy(model(x[rows]), y[rows], reduction="none")
+        if options.get("lw"):
+            weights = (losses.detach() / losses.detach().mean()) ** options["lw"]
+            losses = losses * (weights / weights.mean())
+        losses.mean().backward()
         if arm == "projection":
             grads = {n: p.grad.detach() for n, p in model.named_parameters()}
             mean_grad = ({n: g.clone() for n, g in grads.items()} if mean_grad is None
