@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from daskpri.replicas.devices import spread_device, spread_kind
+from daskpri.replicas.devices import kept_devices, spread_device, spread_kind
 
 #: the nannies of ``dask worker --nworkers 4`` on one host, in no order
 NANNIES = ["tcp://10.0.0.5:41005", "tcp://10.0.0.5:9999", "tcp://10.0.0.5:40001",
@@ -78,3 +78,14 @@ def test_a_process_that_joins_later_takes_the_device_its_live_peers_hold_least()
     assert {p: spread_device("cuda", 3, p, three, by_place) for p in three} == by_place
     assert spread_device("cuda", 2, three[2], three, {three[0]: "cuda:0",
                                                       three[1]: "cuda:1"}) == "cuda:0"
+
+
+def test_the_records_kept_are_the_live_processes_and_the_choosers():
+    held = {"tcp://h:1": "cuda:0", "tcp://h:2": "cuda:1", "tcp://h:3": "cuda:0"}
+    # 1 left; 3 restarted under its nanny (a new choice); 4 joined and chose
+    assert kept_devices(held, ["tcp://h:2", "tcp://h:3", "tcp://h:4"], "tcp://h:3",
+                        "cuda:1") == {"tcp://h:2": "cuda:1", "tcp://h:3": "cuda:1"}
+    assert kept_devices(held, ["tcp://h:2"], "tcp://h:4", "cuda:0") == {
+        "tcp://h:2": "cuda:1", "tcp://h:4": "cuda:0"}
+    assert kept_devices(None, [], "tcp://h:4", "cuda:0") == {"tcp://h:4": "cuda:0"}
+    assert held == {"tcp://h:1": "cuda:0", "tcp://h:2": "cuda:1", "tcp://h:3": "cuda:0"}

@@ -18,8 +18,11 @@ the device its live peers hold least, its place's where that is one of
 those: one that joins after others left, whose place's GPU a peer holds,
 takes one that none holds rather than share. Processes that start
 together choose at once, by place alone (each sees none of the others'
-choices). Start one process per GPU with
-``CUDA_VISIBLE_DEVICES`` set to pin each for good.
+choices). Each choice also drops the host's records of processes gone
+since (:func:`kept_devices`): a long-lived scheduler of autoscaled
+workers keeps one per live process, not one per process that ever chose.
+Start one process per GPU with ``CUDA_VISIBLE_DEVICES`` set to pin each
+for good.
 
 Examples
 --------
@@ -36,6 +39,8 @@ from typing import Any
 
 import torch
 from distributed.comm.addressing import get_address_host
+from distributed.core import clean_exception
+from distributed.protocol import pickle
 
 logger = logging.getLogger(__name__)
 
@@ -203,17 +208,69 @@ async def choose_device(
     :func:`spread_kind` names a kind: :func:`host_workers` (``resources``
     and ``gpu`` as there), then :func:`spread_device` with the devices its
     peers chose, as the scheduler keeps them; this process's choice is kept
-    there in turn.
+    there in turn, with the host's records of processes no longer among the
+    scheduler's workers dropped, in one step on the scheduler
+    (:func:`kept_devices`).
+
+    Raises
+    ------
+    RuntimeError
+        If the scheduler fails to keep the choice (it cannot import daskpri, say).
     """
     me, peers = await host_workers(worker, resources, gpu=gpu)
     # the scheduler's metadata: what a process that joins later finds its peers hold
-    keys = [*DEVICES_KEY, get_address_host(worker.address)]
-    held = await worker.scheduler.get_metadata(keys=keys, default=None)
+    host = get_address_host(worker.address)
+    held = await worker.scheduler.get_metadata(keys=[*DEVICES_KEY, host], default=None)
     device = spread_device(kind, count, me, peers, held if isinstance(held, dict) else None)
-    await worker.scheduler.set_metadata(keys=[*keys, me], value=device)
+    # kept, and the records of the host's departed processes dropped, in one step of the
+    # scheduler's event loop: a read here and a write of the host's whole dict after it
+    # would drop a record that a peer wrote in between (set_metadata deletes nothing)
+    answer = await worker.scheduler.run_function(
+        function=pickle.dumps(_keep_device), kwargs=pickle.dumps(
+            {"host": host, "me": me, "device": device}))
+    if answer.get("status") != "OK":
+        _, error, _ = clean_exception(**answer)
+        raise RuntimeError(f"the scheduler did not keep worker {worker.address}'s device "
+                           f"{device}: {type(error).__name__}: {error}")
     logger.info("daskpri: worker %s trains on %s, one of %d %s devices shared by the host's %d "
                 "worker processes", worker.address, device, count, kind.upper(), len(peers))
     return torch.device(device)
+
+
+def kept_devices(
+    held: Mapping[str, str] | None, live: Collection[str], me: str, device: str,
+) -> dict[str, str]:
+    """The devices of a host's processes to keep once ``me`` chose ``device``.
+
+    Those of ``held`` whose processes are ``live`` (the host's, as the
+    scheduler lists them, by nanny), and ``me``'s: the records of processes
+    gone since are dropped, so the scheduler keeps one per live process, not
+    one per process that ever chose.
+
+    Examples
+    --------
+    >>> kept_devices({"tcp://h:1": "cuda:0", "tcp://h:2": "cuda:1"}, ["tcp://h:2"],
+    ...              "tcp://h:3", "cuda:0")
+    {'tcp://h:2': 'cuda:1', 'tcp://h:3': 'cuda:0'}
+    """
+    kept = {p: d for p, d in (held or {}).items() if p in live and p != me}
+    kept[me] = device
+    return kept
+
+
+def _keep_device(host: str, me: str, device: str, dask_scheduler: Any) -> None:
+    """Keep ``me``'s ``device`` on the scheduler, dropping those of ``host``'s departed processes.
+
+    Run on the scheduler (``Scheduler.run_function``), synchronously: no other
+    message is handled between its read and its write, so no record of a
+    process that is among the scheduler's workers is lost.
+    """
+    live = {ws.nanny or ws.address for ws in dask_scheduler.workers.values()
+            if ws.host == host}
+    keys = [*DEVICES_KEY, host]
+    held = dask_scheduler.get_metadata(keys=keys, default=None)
+    dask_scheduler.set_metadata(
+        keys=keys, value=kept_devices(held if isinstance(held, dict) else None, live, me, device))
 
 
 def worker_device(worker: Any, requested: str | None = None) -> torch.device:
