@@ -108,7 +108,8 @@ def test_an_adaptive_cluster_at_zero_keeps_the_worker_it_started_through_a_slow_
     small_data
 ):
     """The task a waiting fit kept pending holds its result, and so its worker, until the
-    run is set up: a replica that loads slowly leaves the worker idle, with no data."""
+    run is set up: a replica that loads slowly leaves the worker idle, with no data. Once
+    the fit is over, the cluster goes back to zero."""
     train, _ = small_data
     model = _SlowToLoad(int(train["x"].shape[1]), int(train["y"].max()) + 1, delay=0.3)
     with (
@@ -122,3 +123,6 @@ def test_an_adaptive_cluster_at_zero_keeps_the_worker_it_started_through_a_slow_
             history = trainer.fit(train, max_steps=2, progress=False)
             assert trainer.step_ == 2 and history.sizes["worker"] == 1
         assert [r["status"] for _, r in adaptive.log] == ["up"], adaptive.log
+        # the fit over, nothing of it is left: an idle cluster goes back to zero
+        _wait(lambda: not cluster.scheduler.workers and not cluster.scheduler.tasks,
+              "the idle cluster did not go back to zero workers", None)

@@ -112,26 +112,6 @@ def test_an_interrupt_while_a_fit_waits_for_workers_ends_it(small_data, no_worke
     _wait_for(lambda: not cluster.scheduler.tasks)
 
 
-def test_an_adaptive_cluster_at_zero_workers_starts_one_for_a_waiting_fit(small_data):
-    train, _ = small_data
-    with (
-        # a fit that did not make the cluster start a worker fails within this
-        dask.config.set({"daskpri.trainer.no-workers-timeout": "20s"}),
-        LocalCluster(n_workers=0, threads_per_worker=1, processes=True, host="127.0.0.1",
-                     dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-    ):
-        # it would retire an idle worker within 50 ms: the one it starts, as the run is set up
-        adaptive = cluster.adapt(minimum=0, maximum=1, interval="50ms", wait_count=1)
-        with daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
-                             batch_size=16) as trainer:
-            history = trainer.fit(train, max_steps=2, progress=False)
-            assert trainer.step_ == 2 and history.sizes["worker"] == 1
-        assert [r["status"] for _, r in adaptive.log] == ["up"], adaptive.log
-        # the fit over, nothing of it is left: an idle cluster goes back to zero
-        _wait_for(lambda: not cluster.scheduler.workers and not cluster.scheduler.tasks)
-
-
 def test_a_fit_of_more_workers_than_an_adaptive_clusters_minimum_fails_at_once_saying_so(
     small_data,
 ):
