@@ -72,20 +72,24 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     assert os.listdir(tmp_path) == ["data.nc"]
 
 
+def _refuses_a_directory_of_other_files(path, match: str) -> None:
+    """``to_store`` refuses ``path``, made a directory holding another file, with an error
+    that matches ``match``, and writes nothing in it or beside it."""
+    path.mkdir()
+    (path / "important.txt").write_text("keep")
+    with pytest.raises(ValueError, match=match):
+        to_store(small(), path)
+    assert (path / "important.txt").read_text() == "keep"
+    assert os.listdir(path) == ["important.txt"]
+    assert os.listdir(path.parent) == [path.name]  # nothing written beside it either
+
+
 @pytest.mark.parametrize("name", ["victim", "victim.zarr"])
 def test_to_store_refuses_a_directory_that_is_not_a_zarr_store(tmp_path, name):
-    victim = tmp_path / name
-    victim.mkdir()
-    (victim / "important.txt").write_text("keep")
-    with pytest.raises(
-        ValueError,
-        match=rf"path should be a new path, an empty directory or a zarr store to replace, "
-        rf"but got path='[^']*{name}', a directory that holds other files",
-    ):
-        to_store(small(), victim)
-    assert (victim / "important.txt").read_text() == "keep"
-    assert os.listdir(victim) == ["important.txt"]
-    assert os.listdir(tmp_path) == [name]  # nothing written beside it either
+    _refuses_a_directory_of_other_files(
+        tmp_path / name,
+        rf"path should be a new path, an empty directory or a zarr store to replace, "
+        rf"but got path='[^']*{name}', a directory that holds other files")
 
 
 def test_to_store_refuses_a_file_where_a_zarr_store_would_go(tmp_path):
@@ -98,17 +102,10 @@ def test_to_store_refuses_a_file_where_a_zarr_store_would_go(tmp_path):
 
 
 def test_to_store_refuses_a_directory_where_a_netcdf_file_would_go(tmp_path):
-    path = tmp_path / "data.nc"
-    path.mkdir()
-    (path / "important.txt").write_text("keep")
-    with pytest.raises(
-        ValueError,
-        match=r"path should be a new path or a netCDF file to replace, "
-        r"but got path='[^']*data\.nc', which is a directory",
-    ):
-        to_store(small(), path)
-    assert (path / "important.txt").read_text() == "keep"
-    assert os.listdir(tmp_path) == ["data.nc"]
+    _refuses_a_directory_of_other_files(
+        tmp_path / "data.nc",
+        r"path should be a new path or a netCDF file to replace, "
+        r"but got path='[^']*data\.nc', which is a directory")
 
 
 @pytest.mark.parametrize("old", ["zarr format 2", "zarr format 3", "empty directory"])
