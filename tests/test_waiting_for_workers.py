@@ -2,7 +2,8 @@
 
 Up to ``daskpri.trainer.no-workers-timeout``, saying once what it waits for;
 then it fails saying it waited. An adaptive cluster at zero workers starts
-one for the task the waiting fit keeps pending.
+one for the task the waiting fit keeps pending (test_adaptive.py), and no
+more than that one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 import dask
 import pytest
+from _fits import local_cluster, mlp_trainer
 from distributed import Client, LocalCluster
 
 import daskpri
@@ -43,11 +45,8 @@ def no_workers() -> Iterator[tuple[LocalCluster, Client]]:
 def test_a_fit_started_before_any_worker_waits_for_one_and_trains_on_it(small_data, caplog):
     train, _ = small_data
     with (
-        LocalCluster(n_workers=0, threads_per_worker=1, processes=False,
-                     dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-        daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
-                        batch_size=16) as trainer,
+        local_cluster(0, processes=False) as (cluster, client),
+        mlp_trainer(client, train, batch_size=16) as trainer,
         caplog.at_level(logging.WARNING, logger="daskpri"),
     ):
         # a worker that starts half a second after the fit (a `dask worker` still starting)
@@ -118,11 +117,8 @@ def test_a_fit_of_more_workers_than_an_adaptive_clusters_minimum_fails_at_once_s
     # Adaptive starts one worker for the task a waiting fit keeps pending, and no more
     train, _ = small_data
     with (
-        LocalCluster(n_workers=0, threads_per_worker=1, processes=False,
-                     dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-        daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
-                        n_workers=2, batch_size=16) as trainer,
+        local_cluster(0, processes=False) as (cluster, client),
+        mlp_trainer(client, train, n_workers=2, batch_size=16) as trainer,
     ):
         cluster.adapt(minimum=0, maximum=3, interval="50ms")
         t0 = time.monotonic()
