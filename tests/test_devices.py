@@ -81,11 +81,15 @@ def test_a_process_that_joins_later_takes_the_device_its_live_peers_hold_least()
 
 
 def test_the_records_kept_are_the_live_processes_and_the_choosers():
-    held = {"tcp://h:1": "cuda:0", "tcp://h:2": "cuda:1", "tcp://h:3": "cuda:0"}
-    # 1 left; 3 restarted under its nanny (a new choice); 4 joined and chose
-    assert kept_devices(held, ["tcp://h:2", "tcp://h:3", "tcp://h:4"], "tcp://h:3",
-                        "cuda:1") == {"tcp://h:2": "cuda:1", "tcp://h:3": "cuda:1"}
-    assert kept_devices(held, ["tcp://h:2"], "tcp://h:4", "cuda:0") == {
-        "tcp://h:2": "cuda:1", "tcp://h:4": "cuda:0"}
-    assert kept_devices(None, [], "tcp://h:4", "cuda:0") == {"tcp://h:4": "cuda:0"}
-    assert held == {"tcp://h:1": "cuda:0", "tcp://h:2": "cuda:1", "tcp://h:3": "cuda:0"}
+    h1, h2, h3, g1 = "tcp://h:1", "tcp://h:2", "tcp://h:3", "tcp://g:1"
+    held = {"h": {h1: "cuda:0", h2: "cuda:1", h3: "cuda:0"}, "g": {g1: "cuda:1"},
+            "gone": {"tcp://gone:1": "cuda:0"}}
+    # h:1 left; h:3 restarted under its nanny (a new choice); g's stays; none of gone's is left
+    live = {"h": [h2, h3], "g": [g1]}
+    assert kept_devices(held, live, "h", h3, "cuda:1") == {
+        "h": {h2: "cuda:1", h3: "cuda:1"}, "g": {g1: "cuda:1"}}
+    # one that joined a host of none kept; a host none of whose records is live goes
+    assert kept_devices(held, {"h": [h2], "k": ["tcp://k:1"]}, "k", "tcp://k:1", "cuda:0") == {
+        "h": {h2: "cuda:1"}, "k": {"tcp://k:1": "cuda:0"}}
+    assert kept_devices(None, {}, "h", h1, "cuda:0") == {"h": {h1: "cuda:0"}}
+    assert held["h"] == {h1: "cuda:0", h2: "cuda:1", h3: "cuda:0"}  # not changed in place

@@ -317,17 +317,17 @@ def test_dask_worker_nworkers_processes_are_given_distinct_devices_by_the_schedu
         # `dask worker --nworkers 2` starts a nanny for each process, as a worker alone has
         assert len({w["nanny"] for w in workers.values()}) == len(workers) == 3
         [host] = {w["host"] for w in workers.values()}
-        # records of processes gone (another host's are not this host's to drop)
-        gone, elsewhere = f"tcp://{host}:1", ["daskpri", "devices", "10.9.9.9", "tcp://x:1"]
-        client.set_metadata(["daskpri", "devices", host, gone], "cuda:1")
-        client.set_metadata(elsewhere, "cuda:0")
+        # records of processes gone: one of this host, and one of a host with none left
+        client.set_metadata(["daskpri", "devices", host, f"tcp://{host}:1"], "cuda:1")
+        client.set_metadata(["daskpri", "devices", "10.9.9.9", "tcp://10.9.9.9:1"], "cuda:0")
         # the three processes of the host, three GPUs: one each
         assert sorted(client.run(chosen, 3, None).values()) == ["cuda:0", "cuda:1", "cuda:2"]
         # kept on the scheduler, the three choosing at once each keep theirs, and the
-        # departed's record is dropped
-        held = client.get_metadata(["daskpri", "devices", host])
+        # departed ones' records are dropped
+        held = client.get_metadata(["daskpri", "devices"])
+        assert list(held) == [host]
+        held = held[host]
         assert sorted(held) == sorted(w["nanny"] for w in workers.values())
-        assert client.get_metadata(elsewhere) == "cuda:0"
         # one that chooses later takes a GPU its live peers do not hold, not its
         # place's where a peer holds that (one that chose at another place)
         last = max(workers, key=lambda a: _address_order(workers[a]["nanny"]))

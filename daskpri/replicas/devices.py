@@ -18,8 +18,8 @@ the device its live peers hold least, its place's where that is one of
 those: one that joins after others left, whose place's GPU a peer holds,
 takes one that none holds rather than share. Processes that start
 together choose at once, by place alone (each sees none of the others'
-choices). Each choice also drops the host's records of processes gone
-since (:func:`kept_devices`): a long-lived scheduler of autoscaled
+choices). Each choice also drops the records of processes gone since, on
+any host (:func:`kept_devices`): a long-lived scheduler of autoscaled
 workers keeps one per live process, not one per process that ever chose.
 Start one process per GPU with ``CUDA_VISIBLE_DEVICES`` set to pin each
 for good.
@@ -208,7 +208,7 @@ async def choose_device(
     :func:`spread_kind` names a kind: :func:`host_workers` (``resources``
     and ``gpu`` as there), then :func:`spread_device` with the devices its
     peers chose, as the scheduler keeps them; this process's choice is kept
-    there in turn, with the host's records of processes no longer among the
+    there in turn, with the records of processes no longer among the
     scheduler's workers dropped, in one step on the scheduler
     (:func:`kept_devices`).
 
@@ -238,39 +238,47 @@ async def choose_device(
 
 
 def kept_devices(
-    held: Mapping[str, str] | None, live: Collection[str], me: str, device: str,
-) -> dict[str, str]:
-    """The devices of a host's processes to keep once ``me`` chose ``device``.
+    held: Mapping[str, Any] | None, live: Mapping[str, Collection[str]],
+    host: str, me: str, device: str,
+) -> dict[str, dict[str, str]]:
+    """The devices to keep on the scheduler, by host then process, once ``me`` chose ``device``.
 
-    Those of ``held`` whose processes are ``live`` (the host's, as the
-    scheduler lists them, by nanny), and ``me``'s: the records of processes
-    gone since are dropped, so the scheduler keeps one per live process, not
-    one per process that ever chose.
+    Those of ``held`` (by host, then by nanny) whose processes are ``live``
+    (the scheduler's workers, likewise by host), and ``me``'s on ``host``:
+    the records of processes gone since, and of hosts none of whose
+    processes is left, are dropped, so the scheduler keeps one per live
+    process, not one per process that ever chose.
 
     Examples
     --------
-    >>> kept_devices({"tcp://h:1": "cuda:0", "tcp://h:2": "cuda:1"}, ["tcp://h:2"],
-    ...              "tcp://h:3", "cuda:0")
-    {'tcp://h:2': 'cuda:1', 'tcp://h:3': 'cuda:0'}
+    >>> held = {"h": {"tcp://h:1": "cuda:0", "tcp://h:2": "cuda:1"}, "g": {"tcp://g:1": "cuda:0"}}
+    >>> kept_devices(held, {"h": ["tcp://h:2", "tcp://h:3"]}, "h", "tcp://h:3", "cuda:0")
+    {'h': {'tcp://h:2': 'cuda:1', 'tcp://h:3': 'cuda:0'}}
     """
-    kept = {p: d for p, d in (held or {}).items() if p in live and p != me}
-    kept[me] = device
+    kept: dict[str, dict[str, str]] = {}
+    for where, records in (held or {}).items():
+        alive = live.get(where, ())
+        if isinstance(records, Mapping):
+            records = {p: d for p, d in records.items() if p in alive and p != me}
+            if records:
+                kept[where] = records
+    kept.setdefault(host, {})[me] = device
     return kept
 
 
 def _keep_device(host: str, me: str, device: str, dask_scheduler: Any) -> None:
-    """Keep ``me``'s ``device`` on the scheduler, dropping those of ``host``'s departed processes.
+    """Keep ``me``'s ``device`` on the scheduler, dropping the records of departed processes.
 
     Run on the scheduler (``Scheduler.run_function``), synchronously: no other
     message is handled between its read and its write, so no record of a
     process that is among the scheduler's workers is lost.
     """
-    live = {ws.nanny or ws.address for ws in dask_scheduler.workers.values()
-            if ws.host == host}
-    keys = [*DEVICES_KEY, host]
-    held = dask_scheduler.get_metadata(keys=keys, default=None)
-    dask_scheduler.set_metadata(
-        keys=keys, value=kept_devices(held if isinstance(held, dict) else None, live, me, device))
+    live: dict[str, set[str]] = {}
+    for ws in dask_scheduler.workers.values():
+        live.setdefault(ws.host, set()).add(ws.nanny or ws.address)
+    held = dask_scheduler.get_metadata(keys=list(DEVICES_KEY), default=None)
+    dask_scheduler.set_metadata(keys=list(DEVICES_KEY), value=kept_devices(
+        held if isinstance(held, dict) else None, live, host, me, device))
 
 
 def worker_device(worker: Any, requested: str | None = None) -> torch.device:
