@@ -182,8 +182,8 @@ def test_an_interrupt_as_the_trainer_starts_its_cluster_leaves_its_workers_runni
                       interrupt_on="worker process started")
     assert (cell.ename, cell.evalue) == (
         "KeyboardInterrupt",
-        "the fit was interrupted and stopped at step_=0: its history is trainer.history_; "
-        "fit again to go on",
+        "the fit was interrupted during its set-up, before its first step: nothing was "
+        "trained (step_=0); fit again to train",
     )
     assert cell.stderr == ("daskpri: stopping the fit as its set-up ends, before its first "
                            "step: nothing is trained (interrupt again to stop at once)\n")

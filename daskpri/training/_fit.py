@@ -112,13 +112,29 @@ def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
     if interrupt.count:
         # raised here, where the fit has ended as at the end of its budget: its run,
         # history and checkpoint are whole, and a notebook's next cells do not run
-        kept = (f", checkpointed to {trainer.checkpoint_path}"
-                if trainer.checkpoint_path is not None else "")
-        raise KeyboardInterrupt(
-            f"the fit was interrupted and stopped at step_={trainer.step_}{kept}: its history "
-            "is trainer.history_; fit again to go on"
-        )
+        raise KeyboardInterrupt(interrupted_says(trainer, interrupt))
     return history
+
+
+def interrupted_says(trainer: Trainer, interrupt: Interrupts) -> str:
+    """The message of the ``KeyboardInterrupt`` of a fit that ``interrupt`` ended, by its phase.
+
+    What the fit was doing at the first interrupt (:attr:`Interrupts.first`)
+    says what it ended: a wait for workers (nothing set up), a set-up (the
+    run set up, nothing trained) or its steps (those taken are kept).
+    """
+    kept = (f", checkpointed to {trainer.checkpoint_path}"
+            if trainer.checkpoint_path is not None and trainer.checkpointed_step_ is not None
+            else "")
+    if interrupt.first == "waiting":
+        return (f"the fit was interrupted while it waited for workers, before its set-up: "
+                f"nothing was set up or trained (step_={trainer.step_}); fit again to wait "
+                "for them again (daskpri.trainer.no-workers-timeout)")
+    if interrupt.first == "setting up":
+        return (f"the fit was interrupted during its set-up, before its first step: nothing "
+                f"was trained (step_={trainer.step_}{kept}); fit again to train")
+    return (f"the fit was interrupted and stopped at step_={trainer.step_}{kept}: its history "
+            "is trainer.history_; fit again to go on")
 
 
 def _set_up_and_step(

@@ -49,6 +49,13 @@ class Interrupts:
     stepping: bool = False
     #: whether the fit waits for workers, before its set-up (an interrupt ends it at once)
     waiting: bool = False
+    #: what the fit was doing at the first interrupt (:attr:`phase`), for its words after
+    first: str | None = None
+
+    @property
+    def phase(self) -> str:
+        """What the fit does now: ``"waiting"``, ``"setting up"`` or ``"stepping"``."""
+        return "stepping" if self.stepping else "waiting" if self.waiting else "setting up"
 
     @property
     def setting_up(self) -> bool:
@@ -83,6 +90,7 @@ class _Stopper:
     def __call__(self, signum: int, frame: Any) -> None:
         self.taken.count += 1
         if self.taken.count == 1:
+            self.taken.first = self.taken.phase
             self.trainer.stop()
             print(self.says(self.taken), file=sys.stderr, flush=True)
             return

@@ -446,7 +446,9 @@ class Trainer(BackgroundMixin):
             set-up on, an interrupt ends it after the step in flight, as at
             the end of its budget (it evaluates, keeps its history in
             ``history_`` and writes its checkpoint), and the message says
-            the step it stopped at; ``fit`` again goes on from there. A
+            what it ended: the step it stopped at, or, interrupted while it
+            waited for workers or set its run up, that nothing was trained;
+            ``fit`` again goes on from there. A
             second interrupt raises at once. Its traceback keeps the lines
             it passed, not their variables: a trainer a notebook drops after
             it closes its LocalCluster.
