@@ -68,6 +68,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
 
 
+def _command() -> int:
+    """The ``daskpri`` script's (and ``python -m daskpri``'s) entry: :func:`main`, then exit.
+
+    A Ctrl-C once :func:`main` has returned changes no exit status
+    (:func:`~daskpri.cli._interrupt._exiting`); :func:`main` itself, called
+    from Python, leaves the caller's ``SIGINT`` as it was.
+    """
+    from daskpri.cli._interrupt import _exiting
+
+    status = main()
+    _exiting()
+    return status
+
+
 def _run(args: Any) -> int:
     """Run the parsed command, an error as one line on stderr and its exit status."""
     if args.traceback:  # the errors below as Python shows them
