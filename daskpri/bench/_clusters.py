@@ -8,6 +8,7 @@ from typing import Any
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
+from daskpri.training._interrupts import interrupts_held
 from daskpri.training._waiting import workers_awaited
 from daskpri.training.cluster import connect, local_cluster, stop_heartbeats
 from daskpri.training.placement import all_have_gpus, cluster_workers
@@ -47,9 +48,13 @@ class _Clusters:
                 return self._client
         if self._client is None or self._n != n_workers:
             self.close()
-            self._cluster = local_cluster(n_workers)
-            self._client = Client(self._cluster)
-            self._n = n_workers
+            # started whole, as a trainer starts its own: a Ctrl-C in the middle of
+            # LocalCluster(...) left it half made, owned by none (its workers, still
+            # starting, died of it); held, it is raised once the cluster is ours to close
+            with interrupts_held():
+                self._cluster = local_cluster(n_workers)
+                self._client = Client(self._cluster)
+                self._n = n_workers
         return self._client
 
     def device(self) -> str:
@@ -70,11 +75,12 @@ class _Clusters:
     def close(self) -> None:
         """Close a LocalCluster we started (a given scheduler's client stays)."""
         if self._cluster is not None:
-            if self._client is not None:
-                stop_heartbeats(self._client)
-                self._client.close()
-            self._cluster.close()
-            self._cluster = self._client = None
+            with interrupts_held():  # (a close interrupted half-way would never end)
+                if self._client is not None:
+                    stop_heartbeats(self._client)
+                    self._client.close()
+                self._cluster.close()
+                self._cluster = self._client = None
 
     def __enter__(self) -> _Clusters:
         return self
