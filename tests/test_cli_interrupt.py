@@ -27,6 +27,8 @@ from _cli_runs import SMALL, _open
 from _procs import _stop
 
 import daskpri
+from daskpri.cli import _run
+from daskpri.cli._arguments import _parser
 from daskpri.cli._interrupt import _exiting, _interruptible
 from daskpri.models import build_model
 from daskpri.training import checkpoint
@@ -98,6 +100,28 @@ def test_a_ctrl_c_as_the_bench_starts_a_cluster_is_raised_once_it_started_and_it
     started = [c for c in list(SpecCluster._instances) if c not in before]
     assert started and all(c.status == Status.closed for c in started), started
     assert clusters._cluster is None and clusters._client is None
+
+
+def test_a_ctrl_c_with_traceback_shows_where_it_landed_and_exits_130(capsys) -> None:
+    """Let through, it killed the command with SIGINT (-2), not the 130 of an interrupt."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's own here")
+
+    def hangs(args: Any) -> int:  # a command that hangs, and is interrupted
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        pytest.fail("the interrupt did not raise")
+
+    args = _parser().parse_args(["strategies", "--traceback"])
+    args.run = hangs
+    try:
+        status = _run(args)
+    except KeyboardInterrupt:  # (failed here, not the session's interrupt)
+        pytest.fail("the interrupt was let through: the command dies of SIGINT, -2")
+    assert status == 130
+    err = capsys.readouterr().err
+    assert "Traceback" in err and ", in hangs\n" in err, err
+    assert err.endswith("KeyboardInterrupt\ndaskpri: interrupted\n"), err
 
 
 def test_interrupt_writes_the_history_and_checkpoint_of_the_step_it_ended_on(

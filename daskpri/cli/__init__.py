@@ -85,7 +85,14 @@ def _command() -> int:
 def _run(args: Any) -> int:
     """Run the parsed command, an error as one line on stderr and its exit status."""
     if args.traceback:  # the errors below as Python shows them
-        return int(args.run(args))
+        try:
+            return int(args.run(args))
+        except KeyboardInterrupt:
+            # where it landed (a run that hung), and the exit status of an interrupt still:
+            # let through, it killed the command with SIGINT (-2)
+            traceback.print_exc()
+            print(f"{_PROG}: interrupted", file=sys.stderr)
+            return 130
     try:
         return int(args.run(args))
     except (ValueError, TypeError) as e:
