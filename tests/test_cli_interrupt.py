@@ -67,17 +67,6 @@ def test_interrupt_closes_the_cluster_and_exits_130() -> None:
     assert err.endswith("daskpri: interrupted\n") and "Traceback" not in err
 
 
-def test_a_command_exiting_with_a_cluster_still_open_leaves_ctrl_c_to_stop_it(gpu_client):
-    """Its close at exit could wait on the cluster's workers: a Ctrl-C may still be needed."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT is not Python's own here: daskpri does not take it")
-    try:
-        _exiting()
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def test_a_ctrl_c_as_the_bench_starts_a_cluster_is_raised_once_it_started_and_it_closes():
     """Raised in the middle of LocalCluster(...), it left a cluster half made, owned by none.
 
@@ -351,6 +340,17 @@ def test_a_ctrl_c_during_the_set_up_says_the_fit_ends_before_its_first_step(
         "trained (interrupt again to stop at once)")
     assert "after the step in flight" in _fit_says(Interrupts(stepping=True))
     assert "waiting for workers" in _fit_says(Interrupts(waiting=True))
+
+
+def test_a_command_exiting_with_a_cluster_still_open_leaves_ctrl_c_to_stop_it(gpu_client):
+    """Its close at exit could wait on the cluster's workers: a Ctrl-C may still be needed."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's own here: daskpri does not take it")
+    try:
+        _exiting()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _stepping(others: set[Any]) -> Any:
