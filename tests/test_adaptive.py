@@ -126,3 +126,35 @@ def test_an_adaptive_cluster_at_zero_keeps_the_worker_it_started_through_a_slow_
         # the fit over, nothing of it is left: an idle cluster goes back to zero
         _wait(lambda: not cluster.scheduler.workers and not cluster.scheduler.tasks,
               "the idle cluster did not go back to zero workers", None)
+
+
+def test_a_fit_goes_on_on_the_worker_an_adaptive_cluster_at_zero_starts_after_its_own_left(
+    small_data, caplog
+):
+    """The re-plan after the run's workers left keeps a task pending as it waits for one, as
+    the fit's start does: Dask's Adaptive starts workers for tasks (none for the steps' RPCs),
+    and the fit would fail after daskpri.trainer.no-workers-timeout."""
+    train, _ = small_data
+    with (
+        dask.config.set({"daskpri.trainer.no-workers-timeout": "10s",
+                         "daskpri.trainer.rescan-interval": "0s"}),
+        local_cluster(0, processes=False) as (cluster, client),
+    ):
+        adaptive = cluster.adapt(minimum=0, maximum=1, interval="100ms", wait_count=1)
+        with mlp_trainer(client, train, batch_size=16, partition_size=100) as trainer:
+            running = fit_until_step(trainer, train)
+            first, step = set(cluster.scheduler.workers), trainer.step_
+            with caplog.at_level(logging.WARNING, logger="daskpri"):
+                cluster.scale(0)  # its worker retired despite the fit's hold, its data lost
+
+                def on_another() -> bool:
+                    now = set(cluster.scheduler.workers)
+                    return bool(now) and not now & first and trainer.step_ >= step + 3
+
+                _wait(on_another, "the fit did not go on on a new worker", running)
+            trainer.stop()
+            assert running.result(timeout=60)["n_workers"].values[-1] == 1
+        assert "partitions moved, the run goes on with 1" in caplog.text
+        assert [r["status"] for _, r in adaptive.log] == ["up", "up"], adaptive.log
+        # the task kept pending is released once the data is placed again
+        assert not [k for k in cluster.scheduler.tasks if "waiting-for-workers" in str(k)]

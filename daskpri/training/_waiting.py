@@ -12,13 +12,16 @@ cluster as it is then calls for, saying that it waited.
 Dask's ``Adaptive`` starts workers for tasks, not for a fit's RPCs: it asks
 ``Scheduler.adaptive_target()``, which is at least one for a cluster of no
 workers only where a task is queued or unrunnable. While it waits, the fit
-keeps one real task pending, with the run's resources: it returns the
-address of the worker that runs it. Its result stays in that worker's
-memory until the caller's block ends (the set-up done, and the fit's
-workers held, see :func:`daskpri.training._fit.hold_workers`): Dask's
-``workers_to_close`` keeps the last worker that holds data, so Adaptive
-does not retire the worker it started for the fit before the run has
-placed its data there.
+keeps one real task pending (:class:`PendingTask`), with the run's
+resources: it returns the address of the worker that runs it. Its result
+stays in that worker's memory until the caller's block ends (the set-up
+done, and the fit's workers held, see
+:func:`daskpri.training._fit.hold_workers`): Dask's ``workers_to_close``
+keeps the last worker that holds data, so Adaptive does not retire the
+worker it started for the fit before the run has placed its data there.
+The re-plan after losing the run's workers mid-fit waits for workers the
+same way (:meth:`daskpri.training.deployment.Deployment.recover`), its task
+held until their partitions are placed again.
 
 That task brings one worker, not more: ``adaptive_target`` weighs the
 load of the tasks waiting (their expected durations against
@@ -105,6 +108,45 @@ def worker_address() -> str:
     return str(distributed.get_worker().address)
 
 
+class PendingTask:
+    """One real task with ``resources``, kept pending while a fit waits for workers.
+
+    An adaptive cluster at zero workers starts one for it (see the module's
+    note). :meth:`keep` submits it (again where the last one failed, its
+    worker lost as it ran it); once run, its result holds its worker
+    against Adaptive's scale-down until :meth:`release`, which the caller
+    calls on every path, as the run's data is placed there.
+    """
+
+    def __init__(self, client: Client, resources: Mapping[str, float] | None) -> None:
+        self.client = client
+        self.resources = resources
+        self.future: Future | None = None
+
+    def keep(self) -> None:
+        """Submit the task, unless one is pending or run (its result held)."""
+        if self.future is not None and self.future.status not in ("error", "cancelled", "lost"):
+            return
+        self.release()
+        self.future = self.client.submit(
+            worker_address, pure=False, resources=self.resources,
+            key=f"daskpri-waiting-for-workers-{time.time_ns()}")
+
+    def wait(self, timeout: float) -> None:
+        """Wait ``timeout`` seconds, or less: until the task runs, if it is pending."""
+        if self.future is None or self.future.done():  # run, yet the cluster does not suit
+            time.sleep(max(0.0, timeout))
+        else:  # wakes as soon as a worker that suits the task runs it
+            with contextlib.suppress(distributed.TimeoutError):
+                distributed.wait(self.future, timeout=max(0.0, timeout))
+
+    def release(self) -> None:
+        """Let the task (and its result, and so its worker) go."""
+        if self.future is not None:
+            self.future.release()
+            self.future = None
+
+
 @contextlib.contextmanager
 def workers_awaited(
     client: Client,
@@ -152,19 +194,14 @@ def workers_awaited(
     deadline = time.monotonic() + timeout
     logger.warning("waiting up to %g s for %s at %s (daskpri.trainer.no-workers-timeout)",
                    timeout, what, address)
-    pending: Future | None = None
+    pending = PendingTask(client, resources)
     if interrupts is not None:
         interrupts.waiting = True
     try:
         while True:
             if stopped():
                 raise WaitStopped(f"stopped while waiting for {what} at {address}")
-            if pending is None or pending.status in ("error", "cancelled", "lost"):
-                # (one that failed, its worker lost as it ran it: another in its place)
-                if pending is not None:
-                    pending.release()
-                pending = client.submit(worker_address, pure=False, resources=resources,
-                                        key=f"daskpri-waiting-for-workers-{time.time_ns()}")
+            pending.keep()
             try:
                 found = suited(cluster_workers(client))
                 break
@@ -176,16 +213,11 @@ def workers_awaited(
                     f"{why}; waited {timeout:g} s for {what} "
                     "(daskpri.trainer.no-workers-timeout)"
                 ) from None
-            if pending.done():  # run, yet the cluster does not suit (too few workers)
-                time.sleep(min(LOOK_EVERY, left))
-            else:  # wakes as soon as a worker that suits the task runs it
-                with contextlib.suppress(distributed.TimeoutError):
-                    distributed.wait(pending, timeout=min(LOOK_EVERY, left))
+            pending.wait(min(LOOK_EVERY, left))
         if interrupts is not None:  # (the block's set-up is no wait)
             interrupts.waiting = False
         yield found
     finally:
         if interrupts is not None:
             interrupts.waiting = False
-        if pending is not None:
-            pending.release()
+        pending.release()

@@ -37,6 +37,7 @@ from daskpri.replicas.worker import (
 )
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
+from daskpri.training._waiting import PendingTask
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import (
     cluster_workers,
@@ -486,19 +487,28 @@ class Deployment:
         More workers may die while this runs (their address then vanishes
         under a scatter, a ``KeyError``): it starts over until the plan holds
         or ``no-workers-timeout`` passes. Workers in ``excluded`` are left
-        out; ``check_scheduler`` raises if the scheduler is gone.
+        out; ``check_scheduler`` raises if the scheduler is gone. Where no
+        suitable worker is left, it keeps a task with ``resources`` pending
+        as it waits, as a fit's start does, so that an adaptive cluster
+        starts one (:class:`~daskpri.training._waiting.PendingTask`); the
+        task's result holds that worker until the partitions are placed
+        there (and the table holds it as the run's).
         """
         deadline = time.monotonic() + dask_timeout()
-        while True:
-            try:
-                self._replan(deadline, resources, excluded, check_scheduler)
-                return
-            except FILE_ERRORS:
-                raise
-            except (KeyError, *LOST):
-                if time.monotonic() > deadline:
+        pending = PendingTask(self.client, resources)
+        try:
+            while True:
+                try:
+                    self._replan(deadline, resources, excluded, check_scheduler, pending)
+                    return
+                except FILE_ERRORS:
                     raise
-                time.sleep(0.2)
+                except (KeyError, *LOST):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            pending.release()
 
     def _replan(
         self,
@@ -506,6 +516,7 @@ class Deployment:
         resources: dict[str, float] | None,
         excluded: set[str],
         check_scheduler: Callable[[], None],
+        pending: PendingTask,
     ) -> None:
         client = self.client
         while True:
@@ -521,10 +532,13 @@ class Deployment:
                 if not live:
                     raise RuntimeError("no suitable worker answers")
                 break
-            except (RuntimeError, ValueError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+            except (RuntimeError, ValueError) as e:
+                left = deadline - time.monotonic()
+                if left < 0:
+                    raise type(e)(f"{e}; waited {dask_timeout():g} s for a worker "
+                                  "(daskpri.trainer.no-workers-timeout)") from None
+                pending.keep()  # (an adaptive cluster's Adaptive starts a worker for it)
+                pending.wait(min(0.2, left))
         old = self.owner_addr
         self.owner_addr = reassign_owners([a if a in live else None for a in old], live)
         self.slots = sorted(set(self.owner_addr))

@@ -115,7 +115,8 @@ def eligible_workers(
             "(a LocalCluster's workers killed by Ctrl-C or Jupyter's interrupt do not come "
             "back: start it with preload=['daskpri.training.worker_signals'] to keep them; "
             "an adaptive cluster starts one for the task that a fit keeps pending as it waits "
-            "for workers at its start, if its maximum allows: adapt it with maximum=1 or more)"
+            "for workers (at its start, or after losing its own), if its maximum allows: adapt "
+            "it with maximum=1 or more)"
         )
     ok = [
         addr
