@@ -163,3 +163,32 @@ def test_a_registration_goes_on_without_a_worker_that_freezes_under_it_and_names
         assert client.run(lambda dask_worker: [
             p for p in dask_worker.plugins if p.startswith("daskpri-test-frozen")]) == {
             a: [] for a in addresses}
+
+
+def test_an_owner_that_freezes_as_its_partitions_are_scattered_is_left_out_after_step_timeout(
+    cluster, small_data, monkeypatch
+):
+    # it answered the probe and the registration; the scheduler's send of its data (and
+    # a load task sent to it) would wait for it until worker-ttl drops it, if ever
+    train, _ = small_data
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        stays, stops = sorted(pids)
+        scatter = deployment.scatter_to
+        with frozen(pids[stops]) as freeze:
+            def scatter_to(client: Client, data: list, address: str, timeout: float) -> list:
+                if address == stops:
+                    freeze()
+                return scatter(client, data, address, timeout)
+
+            monkeypatch.setattr(deployment, "scatter_to", scatter_to)
+            trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
+                                      client=client, n_workers=2)
+            with dask.config.set({"daskpri.trainer.step-timeout": "2s"}):
+                history = bounded(lambda: trainer.fit(train, max_steps=2, progress=False),
+                                  "the fit")
+            assert list(history["n_workers"].values) == [1, 1]
+            assert trainer._deployment is not None
+            assert trainer._deployment.slots == [stays]
+            assert trainer._excluded == {stops}  # as a worker stuck in a step is
+        trainer.close()

@@ -68,7 +68,7 @@ from daskpri.training.recovery import (
     scheduler_gone,
     scheduler_id,
 )
-from daskpri.training.transport import register, unregister
+from daskpri.training.transport import StepTimeout, register, unregister
 
 if TYPE_CHECKING:
     from daskpri.training._interrupts import Interrupts
@@ -493,7 +493,9 @@ class RunMixin:
             joined = self._deployment.grow(new, self.resources)
         except FILE_ERRORS:
             raise
-        except (KeyError, *LOST):  # a worker lost meanwhile: as after a failed step
+        except (KeyError, *LOST) as e:  # a worker lost meanwhile: as after a failed step
+            if isinstance(e, StepTimeout):  # one silent as its partitions came: left out
+                self._excluded.update(e.addresses)
             self._recover()
             return
         if joined:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -122,6 +123,7 @@ class PendingTask:
         self.client = client
         self.resources = resources
         self.future: Future | None = None
+        self._ended = threading.Event()
 
     def keep(self) -> None:
         """Submit the task, unless one is pending or run (its result held)."""
@@ -131,14 +133,16 @@ class PendingTask:
         self.future = self.client.submit(
             worker_address, pure=False, resources=self.resources,
             key=f"daskpri-waiting-for-workers-{time.time_ns()}")
+        # (not distributed.wait, which waits through the default client: there may be none)
+        self._ended = threading.Event()
+        self.future.add_done_callback(lambda _: self._ended.set())
 
     def wait(self, timeout: float) -> None:
         """Wait ``timeout`` seconds, or less: until the task runs, if it is pending."""
         if self.future is None or self.future.done():  # run, yet the cluster does not suit
             time.sleep(max(0.0, timeout))
         else:  # wakes as soon as a worker that suits the task runs it
-            with contextlib.suppress(distributed.TimeoutError):
-                distributed.wait(self.future, timeout=max(0.0, timeout))
+            self._ended.wait(max(0.0, timeout))
 
     def release(self) -> None:
         """Let the task (and its result, and so its worker) go."""

@@ -37,12 +37,12 @@ from daskpri.replicas.worker import (
 )
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
+from daskpri.training._memory import check_memory
 from daskpri.training._waiting import PendingTask
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import (
     cluster_workers,
     eligible_workers,
-    paused_workers,
     reassign_owners,
     rebalance_owners,
 )
@@ -56,7 +56,15 @@ from daskpri.training.recovery import (
     responsive,
     step_timeout,
 )
-from daskpri.training.transport import ask_workers, run_direct, scatter_running, wait_tasks
+from daskpri.training.transport import (
+    StepTimeout,
+    ask_workers,
+    gather_within,
+    run_direct,
+    scatter_running,
+    scatter_to,
+    wait_tasks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +194,11 @@ class Deployment:
             except FILE_ERRORS:
                 raise
             except (KeyError, *LOST) as e:
-                if attempt >= retries or time.monotonic() > deadline:
+                silent = isinstance(e, StepTimeout)
+                if isinstance(e, StepTimeout):  # alive but silent (frozen) as its partitions
+                    excluded.update(e.addresses)  # came: left out, as after a step
+                # (a wait of step-timeout's, which passes the deadline, re-plans once more)
+                if attempt >= retries or (time.monotonic() > deadline and not silent):
                     lost |= set(self.slots) - set(cluster_workers(self.client))
                     raise WorkersLostError(kept_dying(lost, attempt + 1, retries, e)) from e
                 before = set(self.slots)
@@ -229,7 +241,8 @@ class Deployment:
                         )
                         for a, b in ((self.bounds[p], self.bounds[p + 1]) for p in mine)
                     ]
-                futures = client.scatter(arrays, workers=[addr], hash=False)
+                # bounded: an owner that froze since it answered would hold it for good
+                futures = scatter_to(client, arrays, addr, step_timeout())
                 self.parts.update(zip(mine, futures, strict=True))
         # a key of its own each time: a retry's task under the key of one that a lost
         # worker failed may be handed that one's state ("cancelled: already forgotten")
@@ -248,8 +261,9 @@ class Deployment:
             )
             for pid in pids
         ]
-        try:
-            client.gather(checks)
+        try:  # (bounded, as the scatter)
+            gather_within(client, checks, [self.owner_addr[p] for p in pids], step_timeout(),
+                          "load and check their partitions")
         except BaseException:
             # an erred check kept under its key would be handed back, error and all,
             # to the next fit's submit of that key (its data since mended)
@@ -292,7 +306,8 @@ class Deployment:
             for addr, pid in first.items()
         ]
         try:
-            self.client.gather(futures)
+            gather_within(self.client, futures, list(first), step_timeout(),
+                          "warm their replicas up")
         except BaseException:
             with contextlib.suppress(Exception):
                 self.client.cancel(futures, force=True)
@@ -487,7 +502,9 @@ class Deployment:
         More workers may die while this runs (their address then vanishes
         under a scatter, a ``KeyError``): it starts over until the plan holds
         or ``no-workers-timeout`` passes. Workers in ``excluded`` are left
-        out; ``check_scheduler`` raises if the scheduler is gone. Where no
+        out, and those silent as partitions are placed on them (for the
+        step timeout) are added to them; ``check_scheduler`` raises if the
+        scheduler is gone. Where no
         suitable worker is left, it keeps a task with ``resources`` pending
         as it waits, as a fit's start does, so that an adaptive cluster
         starts one (:class:`~daskpri.training._waiting.PendingTask`); the
@@ -503,6 +520,10 @@ class Deployment:
                     return
                 except FILE_ERRORS:
                     raise
+                except StepTimeout as e:
+                    # alive but silent (frozen) as partitions came, step-timeout's wait: left
+                    # out, as after a step (each time one more, whatever the deadline)
+                    excluded.update(e.addresses)
                 except (KeyError, *LOST):
                     if time.monotonic() > deadline:
                         raise
@@ -554,41 +575,6 @@ class Deployment:
             self.place(moved, resources)
         self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64),
                              workers=self.slots)
-
-
-def check_memory(client: Client, addresses: list[str]) -> None:
-    """Raise ``ValueError`` if a worker's memory is over Dask's pause threshold.
-
-    Called once the run's replicas are built: torch and the model often
-    take a worker with a small ``--memory-limit`` over
-    ``distributed.worker.memory.pause``, and Dask then pauses it (a moment
-    later, at its next memory check): the partitions' scatter would wait
-    30 s for a worker that takes data and fail with "No valid workers
-    found", and a task sent to it would wait for good. Measured on each
-    worker, as Dask's memory monitor measures it; a worker that does not
-    answer is left to the set-up (a lost worker).
-    """
-    # (a worker lost meanwhile, its answer an error: the set-up recovers from it)
-    found = ask_workers(client, addresses, _memory)
-    over = {
-        addr: (memory, limit)
-        for addr, answer in found.items()
-        if isinstance(answer, tuple)
-        for memory, limit, pause in [answer]
-        if limit and pause and memory > pause * limit
-    }
-    if over:
-        raise ValueError(paused_workers(
-            over, client.scheduler.address,
-            "are over Dask's pause threshold once they hold the run's replica",
-        ))
-
-
-def _memory(dask_worker: Any) -> tuple[int, int | None, float | bool]:
-    """On a worker: its process memory, its memory limit and its pause fraction."""
-    manager = dask_worker.memory_manager
-    return (dask_worker.monitor.get_process_memory(), manager.memory_limit,
-            manager.memory_pause_fraction)
 
 
 def _release_keys(keys: list[Any], client: str, dask_scheduler: Any) -> None:

@@ -47,15 +47,61 @@ class WorkersGone(ConnectionError):
 
 
 class StepTimeout(TimeoutError):
-    """Workers that did not finish their share of a step in time."""
+    """Workers that did not finish their share of a step (or ``doing``, a placement's) in time."""
 
-    def __init__(self, addresses: Sequence[str], timeout: float) -> None:
+    def __init__(self, addresses: Sequence[str], timeout: float,
+                 doing: str = "finish their share of the step") -> None:
         self.addresses = list(addresses)
         self.timeout = timeout
         super().__init__(
-            f"worker(s) {', '.join(self.addresses)} did not finish their share of the step "
+            f"worker(s) {', '.join(self.addresses)} did not {doing} "
             f"within {timeout:g} s (daskpri.trainer.step-timeout)"
         )
+
+
+def scatter_to(client: Client, data: list[Any], address: str, timeout: float) -> list[Future]:
+    """``client.scatter(data, workers=[address], hash=False)``, ``timeout`` seconds at most.
+
+    The scheduler sends the data on to the worker and waits for its
+    answer: one that froze since it last answered (its process stopped, its
+    host gone) holds the send, and the scatter, until the scheduler drops
+    it (``distributed.scheduler.worker-ttl``, 5 minutes by default), if
+    ever. Past ``timeout``, :class:`StepTimeout` names it (a lost worker:
+    the caller re-plans without it).
+    """
+
+    async def scattered() -> list[Future]:
+        send = asyncio.ensure_future(
+            client.scatter(data, workers=[address], hash=False, asynchronous=True))
+        done, _ = await asyncio.wait({send}, timeout=timeout)
+        if not done:
+            send.cancel()
+            raise StepTimeout([address], timeout, "take its partitions' data")
+        return list(send.result())
+
+    return client.sync(scattered)
+
+
+def gather_within(client: Client, futures: Sequence[Future], workers: Sequence[str],
+                  timeout: float, doing: str) -> list[Any]:
+    """``client.gather(futures)`` (tasks meant for ``workers``), ``timeout`` seconds at most.
+
+    A task sent to a worker that froze since it last answered waits for it
+    as long as the scheduler lists it (``distributed.scheduler.worker-ttl``).
+    Past ``timeout``, :class:`StepTimeout` names the workers of the tasks
+    not done (``doing``: what they did not do); the caller cancels them.
+    """
+
+    async def gathered() -> list[Any]:
+        # (not distributed.wait, which waits through the default client: there may be none)
+        return list(await asyncio.wait_for(
+            client.gather(list(futures), asynchronous=True), timeout))
+
+    try:
+        return client.sync(gathered)
+    except TimeoutError:
+        late = sorted({w for w, f in zip(workers, futures, strict=True) if not f.done()})
+        raise StepTimeout(late, timeout, doing) from None
 
 
 def run_direct(
