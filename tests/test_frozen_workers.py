@@ -192,3 +192,28 @@ def test_an_owner_that_freezes_as_its_partitions_are_scattered_is_left_out_after
             assert trainer._deployment.slots == [stays]
             assert trainer._excluded == {stops}  # as a worker stuck in a step is
         trainer.close()
+
+
+def test_the_jupyter_interrupt_check_names_the_workers_it_kills_but_a_frozen_one(
+    cluster, small_data, monkeypatch
+):
+    # the others' answers kept: the whole check, capped at the scheduler timeout, was skipped
+    from daskpri.dashboard import notebook
+    from daskpri.training._interrupts import warn_workers_unshielded
+
+    train, _ = small_data
+    monkeypatch.setattr(notebook, "in_jupyter", lambda: True)
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        stays, stops = sorted(pids)
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+        with (
+            frozen(pids[stops]) as freeze,
+            dask.config.set({"daskpri.trainer.scheduler-timeout": "500ms"}),
+            pytest.warns(daskpri.DaskpriWarning,
+                         match=rf"^1 worker\(s\) of the cluster \({stays}\) are in this "
+                               r"kernel's process group and do not ignore its interrupt"),
+        ):
+            freeze()  # (in the pytest process's group, as a notebook's LocalCluster's are)
+            warn_workers_unshielded(trainer)
+        trainer.close()

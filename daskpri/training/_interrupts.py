@@ -193,21 +193,31 @@ def warn_workers_unshielded(trainer: Trainer) -> None:
     (with the run's partitions, for good) unless they ignore ``SIGINT``, as
     :mod:`~daskpri.training.worker_signals` preloaded makes them (and makes
     those of the trainer's own LocalCluster). Asked once a trainer, best
-    effort: a cluster that does not answer is not warned of.
+    effort: a scheduler that does not answer is not warned of, and a worker
+    that does not answer (frozen) is left out, each waited for the scheduler
+    timeout at most (:func:`.transport.ask_workers`), the others' answers kept.
     """
     from daskpri.dashboard.notebook import in_jupyter
+    from daskpri.training.placement import listed_workers
+    from daskpri.training.transport import asked
 
     client = trainer._client
     if (trainer._own_cluster is not None or client is None or trainer._interrupts_checked
             or not hasattr(os, "getpgrp") or not in_jupyter()):
         return
     trainer._interrupts_checked = True
-    try:
-        exposed = client.run(killed_by_interrupts_of, os.getpgrp(), os.getpid(),
-                             callback_timeout=_config.get_seconds("trainer.scheduler-timeout"))
+    timeout = _config.get_seconds("trainer.scheduler-timeout")
+
+    async def answers() -> dict[str, Any]:
+        listed = sorted(await listed_workers(client))
+        return await asked(client, listed, killed_by_interrupts_of, os.getpgrp(), os.getpid(),
+                           timeout=timeout)
+
+    try:  # (a scheduler that stops answering between its two calls: bounded too)
+        exposed = client.sync(answers, callback_timeout=3 * timeout)
     except Exception:
         return
-    killed = sorted(address for address, yes in exposed.items() if yes)
+    killed = sorted(address for address, yes in exposed.items() if yes is True)
     if killed:
         warn(
             f"{len(killed)} worker(s) of the cluster ({', '.join(killed)}) are in this "
