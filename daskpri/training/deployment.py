@@ -195,8 +195,8 @@ class Deployment:
                 raise
             except (KeyError, *LOST) as e:
                 silent = isinstance(e, StepTimeout)
-                if isinstance(e, StepTimeout):  # alive but silent (frozen) as its partitions
-                    excluded.update(e.addresses)  # came: left out, as after a step
+                if isinstance(e, StepTimeout):  # (for mypy) alive but silent (frozen) as
+                    excluded.update(e.addresses)  # its partitions came: left out, as in a step
                 # (a wait of step-timeout's, which passes the deadline, re-plans once more)
                 if attempt >= retries or (time.monotonic() > deadline and not silent):
                     lost |= set(self.slots) - set(cluster_workers(self.client))
@@ -504,12 +504,12 @@ class Deployment:
         or ``no-workers-timeout`` passes. Workers in ``excluded`` are left
         out, and those silent as partitions are placed on them (for the
         step timeout) are added to them; ``check_scheduler`` raises if the
-        scheduler is gone. Where no
-        suitable worker is left, it keeps a task with ``resources`` pending
-        as it waits, as a fit's start does, so that an adaptive cluster
-        starts one (:class:`~daskpri.training._waiting.PendingTask`); the
-        task's result holds that worker until the partitions are placed
-        there (and the table holds it as the run's).
+        scheduler is gone. Where no suitable worker is left, it keeps a task
+        with ``resources`` pending as it waits, as a fit's start does, so
+        that an adaptive cluster starts one
+        (:class:`~daskpri.training._waiting.PendingTask`); the task's result
+        holds that worker until the partitions are placed there (and the
+        table holds it as the run's).
         """
         deadline = time.monotonic() + dask_timeout()
         pending = PendingTask(self.client, resources)
