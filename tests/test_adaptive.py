@@ -78,12 +78,13 @@ def test_a_fits_steps_keep_a_scheduler_with_an_idle_timeout_open(small_data):
     train, _ = small_data
     with (
         # Dask's distributed.scheduler.idle-timeout (dask-gateway and Coiled have theirs):
-        # the steps' RPCs are no tasks, and it would close itself 0.5 s into the fit
+        # the steps' RPCs are no tasks, and it would close itself 2 s into the fit (0.5 s
+        # closed it on a loaded machine before the client had connected)
         local_cluster(1, processes=False,
-                      scheduler_kwargs={"idle_timeout": "0.5s"}) as (cluster, client),
+                      scheduler_kwargs={"idle_timeout": "2s"}) as (cluster, client),
         mlp_trainer(client, train, batch_size=16, partition_size=100) as trainer,
     ):
-        history = trainer.fit(train, max_time=1.5, progress=False)
+        history = trainer.fit(train, max_time=3.5, progress=False)
         assert cluster.scheduler.status.name == "running"
         assert history.sizes["step"] > 10
 
