@@ -57,6 +57,11 @@ steps is not counted. Arms (``NAME[:OPTION=VALUE...]``):
   to the power ``b`` (weights of mean 1), from the step's own forward
   pass, so it costs nothing: a soft prioritization within the batch, as
   the focal loss weights by ``(1 - p) ** gamma``.
+- ``ema=d`` (with any arm): evaluate an exponential moving average of
+  the weights (decay ``d``, ``torch.optim.swa_utils.AveragedModel``)
+  rather than the weights themselves.
+- ``momentum=m``, ``nesterov=1``, ``lr=x`` (with any arm): the arm's SGD
+  (momentum 0.9 and ``--lr`` otherwise).
 - ``sampled``: a draw without replacement with probability proportional
   to ``loss ** alpha`` (``alpha`` default 1; Gumbel top-k), no importance
   weights: between uniform (``alpha=0``) and the top losses (large
@@ -71,6 +76,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, jvp
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import daskpri
 from daskpri.models import build_model
@@ -98,10 +104,10 @@ def parse_arm(text: str) -> tuple[str, dict[str, float]]:
     for item in items:
         key, _, value = item.partition("=")
         if key not in ("skip", "il_epochs", "sign", "alpha", "warmup", "proxy_lr", "narrow",
-                       "lw"):
+                       "lw", "ema", "momentum", "nesterov", "lr"):
             raise argparse.ArgumentTypeError(
                 f"arm {text!r}: options are skip, il_epochs, sign, alpha, warmup, proxy_lr, "
-                f"narrow and lw, "
+                f"narrow, lw, ema, momentum, nesterov and lr, "
                 f"but got {key!r}"
             )
         options[key] = float(value)
@@ -196,7 +202,9 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
     train, x, y, x_test, y_test = data
     torch.manual_seed(seed)
     model = build_model(args.model, train, seed=seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=options.get("lr", args.lr),
+                                momentum=options.get("momentum", 0.9),
+                                nesterov=bool(options.get("nesterov", 0)))
     irreducible = None
     if arm == "rho":
         irreducible = irreducible_losses(
@@ -209,6 +217,9 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
                  else build_model("mlp", train, seed=seed + 500))
         proxy_opt = torch.optim.SGD(proxy.parameters(), lr=options.get("proxy_lr", 0.3),
                                     momentum=0.9)
+    averaged = None
+    if options.get("ema"):
+        averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(options["ema"]))
     walk = Walk(len(x), torch.Generator().manual_seed(seed))
     draws = torch.Generator().manual_seed(2000 + seed)
     skip = options.get("skip", 0.0)
@@ -262,13 +273,16 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
             mean_grad = ({n: g.clone() for n, g in grads.items()} if mean_grad is None
                          else {n: 0.9 * mean_grad[n] + 0.1 * grads[n] for n in grads})
         optimizer.step()
+        if averaged is not None:
+            averaged.update_parameters(model)
         if proxy is not None:
             proxy_opt.zero_grad()
             F.cross_entropy(proxy(x[rows]), y[rows]).backward()
             proxy_opt.step()
         if step % args.eval_every == 0:
             with torch.no_grad():
-                accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+                judged = model if averaged is None else averaged
+                accuracy = (judged(x_test).argmax(1) == y_test).float().mean().item()
             if accuracy >= args.target:
                 return step
     return None
