@@ -194,6 +194,68 @@ def test_an_owner_that_freezes_as_its_partitions_are_scattered_is_left_out_after
         trainer.close()
 
 
+def test_a_set_up_that_gives_up_on_a_frozen_owner_says_it_did_not_answer_not_that_it_died(
+    cluster, small_data, monkeypatch
+):
+    train, _ = small_data
+    # (the failed set-up's drop of its replicas asks the frozen one that long, twice)
+    monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 1.0)
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        stays, stops = sorted(pids)
+        scatter = deployment.scatter_to
+        with frozen(pids[stops]) as freeze:
+            def scatter_to(client: Client, data: list, address: str, timeout: float) -> list:
+                if address == stops:
+                    freeze()
+                return scatter(client, data, address, timeout)
+
+            monkeypatch.setattr(deployment, "scatter_to", scatter_to)
+            trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
+                                      client=client, n_workers=2)
+            with (dask.config.set({"daskpri.trainer.step-timeout": "2s",
+                                   "daskpri.trainer.max-retries": 0}),
+                  pytest.raises(daskpri.WorkersLostError, match=(
+                      rf"^workers stopped answering as the run was set up: worker\(s\) {stops} "
+                      r"did not answer within daskpri.trainer.step-timeout \(2 s\) and were "
+                      r"left out, and the set-up failed 1 time \(daskpri.trainer.max-retries=0; "
+                      r"last: StepTimeout: .*\); see why those workers do not answer"))):
+                bounded(lambda: trainer.fit(train, max_steps=2, progress=False), "the fit")
+        trainer.close()
+
+
+def test_a_re_plan_left_without_workers_after_frozen_owners_says_it_waited_the_step_timeout(
+    cluster, small_data, monkeypatch
+):
+    # each owner freezes as its partitions come: the first at the set-up's placement,
+    # the other at the re-plan's; none is left to place them on
+    train, _ = small_data
+    monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 1.0)  # (as above)
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        scatter = deployment.scatter_to
+        with contextlib.ExitStack() as stack:
+            freeze = {a: stack.enter_context(frozen(pid)) for a, pid in pids.items()}
+
+            def scatter_to(client: Client, data: list, address: str, timeout: float) -> list:
+                freeze[address]()
+                return scatter(client, data, address, timeout)
+
+            monkeypatch.setattr(deployment, "scatter_to", scatter_to)
+            trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform",
+                                      client=client, n_workers=2)
+            with (dask.config.set({"daskpri.trainer.step-timeout": "2s",
+                                   "daskpri.trainer.no-workers-timeout": "500ms"}),
+                  pytest.raises(daskpri.WorkersLostError, match=(
+                      rf"^workers stopped answering as the run was set up: worker\(s\) "
+                      rf"{', '.join(sorted(pids))} did not answer within "
+                      r"daskpri.trainer.step-timeout \(2 s\) and were left out, and after "
+                      r"waiting the step timeout for those that did not answer, no suitable "
+                      r"worker was left for daskpri.trainer.no-workers-timeout \(0.5 s: "))):
+                bounded(lambda: trainer.fit(train, max_steps=2, progress=False), "the fit")
+        trainer.close()
+
+
 def test_the_jupyter_interrupt_check_names_the_workers_it_kills_but_a_frozen_one(
     cluster, small_data, monkeypatch
 ):

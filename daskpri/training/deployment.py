@@ -170,14 +170,18 @@ class Deployment:
         partitions move to the workers left (bounded by ``no-workers-timeout``),
         up to ``daskpri.trainer.max-retries`` times; then, or where no
         suitable worker is left, ``RuntimeError`` says that workers kept
-        dying, and which. Workers whose memory the replicas took over Dask's
-        pause threshold are refused first (:func:`check_memory`).
+        dying, and which, and names apart those left out as silent (alive,
+        but no answer within ``daskpri.trainer.step-timeout``). Workers whose
+        memory the replicas took over Dask's pause threshold are refused
+        first (:func:`check_memory`).
         """
         n_partitions = len(self.bounds) - 1
         check_memory(self.client, sorted(set(self.owner_addr)))
         deadline = time.monotonic() + dask_timeout()
         retries = _config.get_int("trainer.max-retries", 0)
         lost: set[str] = set()
+        # (those left out as silent before this set-up are not its own to name)
+        silent_before = set(excluded)
         for attempt in itertools.count():
             try:
                 gone = set(self.owner_addr) - set(cluster_workers(self.client))
@@ -200,7 +204,8 @@ class Deployment:
                 # (a wait of step-timeout's, which passes the deadline, re-plans once more)
                 if attempt >= retries or (time.monotonic() > deadline and not silent):
                     lost |= set(self.slots) - set(cluster_workers(self.client))
-                    raise WorkersLostError(kept_dying(lost, attempt + 1, retries, e)) from e
+                    raise WorkersLostError(kept_dying(
+                        lost, attempt + 1, retries, e, silent=excluded - silent_before)) from e
                 before = set(self.slots)
                 try:
                     self.recover(
@@ -211,9 +216,10 @@ class Deployment:
                     if isinstance(gone, (SchedulerLostError, *FILE_ERRORS)):
                         raise
                     lost |= before - set(cluster_workers(self.client))
-                    raise WorkersLostError(
-                        kept_dying(lost, attempt + 1, retries, e, none_left=str(gone))
-                    ) from gone
+                    raise WorkersLostError(kept_dying(
+                        lost, attempt + 1, retries, e, none_left=str(gone),
+                        silent=excluded - silent_before,  # (recover's too)
+                    )) from gone
                 lost |= before - set(self.slots)
 
     def place(self, pids: list[int], resources: dict[str, float] | None) -> None:

@@ -508,10 +508,19 @@ def blame_scheduler(check: Callable[[], None], client: Client | None = None) -> 
 
 
 def kept_dying(
-    lost: set[str], tries: int, retries: int, error: BaseException, none_left: str | None = None
+    lost: set[str],
+    tries: int,
+    retries: int,
+    error: BaseException,
+    none_left: str | None = None,
+    silent: set[str] | frozenset[str] = frozenset(),
 ) -> str:
     """Why a run's set-up stopped after ``tries``: workers kept dying under it (``lost``:
-    those known), and where ``none_left`` says why, no suitable worker was left.
+    those known), or did not answer (``silent``: alive, left out after the step timeout),
+    and where ``none_left`` says why, no suitable worker was left.
+
+    A silent worker (its process stopped, its host overloaded) is named as
+    such, not as one that died: its nanny's log says nothing of it.
 
     Examples
     --------
@@ -519,15 +528,40 @@ def kept_dying(
     ... # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     workers kept dying as the run was set up: worker(s) tcp://a:1 died, and the set-up
     failed 11 times (daskpri.trainer.max-retries=10; last: KeyError: 'tcp://a:1'); ...
+
+    >>> import dask
+    >>> with dask.config.set({"daskpri.trainer.step-timeout": "2s"}):
+    ...     print(kept_dying(set(), 1, 0, TimeoutError("..."), silent={"tcp://b:2"}))
+    ... # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    workers stopped answering as the run was set up: worker(s) tcp://b:2 did not answer
+    within daskpri.trainer.step-timeout (2 s) and were left out, and the set-up failed
+    1 time (daskpri.trainer.max-retries=0; last: TimeoutError: ...); see why those
+    workers do not answer (a stopped process, a host overloaded or unreachable), ...
     """
-    who = f"worker(s) {', '.join(sorted(lost))} died" if lost else "workers died"
+    died = sorted(set(lost) - set(silent))
+    whom = []
+    if died or not silent:
+        whom.append(f"worker(s) {', '.join(died)} died" if died else "workers died")
+    if silent:
+        whom.append(f"worker(s) {', '.join(sorted(silent))} did not answer within "
+                    f"daskpri.trainer.step-timeout ({step_timeout():g} s) and were left out")
     if none_left is not None:
-        how = (f"no suitable worker was left for daskpri.trainer.no-workers-timeout "
+        # each silent owner cost the re-plan a wait of step-timeout's before it was left out
+        after = "after waiting the step timeout for those that did not answer, " if silent else ""
+        how = (f"{after}no suitable worker was left for daskpri.trainer.no-workers-timeout "
                f"({dask_timeout():g} s: {none_left})")
     else:
         how = (f"the set-up failed {tries} time{'s' if tries > 1 else ''} "
                f"(daskpri.trainer.max-retries={retries}; last: {type(error).__name__}: {error})")
+    logs = "see the workers' logs (and their nannies') for why they"
+    if not silent:
+        what, hint = "kept dying", f"{logs} die"
+    elif died:
+        what, hint = "kept dying or stopped answering", f"{logs} die or do not answer"
+    else:
+        what, hint = "stopped answering", ("see why those workers do not answer (a stopped "
+                                           "process, a host overloaded or unreachable)")
     return (
-        f"workers kept dying as the run was set up: {who}, and {how}; see the workers' logs "
-        "(and their nannies') for why they die, and fit again once the cluster is steady"
+        f"workers {what} as the run was set up: {', '.join(whom)}, and {how}; {hint}, and "
+        "fit again once the cluster is steady"
     )
