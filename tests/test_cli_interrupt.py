@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 from _cli_runs import SMALL, _open
-from _procs import _stop
+from _procs import SPAWNED, _stop
 
 import daskpri
 from daskpri.cli import _run
@@ -89,6 +89,61 @@ def test_a_ctrl_c_as_the_bench_starts_a_cluster_is_raised_once_it_started_and_it
     started = [c for c in list(SpecCluster._instances) if c not in before]
     assert started and all(c.status == Status.closed for c in started), started
     assert clusters._cluster is None and clusters._client is None
+
+
+#: the command in the foreground (as _FOREGROUND), saying on stdout when the worker process
+#: of its LocalCluster has been started (the cluster still starts then, for seconds) and when
+#: the cluster has started, in each module that starts one
+_STARTING = """
+import multiprocessing.process, runpy, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.argv[0] = "daskpri"
+import daskpri.bench._clusters, daskpri.cli.demo, daskpri.training._cleanup
+def saying(start):
+    def started(*args, **kwargs):
+        cluster = start(*args, **kwargs)
+        print("cluster started", flush=True)
+        return cluster
+    return started
+for module in (daskpri.bench._clusters, daskpri.cli.demo, daskpri.training._cleanup):
+    module.local_cluster = saying(module.local_cluster)
+""" + SPAWNED.format("runpy.run_module('daskpri', run_name='__main__')")
+
+
+@pytest.mark.parametrize("command", [
+    ["train", *SMALL[:4], "--max-time", "60", "--workers", "1", "--no-progress"],
+    ["demo", "--dataset", "synthetic", "--workers", "1", "--max-time", "60"],
+    ["bench", "--quick", "--datasets", "synthetic", "--workers", "1", "--no-progress", "--out"],
+], ids=["train", "demo", "bench"])
+def test_a_ctrl_c_as_the_commands_cluster_starts_is_said_at_once_and_ends_it_once_started(
+    command: list[str], tmp_path: Path
+) -> None:
+    """Held until the cluster has started (seconds), it was said only then: the command
+    seemed deaf to it."""
+    if command[0] == "bench":
+        command = [*command, str(tmp_path / "bench")]
+    # its own process group, as a terminal's foreground job: Ctrl-C reaches the workers too;
+    # one stream, for the order of what it says
+    proc = subprocess.Popen([sys.executable, "-c", _STARTING, *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while (line := proc.stdout.readline()) and line != "worker process started\n":
+            lines.append(line)
+        assert line, "".join(lines)
+        os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        _stop([proc])
+        with contextlib.suppress(ProcessLookupError):  # its workers, where left running
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    said = ("daskpri: stopping once the cluster has started (cut short, its start would "
+            "leave worker processes running)\n")
+    # said as the cluster still started, once; the interrupt raised once it had
+    assert out.count(said) == 1 and out.index(said) < out.index("cluster started\n"), out
+    assert out.endswith("daskpri: interrupted\n") and "Traceback" not in out, out
 
 
 def test_a_ctrl_c_with_traceback_shows_where_it_landed_and_exits_130(capsys) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from distributed import Client, LocalCluster
@@ -15,11 +15,18 @@ from daskpri.training.placement import all_have_gpus, cluster_workers
 
 
 class _Clusters:
-    """One cluster at a time: a LocalCluster per worker count, or the given scheduler."""
+    """One cluster at a time: a LocalCluster per worker count, or the given scheduler.
 
-    def __init__(self, scheduler: str | None, security: Security | None = None) -> None:
+    ``on_interrupt`` is called at the first interrupt as a LocalCluster
+    starts, at once (the interrupt itself is raised once it has started):
+    ``daskpri bench`` says there that it heard it.
+    """
+
+    def __init__(self, scheduler: str | None, security: Security | None = None,
+                 on_interrupt: Callable[[], None] | None = None) -> None:
         self.scheduler = scheduler
         self.security = security  # the given scheduler's TLS credentials; None: Dask's config
+        self.on_interrupt = on_interrupt
         self._cluster: LocalCluster | None = None
         self._client: Client | None = None
         self._n = 0
@@ -51,7 +58,7 @@ class _Clusters:
             # started whole, as a trainer starts its own: a Ctrl-C in the middle of
             # LocalCluster(...) left it half made, owned by none (its workers, still
             # starting, died of it); held, it is raised once the cluster is ours to close
-            with interrupts_held():
+            with interrupts_held(self.on_interrupt):
                 self._cluster = local_cluster(n_workers)
                 self._client = Client(self._cluster)
                 self._n = n_workers

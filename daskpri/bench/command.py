@@ -335,6 +335,7 @@ def check_root(datasets: tuple[str, ...], root: str | None) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``daskpri bench`` as parsed into ``args``; return the exit status."""
     from daskpri.bench.runner import merge_results, report_only, run_bench
+    from daskpri.cli._interrupt import _heard_as_cluster_starts
     from daskpri.cli._tls import client_security
 
     if args.report_only:
@@ -360,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_bench(config, args.out, progress=not args.no_progress,
                   command=_command_line(args), resume=args.resume, root=args.root,
-                  security=security)
+                  security=security, on_interrupt=_heard_as_cluster_starts)
     except ConnectionError as e:
         print(f"daskpri: error: {e}", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from distributed.security import Security
@@ -114,6 +114,7 @@ def run_bench(
     resume: bool = False,
     root: str | os.PathLike[str] | None = None,
     security: Security | None = None,
+    on_interrupt: Callable[[], None] | None = None,
 ) -> list[RunRecord]:
     """Run the whole benchmark and write its report into ``out``.
 
@@ -143,6 +144,11 @@ def run_bench(
     security : distributed.security.Security, optional
         The TLS credentials of ``config.scheduler``; ``None`` takes those of
         Dask's config, as :class:`distributed.Client` does.
+    on_interrupt : callable, optional
+        Called with no arguments, in a thread of its own, at the first
+        interrupt (Ctrl-C) while a LocalCluster of the benchmark starts:
+        the interrupt itself is raised once the cluster has started, seconds
+        later (``daskpri bench`` says at once that it heard it).
 
     Returns
     -------
@@ -183,7 +189,7 @@ def run_bench(
                desc="daskpri bench",
                disable=not progress)
     try:
-        with _Clusters(config.scheduler, security) as clusters:
+        with _Clusters(config.scheduler, security, on_interrupt) as clusters:
             if config.scheduler is not None:  # every worker the runs need, before the first
                 n, for_ddp = workers_needed(config)
                 clusters.client(n, for_ddp=for_ddp)

@@ -1,8 +1,9 @@
-"""Ctrl-C during a fit: the run ends after its step in flight."""
+"""Ctrl-C during a fit: the run ends after its step in flight; as a cluster starts: said at once."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import dask.config
@@ -45,6 +46,20 @@ def _says(taken: Interrupts) -> str:
         return (f"{_PROG}: stopping as the run's set-up ends, before its first step: nothing "
                 "is trained (Ctrl-C again to stop at once)")
     return f"{_PROG}: stopping after the step in flight (Ctrl-C again to stop at once)"
+
+
+def _heard_as_cluster_starts() -> None:
+    """Say on stderr, at once, that a Ctrl-C as the command's LocalCluster starts was heard.
+
+    The ``on_interrupt`` of the start's
+    :func:`~daskpri.training._interrupts.interrupts_held`, called in a
+    thread of its own at the first: the interrupt itself is held until the
+    cluster has started (seconds), as one raised in the middle of its start
+    would leave its worker processes running, owned by no one, and the
+    command would seem deaf meanwhile.
+    """
+    print(f"{_PROG}: stopping once the cluster has started (cut short, its start would leave "
+          "worker processes running)", file=sys.stderr, flush=True)
 
 
 def _close(trainer: daskpri.Trainer, *, at_once: bool, ours: bool = False) -> None:

@@ -12,7 +12,7 @@ from distributed import Client
 import daskpri
 from daskpri import _config
 from daskpri.cli._argtypes import _strategy_options
-from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
+from daskpri.cli._interrupt import StopAtOnce, _close, _heard_as_cluster_starts, _interruptible
 from daskpri.cli._summary import _dashboard, _summary
 from daskpri.strategies import check_strategy_options, get_strategy
 from daskpri.training._checks import check_eval_every, check_float, check_int
@@ -44,7 +44,7 @@ def _demo(args: argparse.Namespace) -> int:
         # started as a trainer starts its own: a Ctrl-C in the middle of LocalCluster(...)
         # would leave the worker processes it had started running, owned by no one; held,
         # it is raised once the cluster has started, and the cluster closed below
-        with interrupts_held():
+        with interrupts_held(_heard_as_cluster_starts):
             cluster = local_cluster(args.workers)  # the trainer's: loopback, torch-friendly
         # not the default client, nor the current one (`with Client`): closed below, inside
         # the block, the current one's close would leave Dask's config on a closed client

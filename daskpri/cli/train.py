@@ -14,7 +14,7 @@ from distributed.security import Security
 
 import daskpri
 from daskpri.cli._argtypes import _strategy_options
-from daskpri.cli._interrupt import StopAtOnce, _close, _interruptible
+from daskpri.cli._interrupt import StopAtOnce, _close, _heard_as_cluster_starts, _interruptible
 from daskpri.cli._paths import _check_destination, _free_sibling, _unreplaceable
 from daskpri.cli._prog import _PROG
 from daskpri.cli._summary import _dashboard, _summary
@@ -22,6 +22,7 @@ from daskpri.cli._tls import client_security
 from daskpri.data.io import open_dataset, to_store
 from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
+from daskpri.training._cleanup import start_own_cluster
 from daskpri.training.cluster import connect, one_torch_thread
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.recovery import SchedulerLostError, close_client
@@ -76,6 +77,10 @@ def _train(args: argparse.Namespace) -> int:
         else:
             trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
             print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
+        if client is None:
+            # started here, not by trainer.client below, so that a Ctrl-C as it starts
+            # is said at once (no other thread uses the trainer yet)
+            start_own_cluster(trainer, on_interrupt=_heard_as_cluster_starts)
         print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
         # a LocalCluster's workers have this machine's cores
         local = one_torch_thread() if client is None else contextlib.nullcontext()

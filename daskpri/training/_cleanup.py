@@ -16,6 +16,7 @@ import contextlib
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 # (distributed is imported before the hook below is registered, so that its own
@@ -52,16 +53,21 @@ def _close_at_exit() -> None:
                 trainer.close()
 
 
-def start_own_cluster(trainer: Trainer) -> None:
+def start_own_cluster(
+    trainer: Trainer, on_interrupt: Callable[[], None] | None = None
+) -> None:
     """Start ``trainer``'s own LocalCluster, and its client, whole: interrupts are held.
 
     An interrupt meanwhile is handed on once it has started (to a fit's
     handler, which ends the fit after its set-up, or Python's, which raises
     ``KeyboardInterrupt``), the cluster the trainer's. Two or more are a
     "stop at once": the start is given up, the cluster closed, and
-    ``KeyboardInterrupt`` raised once.
+    ``KeyboardInterrupt`` raised once. ``on_interrupt`` is called at the
+    first, at once, while the cluster still starts (in a thread of its own:
+    see :func:`~daskpri.training._interrupts.interrupts_held`): the CLI says
+    there that it heard it; the library says nothing until the start ends.
     """
-    with interrupts_held() as held:
+    with interrupts_held(on_interrupt) as held:
         closed = trainer._closed
         cluster = local_cluster(trainer.n_workers or 2, resources=trainer.resources,
                                 security=trainer.security)
