@@ -544,8 +544,11 @@ class RunMixin:
         forever (see :func:`.transport.unregister`).
         """
         assert self._client is not None
+        silent = set(self._excluded)  # (stuck in a step, or frozen as partitions came)
+        if self._deployment is not None:  # (left out as the replicas were set up, or grew)
+            silent |= set(self._deployment.quiet) - set(self._deployment.slots)
         unregister(self._client, self._plugin.name,
-                   _config.get_seconds("trainer.scheduler-timeout"))
+                   _config.get_seconds("trainer.scheduler-timeout"), silent=silent)
 
     def _restore(self, state: dict[str, Any], owner: np.ndarray) -> None:
         assert self._opt is not None

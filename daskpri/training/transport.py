@@ -329,6 +329,10 @@ async def asked(
 #: (:func:`register`, :func:`unregister`)
 REGISTER_ANSWER_TIMEOUT = 5.0
 
+#: seconds a worker that the run left out, as one that did not answer, is given again as
+#: the run's replicas are dropped (:func:`unregister`)
+SILENT_AGAIN_TIMEOUT = 1.0
+
 #: seconds a worker that answered has to set the run's replica up (:func:`register`)
 REGISTER_SETUP_TIMEOUT = 60.0
 
@@ -419,7 +423,9 @@ def register(client: Client, plugin: Any, silent: Collection[str] = ()) -> list[
     return left_out
 
 
-def unregister(client: Client, name: str, timeout: float) -> None:
+def unregister(
+    client: Client, name: str, timeout: float, silent: Collection[str] = ()
+) -> None:
     """``client.unregister_worker_plugin(name)``, not held up by a worker that does not answer.
 
     The scheduler forgets the plugin at once, then tells each worker,
@@ -431,22 +437,37 @@ def unregister(client: Client, name: str, timeout: float) -> None:
     are waited for, ``timeout`` seconds in all (a worker stuck in a step
     answers nothing either). Raises ``TimeoutError`` where those that
     answered did not drop it in time.
+
+    Workers of ``silent`` (the run left them out: they did not answer, in
+    a step or as it was set up) hold the scheduler's call, as like as not:
+    where one is listed, the workers are asked after
+    :data:`SILENT_AGAIN_TIMEOUT` seconds rather than
+    :data:`REGISTER_ANSWER_TIMEOUT`, and the silent ones are given that
+    long to answer, not more.
     """
 
     async def dropped() -> list[str]:
         listed = sorted(await listed_workers(client))
+        known = {a for a in listed if a in silent}
         call = asyncio.ensure_future(client.scheduler.unregister_worker_plugin(name=name))
         call.add_done_callback(lambda f: f.cancelled() or f.exception())
         deadline = time.monotonic() + timeout
-        await asyncio.wait({call}, timeout=min(timeout, REGISTER_ANSWER_TIMEOUT))
+        first = SILENT_AGAIN_TIMEOUT if known else REGISTER_ANSWER_TIMEOUT
+        await asyncio.wait({call}, timeout=min(timeout, first))
         quiet: list[str] = []
         pending = listed
         while not call.done() and time.monotonic() < deadline:
             # the call waits for a worker: each is asked instead
             left = min(REGISTER_ANSWER_TIMEOUT, max(0.0, deadline - time.monotonic()))
-            found = await asked(client, pending, _holds, name, timeout=left)
-            quiet += [a for a, r in found.items() if isinstance(r, TimeoutError)]
-            pending = [a for a, r in found.items() if r is True]
+            others, again = await asyncio.gather(
+                asked(client, [a for a in pending if a not in known], _holds, name,
+                      timeout=left),
+                asked(client, [a for a in pending if a in known], _holds, name,
+                      timeout=min(left, SILENT_AGAIN_TIMEOUT)),
+            )
+            found = {**others, **again}
+            quiet += [a for a in pending if isinstance(found[a], TimeoutError)]
+            pending = [a for a in pending if found[a] is True]
             if not pending:
                 return quiet
             await asyncio.wait({call}, timeout=0.1)
@@ -460,9 +481,10 @@ def unregister(client: Client, name: str, timeout: float) -> None:
     quiet = client.sync(dropped)
     if quiet:
         logger.warning(
-            "worker(s) %s did not answer within %g s as the run's replicas were dropped: each "
-            "keeps its replica (and its memory) until it answers again; restart (or stop) a "
-            "worker that stays frozen", ", ".join(quiet), REGISTER_ANSWER_TIMEOUT,
+            "worker(s) %s did not answer as the run's replicas were dropped (within %g s; "
+            "%g s for those the run had left out): each keeps its replica (and its memory) "
+            "until it answers again; restart (or stop) a worker that stays frozen",
+            ", ".join(quiet), REGISTER_ANSWER_TIMEOUT, SILENT_AGAIN_TIMEOUT,
         )
 
 
