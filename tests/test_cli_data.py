@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -63,11 +64,39 @@ def test_train_on_a_store_of_transposed_features_and_float_labels(
                                "share of the data")
     assert said.err.endswith("or more samples\n") and "dashboard:" not in said.out
 
+    x = train["x"].values.copy()
+    x[5, 0] = np.nan
+    nan = to_store(train.assign(x=(train["x"].dims, x)).chunk({"sample": 400}),
+                   tmp_path / "nan.zarr")
+    logged = _Records()
+    worker_log = logging.getLogger("distributed.worker")
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
                       protocol="tcp", dashboard_address="127.0.0.1:0") as cluster:
+        # a NaN in a store's x, found by the worker that loads it: said in one line, by the
+        # driver, with no "Compute Failed" and traceback logged by the worker before it
+        worker_log.addHandler(logged)
+        try:
+            assert main([*common, "--scheduler", cluster.scheduler_address, "--data", nan]) == 2
+        finally:
+            worker_log.removeHandler(logged)
+        assert capsys.readouterr().err == (
+            f"daskpri: error: x in partition 0 (samples 0-399 of {nan}) should hold finite "
+            "numbers, but got 1 NaN or infinite value, the first at sample 5\n")
+        assert [r.getMessage() for r in logged.records if r.levelno >= logging.ERROR] == []
         assert main([*common, "--scheduler", cluster.scheduler_address, "--data", store,
                      "--eval-data", evals, "--output", str(out)]) == 0
     assert "selective-backprop: 3 steps, final accuracy 0." in capsys.readouterr().out
     with xr.open_dataset(out, engine="h5netcdf") as history:
         assert history.sizes["step"] == 3 and np.isfinite(history["accuracy"][-1])
         assert history.attrs["dataset"] == store
+
+
+class _Records(logging.Handler):
+    """The records logged to the logger it is added to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

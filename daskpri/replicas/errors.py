@@ -51,6 +51,22 @@ class UnreadableDataError(ValueError):
     """A worker could not read a partition of the data's store (damaged or truncated)."""
 
 
+#: the key of a worker's answer to a partition whose data it refused (a NaN in ``x``, a
+#: label out of range, a file it cannot read): the error, which the driver raises
+DATA_REFUSED = "daskpri-data-refused"
+
+
+def raise_data_refused(result: Any) -> None:
+    """Raise the error of a worker's answer that it refused a partition's data.
+
+    The worker answers ``{DATA_REFUSED: error}`` rather than raising, so
+    that it logs no "Compute Failed" with a traceback for the user's data:
+    the driver raises the error once, as the fit's.
+    """
+    if isinstance(result, dict) and DATA_REFUSED in result:
+        raise result[DATA_REFUSED]
+
+
 def raise_state_lost(result: Any) -> None:
     """Raise :class:`ReplicaStateLost` or :class:`PartitionsLost` for a worker's answer that
     it lost its state or partitions."""

@@ -31,6 +31,7 @@ import daskpri
 from daskpri.data.io import FILE_ERRORS, check_values, open_dataset
 from daskpri.replicas.devices import choose_device, device_count, spread_kind, worker_device
 from daskpri.replicas.errors import (
+    DATA_REFUSED,
     PARTITIONS_LOST,
     STATE_LOST,
     PartitionsLost,
@@ -355,10 +356,19 @@ async def why_no_replica(name: str, dask_worker: Worker) -> str | None:
 
 
 def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
-    """Load and check a partition on this worker (run once per partition)."""
+    """Load and check a partition on this worker (run once per partition).
+
+    Data that the checks refuse, or a store this worker cannot read, is
+    answered ``{DATA_REFUSED: error}`` (see :func:`raise_data_refused`): a
+    task that raised would have the worker log "Compute Failed" with its
+    traceback, a dozen lines before the one the user is told.
+    """
     plugin = _plugin(name)
     with plugin.busy:
-        x, y = plugin.partition(pid, ref)
+        try:
+            x, y = plugin.partition(pid, ref)
+        except (ValueError, *FILE_ERRORS) as e:  # (UnreadableDataError is a ValueError)
+            return {DATA_REFUSED: e}
     return {
         "pid": pid,
         "n": int(x.shape[0]),

@@ -22,7 +22,7 @@ import xarray as xr
 from distributed import Client, Future
 
 from daskpri import _config
-from daskpri.replicas.errors import PartitionsLost
+from daskpri.replicas.errors import PartitionsLost, raise_data_refused
 from daskpri.replicas.optim import LocalSteps
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import (
@@ -268,8 +268,10 @@ class Deployment:
             for pid in pids
         ]
         try:  # (bounded, as the scatter)
-            gather_within(client, checks, [self.owner_addr[p] for p in pids], step_timeout(),
-                          "load and check their partitions")
+            loaded = gather_within(client, checks, [self.owner_addr[p] for p in pids],
+                                   step_timeout(), "load and check their partitions")
+            for result in loaded:  # data a worker refused: the first partition's error
+                raise_data_refused(result)
         except BaseException:
             # an erred check kept under its key would be handed back, error and all,
             # to the next fit's submit of that key (its data since mended)
