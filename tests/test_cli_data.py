@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,20 @@ def test_train_on_a_store_of_transposed_features_and_float_labels(
                                "labels (floats such as 3.0 are taken as the integer 3), but "
                                "got nan at sample 3 ")
     assert "dashboard:" not in said.out
+    # eval data the model cannot be measured on: refused before a cluster starts too, as
+    # fit refuses it before it starts its own
+    y = test["y"].values.copy()
+    y[4] = 12
+    beyond = to_store(test.assign(y=("sample", y)), tmp_path / "beyond.nc")
+    narrow = to_store(test.isel(feature=slice(0, 5)), tmp_path / "narrow.nc")
+    for given, error in [(beyond, r"y in eval_data should be in \[0, 10\), but got 12 at "
+                                  r"sample 4 \(1 bad label\)"),
+                         (narrow, r"eval_data.x should have per-sample shape \(20,\) like "
+                                  r"data.x, but got \(5,\)")]:
+        assert main([*common, "--data", store, "--eval-data", given]) == 2
+        said = capsys.readouterr()
+        assert re.fullmatch(f"daskpri: error: {error}\n", said.err)
+        assert "dashboard:" not in said.out
     # a batch over a worker's share: refused before a cluster starts, in --data's words
     assert main([*common, "--data", store, "--batch-size", "100000"]) == 2
     said = capsys.readouterr()

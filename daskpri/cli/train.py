@@ -23,6 +23,7 @@ from daskpri.data.io import open_dataset, to_store
 from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
 from daskpri.training._cleanup import start_own_cluster
+from daskpri.training._fit import check_fit
 from daskpri.training.cluster import connect, one_torch_thread
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.recovery import SchedulerLostError, close_client
@@ -78,6 +79,7 @@ def _train(args: argparse.Namespace) -> int:
             trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
             print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
         if client is None:
+            _check_before_cluster(trainer, data, eval_data, max_steps, args)
             # started here, not by trainer.client below, so that a Ctrl-C as it starts
             # is said at once (no other thread uses the trainer yet)
             start_own_cluster(trainer, on_interrupt=_heard_as_cluster_starts)
@@ -172,6 +174,25 @@ def _data(
     if args.eval_data is not None:
         open_dataset(args.eval_data, name="eval_data")["y"].max().compute(scheduler="threads")
     return path, args.eval_data, train
+
+
+def _check_before_cluster(
+    trainer: daskpri.Trainer, data: xr.Dataset | str, eval_data: xr.Dataset | str | None,
+    max_steps: int | None, args: argparse.Namespace,
+) -> None:
+    """The checks ``fit`` makes on the driver before its cluster, made before ours starts.
+
+    ``fit`` refuses data that its model cannot train on (labels out of the
+    model's range, ``--eval-data`` of another shape or with such labels)
+    before the trainer starts a LocalCluster; ``train`` starts its own
+    first (so that a Ctrl-C as it starts is said at once), and would find
+    them only after it. They are made here too, and again by ``fit``.
+    """
+    request = check_fit(trainer, data, eval_data, max_steps=max_steps, max_time=args.max_time,
+                        target_accuracy=args.target_accuracy, progress=False)
+    _, n_classes = trainer._check_data(request.ds, request.info, request.source)
+    if request.evalset is not None:
+        request.evalset.check(n_classes)
 
 
 def _security(args: argparse.Namespace) -> Security | None:
