@@ -169,6 +169,42 @@ def test_data_daskpri_cannot_take_is_refused_with_the_line_that_mends_it(case):
         assert validate_dataset(open_dataset(mend(data)))["n_samples"] == 20
 
 
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_a_file_whose_splits_are_groups_is_refused_naming_them_and_the_line_that_mends_it(
+    tmp_path, suffix
+):
+    import warnings
+
+    import h5py
+
+    path = str(tmp_path / f"splits{suffix}")
+    for mode, group in (("w", "test"), ("a", "train")):  # xarray's way to keep splits together
+        if suffix == ".nc":
+            small().to_netcdf(path, group=group, engine="h5netcdf", mode=mode)
+        else:
+            with warnings.catch_warnings():  # zarr's, of consolidated metadata in format 3
+                warnings.simplefilter("ignore")
+                small().to_zarr(path, group=group, mode=mode)
+    with pytest.raises(ValueError) as refused:
+        open_dataset(path)
+    opened = (f"xr.open_dataset({path!r}, group='train', chunks={{}})" if suffix == ".nc"
+              else f"xr.open_zarr({path!r}, group='train')")
+    assert str(refused.value) == (
+        f"data should hold its variables at the top of {path!r}, where daskpri reads them, "
+        "but its top holds none, and it has the groups ['test', 'train']: write the one to "
+        f"train on to a store of its own (daskpri.data.to_store({opened}, 'train.zarr')), or "
+        "pass it opened as a Dataset")
+    mended = to_store(eval(opened), str(tmp_path / "train.zarr"))  # the line it gives
+    assert validate_dataset(open_dataset(mended))["n_samples"] == 20
+    if suffix == ".nc":  # an HDF5 file that is not netCDF (h5py's): refused, no warning
+        with h5py.File(tmp_path / "plain.h5", "w") as f:
+            f["x"], f["y"] = np.zeros((4, 3)), np.arange(4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(ValueError, match=r"^data should have a 'sample' dimension"):
+                open_dataset(str(tmp_path / "plain.h5"))
+
+
 def test_categorical_labels_are_refused_saying_to_number_them():
     ds = small().assign(y=("sample", pd.Categorical(np.array(list("abcd"))[small()["y"]])))
     with pytest.raises(TypeError, match=r"but got category; labels that are names should be "

@@ -124,8 +124,36 @@ def open_dataset(
             ) from None
     else:
         ds = _open_netcdf(path, name=name)
+    if not ds.data_vars:
+        _check_not_in_groups(path, fmt, name=name)
     validate_dataset(ds, name=name)
     return as_training(ds, name=name)
+
+
+def _check_not_in_groups(path: str, fmt: str, *, name: str) -> None:
+    """Refuse a file whose top holds no variable but which has groups (of a split each, say).
+
+    daskpri reads the variables at a file's top; without this, such a file
+    would be refused for lacking a 'sample' dimension, with advice to rename
+    one it does not have.
+    """
+    if fmt == "zarr":
+        groups = sorted(zarr.open_group(path, mode="r").group_keys())
+        opened = "xr.open_zarr({!r}, group={!r})"
+    elif h5py.is_hdf5(path):
+        with h5py.File(path, "r") as f:
+            groups = sorted(k for k in f if f.get(k, getclass=True) is h5py.Group)
+        opened = "xr.open_dataset({!r}, group={!r}, chunks={{}})"
+    else:  # netCDF3 has no groups
+        return
+    if groups:
+        pick = next((g for g in groups if "train" in g.lower()), groups[0])
+        raise ValueError(
+            f"{name} should hold its variables at the top of {path!r}, where daskpri reads "
+            f"them, but its top holds none, and it has the groups {groups}: write the one "
+            f"to train on to a store of its own (daskpri.data.to_store("
+            f"{opened.format(path, pick)}, 'train.zarr')), or pass it opened as a Dataset"
+        )
 
 
 def _hint_type(source: Any) -> str:
@@ -183,7 +211,9 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
         )
     if h5py.is_hdf5(path):
         check_self_contained(path, name=name)
-        return xr.open_dataset(path, engine="h5netcdf", chunks={})
+        # phony_dims: the dimensions h5netcdf names for an HDF5 file that is not netCDF
+        # (h5py's); given, as its default, so that it does not warn that it changed
+        return xr.open_dataset(path, engine="h5netcdf", chunks={}, phony_dims="access")
     with open(path, "rb") as f:
         head = f.read(4)
     if head not in _NETCDF3_MAGIC:
