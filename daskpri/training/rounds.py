@@ -91,11 +91,26 @@ def mean_buffers(results: list[StepResult]) -> dict[str, torch.Tensor] | None:
 
 
 def nonfinite(total: Combined, step: int, count: int, local_steps: int) -> str | None:
-    """What became NaN or infinite in the ``count`` steps from ``step``, or None."""
+    """What became NaN or infinite in the ``count`` steps from ``step``, or None.
+
+    The samples of non-finite priorities are named once each, though a
+    strategy that draws with replacement may have trained one twice.
+
+    Examples
+    --------
+    >>> def result(indices, priorities):
+    ...     return StepResult(torch.empty(0), 0, np.array(indices), np.array(priorities),
+    ...                       float("nan"), 0, 0, 0.0, "", "", 0)
+    >>> nan = float("nan")
+    >>> total = Combined([result([6, 6, 2], [nan, nan, 1.0]), result([9, 6], [nan, nan])],
+    ...                  0, nan, 0, torch.zeros(1), None)
+    >>> nonfinite(total, 4, 1, 1)
+    'the training loss became nan at step 4; non-finite priorities for samples [6, 9]'
+    """
     results, loss_sum = total.results, total.loss_sum
     where = f"step {step}" if count == 1 else f"steps {step}-{step + count - 1}"
     if not math.isfinite(loss_sum):
-        bad = np.concatenate([r.indices[~np.isfinite(r.priorities)] for r in results])
+        bad = np.unique(np.concatenate([r.indices[~np.isfinite(r.priorities)] for r in results]))
         return f"the training loss became {loss_sum} at {where}" + (
             f"; non-finite priorities for samples {bad[:10].tolist()}" if bad.size else ""
         )
