@@ -149,6 +149,23 @@ def test_a_soft_link_within_the_file_is_read(tmp_path):
     np.testing.assert_array_equal(ds["x"].values, np.full((N, 3), 2, "f4"))
 
 
+def test_a_netcdf_file_another_process_is_writing_is_refused_saying_so(tmp_path):
+    import fcntl
+
+    path = str(write_netcdf(tmp_path / "data.nc"))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as HDF5 locks a file it opens to write
+        with pytest.raises(ValueError, match=re.escape(
+                f"data names {path!r}, which another process holds open for writing (HDF5 "
+                "locks a file while it is open to write), so it may be half-written: train on "
+                "it once that process has closed it")):
+            open_dataset(path)
+    finally:
+        os.close(fd)
+    assert open_dataset(path).sizes["sample"] == N  # once closed
+
+
 # --- zarr stores with links that lead out of them ---------------------------------
 
 

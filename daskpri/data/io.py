@@ -210,10 +210,15 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
             f"{name}={path!r}, which is a directory"
         )
     if h5py.is_hdf5(path):
-        check_self_contained(path, name=name)
-        # phony_dims: the dimensions h5netcdf names for an HDF5 file that is not netCDF
-        # (h5py's); given, as its default, so that it does not warn that it changed
-        return xr.open_dataset(path, engine="h5netcdf", chunks={}, phony_dims="access")
+        try:
+            check_self_contained(path, name=name)
+            # phony_dims: the dimensions h5netcdf names for an HDF5 file that is not netCDF
+            # (h5py's); given, as its default, so that it does not warn that it changed
+            return xr.open_dataset(path, engine="h5netcdf", chunks={}, phony_dims="access")
+        except OSError as e:
+            if not _held_for_writing(e):
+                raise
+            raise ValueError(_being_written(name, path)) from None
     with open(path, "rb") as f:
         head = f.read(4)
     if head not in _NETCDF3_MAGIC:
@@ -231,6 +236,25 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
             "(Dataset.to_netcdf(path, engine='h5netcdf')) or as a zarr store"
         ) from None
     return xr.open_dataset(path, engine="scipy", chunks={})
+
+
+def _held_for_writing(error: OSError) -> bool:
+    """Whether ``error`` is HDF5's refusal of a file that another process holds open to write.
+
+    HDF5 locks a file as it opens it (shared to read, exclusive to write),
+    and h5py raises ``BlockingIOError`` where the lock is taken.
+    """
+    return isinstance(error, BlockingIOError) or "unable to lock file" in str(error)
+
+
+def _being_written(name: str, path: str) -> str:
+    """Why the netCDF file ``path`` that another process holds open to write is refused."""
+    return (
+        f"{name} names {path!r}, which another process holds open for writing (HDF5 locks a "
+        "file while it is open to write), so it may be half-written: train on it once that "
+        "process has closed it (a to_netcdf under way, or an h5py.File or netCDF4.Dataset "
+        "opened with mode 'a' or 'w')"
+    )
 
 
 def check_self_contained(path: str, *, name: str = "data") -> None:
