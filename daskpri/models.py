@@ -26,6 +26,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from daskpri.data._persisted import driver_scheduler
 from daskpri.data.io import open_dataset, validate_dataset
 
 __all__ = ["CNN", "MLP", "MaxPool1d", "MODELS", "build_model", "cnn", "from_spec", "mlp"]
@@ -366,7 +367,7 @@ def _shape_and_classes(ds_or_info: DatasetOrInfo) -> tuple[tuple[int, ...], int]
             # Reads the labels, which are small next to the features, here (not on the
             # workers of a default client), as fit reads them: float labels checked whole
             y = open_dataset(ds_or_info, name="ds_or_info")["y"]
-            n_classes = int(y.max().compute(scheduler="threads")) + 1
+            n_classes = int(y.max().compute(scheduler=driver_scheduler(y))) + 1
         return info["x_shape"], n_classes
     if isinstance(ds_or_info, dict):
         for key in ("x_shape", "n_classes"):

@@ -504,6 +504,24 @@ def test_a_damaged_chunk_fails_the_fit_at_once_naming_worker_partition_and_store
         trainer.close()
 
 
+def test_data_persisted_on_the_cluster_trains_and_writes_as_data_in_memory(
+    gpu_client, small_data, tmp_path
+):
+    # client.persist(ds): its chunks live on the cluster only, where the driver's own
+    # threads cannot compute them (they raised "Missing dependency ('xarray-x-...', 0, 0)")
+    train, test = small_data
+    persisted = gpu_client.persist(train.chunk({"sample": 400}))
+    held = gpu_client.persist(test.chunk({"sample": 100}))
+    model = build_model("mlp", persisted.drop_attrs())  # its classes read from its labels
+    with daskpri.Trainer(model, strategy="loss", client=gpu_client, seed=0) as trainer:
+        history = trainer.fit(persisted, eval_data=held, max_steps=1, progress=False)
+    assert np.isfinite(history["accuracy"][-1])
+    path = to_store(held, str(tmp_path / "test.zarr"))
+    written = daskpri.data.open_dataset(path)
+    assert written["x"].chunks == held["x"].chunks
+    np.testing.assert_array_equal(written["x"].values, test["x"].values)
+
+
 class _StoreGoesAway(daskpri.Trainer):
     """Deletes the store after the driver opened it, before the workers read it."""
 

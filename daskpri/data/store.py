@@ -20,6 +20,7 @@ import dask.config
 import xarray as xr
 
 from daskpri.data._formats import _is_zarr_store, format_of
+from daskpri.data._persisted import driver_scheduler
 
 __all__ = [
     "check_destination", "check_writable", "remove_stale", "to_store", "write_atomic", "write_error"
@@ -98,7 +99,7 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     parent, base = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
-    out = ds.copy()
+    out = _fetched(ds.copy())
     # Encodings carried over from another format (zarr compressors, netCDF
     # chunksizes) do not apply to the new one; let the writer choose.
     for var in out.variables.values():
@@ -132,6 +133,23 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
         raise
     remove_stale(parent, lambda name: name.startswith((f".{base}.tmp-", f".{base}.old-")))
     return os.fspath(path)
+
+
+def _fetched(ds: xr.Dataset) -> xr.Dataset:
+    """``ds``, its values fetched here, in its chunks, where a cluster holds them persisted.
+
+    The write below computes with this process's threads, which cannot
+    compute chunks persisted on a cluster (``client.persist(ds)``), and the
+    cluster's workers need not see the path.
+    """
+    scheduler = driver_scheduler(ds)
+    if scheduler == "threads":
+        return ds
+    loaded = ds.compute(scheduler=scheduler)
+    for name, var in ds.variables.items():
+        if var.chunks is not None:
+            loaded[name] = loaded[name].chunk(dict(zip(var.dims, var.chunks, strict=True)))
+    return loaded
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> str:

@@ -22,6 +22,7 @@ from distributed.security import Security
 from torch import nn
 
 from daskpri._warnings import warn
+from daskpri.data._persisted import driver_scheduler
 from daskpri.data.io import check_labels, check_values, open_dataset, validate_dataset
 from daskpri.strategies import Strategy
 from daskpri.strategies.base import check_int
@@ -264,7 +265,8 @@ def open_data(
             )
         # read here, by the driver's threads, as it is evaluated here: not by the
         # workers of a default client, which need not see the file (nor every variable)
-        evalset = EvalSet(eds[["x", "y"]].compute(scheduler="threads"))
+        # (or through the client of a cluster it is persisted on)
+        evalset = EvalSet(eds[["x", "y"]].compute(scheduler=driver_scheduler(eds)))
     return ds, info, evalset
 
 
@@ -313,7 +315,9 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             "are a strategy's score_dtype option)"
         )
     # a store's data read here, as below: not by the workers of a default client
-    two = ds["x"].isel(sample=slice(0, 2)).compute(scheduler="threads").values
+    # (or through the client of a cluster it is persisted on)
+    scheduler = driver_scheduler(ds)
+    two = ds["x"].isel(sample=slice(0, 2)).compute(scheduler=scheduler).values
     x0 = torch.as_tensor(np.asarray(two, dtype=np.float32))
     was_training = model.training
     try:
@@ -339,9 +343,9 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             f"the model outputs {width} classes, but data has n_classes={n_classes}"
         )
     y = ds["y"]  # a store's read chunk by chunk
-    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler="threads"))
+    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler=scheduler))
     if y_min < 0 or (n_classes is not None and y_max >= n_classes):  # read whole for the message
-        check_labels(y.compute(scheduler="threads").values, n_classes=n_classes, where="data")
+        check_labels(y.compute(scheduler=scheduler).values, n_classes=n_classes, where="data")
     if y_max >= width:
         raise ValueError(
             f"the model outputs {width} classes, but data.y holds label {y_max}; "

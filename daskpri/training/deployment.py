@@ -22,6 +22,7 @@ import xarray as xr
 from distributed import Client, Future
 
 from daskpri import _config
+from daskpri.data._persisted import driver_scheduler
 from daskpri.replicas.errors import PartitionsLost, raise_data_refused
 from daskpri.replicas.optim import LocalSteps
 from daskpri.replicas.replica import Weights
@@ -237,8 +238,9 @@ class Deployment:
                     )
             else:
                 # read here (dask-backed data, as xr.open_mfdataset gives, by this
-                # process's threads, not a default client's workers) and scattered once
-                with dask.config.set(scheduler="threads"):
+                # process's threads, not a default client's workers; data persisted on a
+                # cluster, through its client) and scattered once
+                with dask.config.set(scheduler=driver_scheduler(self.ds)):
                     arrays = [
                         ArrayPart(
                             np.asarray(self.ds["x"].isel(sample=slice(a, b)).values),
