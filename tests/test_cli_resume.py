@@ -81,6 +81,12 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--resume: the run in '{ckpt}' trained on 800 samples of shape (20,) in 10 classes, "
          "but --dataset synthetic --n-samples 2000 gives 1600 samples of shape (20,) in 10 "
          "classes; give the --dataset and --n-samples the run was started with\n"),
+        # more workers than the run has partitions (one, on its one worker)
+        (["--workers", "2"],
+         "the checkpoint's run is cut into 1 partition(s), as it was for the workers it "
+         "started on, fewer than the 2 workers here, so a worker would hold none: resume it "
+         "on 1 worker(s) at most (Trainer.resume(path, n_workers=1), or daskpri train "
+         "--resume PATH --workers 1)\n"),
         (["--dataset", "digits"],
          "--resume: the run in '{ckpt}' trained on 800 samples of shape (20,) in 10 classes, "
          "but --dataset digits --n-samples 1000 gives 800 samples of shape (8, 8) in 10 "
@@ -175,4 +181,9 @@ def test_trainer_resume_refuses_overrides_its_checkpoint_fixes(checkpointed: Pat
     trainer = daskpri.Trainer.resume(checkpointed, checkpoint_every=3, n_workers=1)
     assert trainer.checkpoint_every == 3 and trainer.checkpoint_path == str(checkpointed)
     assert trainer.strategy.name == "loss" and trainer.learning_rate == 0.1
+    # a worker's share of the run's own cut under its batch: fewer workers mend it, not a
+    # batch_size the checkpoint fixes
+    with pytest.raises(ValueError, match=r"^batch_size=64 is more than a worker's share of the "
+                       r"data \(30 samples, .*; resume it on fewer workers \(n_workers=\)$"):
+        trainer._check_batch_fits(np.array([30, 770]), np.array([0, 1]), 2)
     trainer.close()  # no cluster was started

@@ -26,6 +26,7 @@ from daskpri.training._cleanup import start_own_cluster
 from daskpri.training._fit import check_fit
 from daskpri.training.cluster import connect, one_torch_thread
 from daskpri.training.errors import WorkersLostError
+from daskpri.training.placement import assign_owners
 from daskpri.training.recovery import SchedulerLostError, close_client
 from daskpri.training.schedule import SCHEDULES
 
@@ -77,9 +78,11 @@ def _train(args: argparse.Namespace) -> int:
                                   "more --n-samples" if args.data is None else "more samples")
         else:
             trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
-            print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
         if client is None:
             _check_before_cluster(trainer, data, eval_data, max_steps, args)
+        if args.resume is not None:  # (once it is known to go on)
+            print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
+        if client is None:
             # started here, not by trainer.client below, so that a Ctrl-C as it starts
             # is said at once (no other thread uses the trainer yet)
             start_own_cluster(trainer, on_interrupt=_heard_as_cluster_starts)
@@ -193,6 +196,10 @@ def _check_before_cluster(
     _, n_classes = trainer._check_data(request.ds, request.info, request.source)
     if request.evalset is not None:
         request.evalset.check(n_classes)
+    if trainer._resume_state is not None:  # the run's own cut, on the cluster's workers
+        n_workers = trainer.n_workers or 2
+        sizes = np.diff(np.asarray(trainer._resume_state["table"]["table"]["offsets"]))
+        trainer._check_batch_fits(sizes, assign_owners(sizes, n_workers), n_workers)
 
 
 def _security(args: argparse.Namespace) -> Security | None:

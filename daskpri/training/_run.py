@@ -414,6 +414,14 @@ class RunMixin:
                     f"the data has {n} sample(s), fewer than the {n_slots} workers, so a "
                     "worker would hold none: give more samples, or fewer workers (n_workers=)"
                 )
+            if self._resume_state is not None:  # a cut that only fewer workers can change
+                raise ValueError(
+                    f"the checkpoint's run is cut into {len(sizes)} partition(s), as it was "
+                    f"for the workers it started on, fewer than the {n_slots} workers here, "
+                    f"so a worker would hold none: resume it on {len(sizes)} worker(s) at "
+                    f"most (Trainer.resume(path, n_workers={len(sizes)}), or daskpri train "
+                    f"--resume PATH --workers {len(sizes)})"
+                )
             cut = ("its chunks" if self.partition_size is None
                    else f"partition_size={self.partition_size}")
             raise ValueError(
@@ -422,11 +430,13 @@ class RunMixin:
                 f"partition_size of at most {n // n_slots}, or fewer workers"
             )
         if batch > least:
+            mend = (f"give a batch_size of at most {least}, or fewer workers"
+                    if self._resume_state is None  # (the checkpoint's batch_size is the run's)
+                    else "resume it on fewer workers (n_workers=)")
             raise ValueError(
                 f"batch_size={batch} is more than a worker's share of the data ({least} "
                 f"samples, of {int(sizes.sum())} on {n_slots} workers): each worker trains "
-                f"a batch a step from its own share; give a batch_size of at most {least}, "
-                "or fewer workers"
+                f"a batch a step from its own share; {mend}"
             )
 
     def _warn_unequal_shares(self, sizes: np.ndarray, owner: np.ndarray, n_slots: int) -> None:
