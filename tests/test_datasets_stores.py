@@ -287,6 +287,27 @@ def test_opening_a_directory_that_holds_no_zarr_store_says_so(tmp_path):
         open_dataset(str(empty))
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_zarr_store_zarr_python_wrote_is_refused_saying_to_write_it_with_xarray(
+    tmp_path, zarr_format
+):
+    import zarr
+
+    raw = zarr.open_group(tmp_path / "raw.zarr", mode="w", zarr_format=zarr_format)
+    raw.create_array("x", data=np.zeros((4, 3), "f4"))  # no dimension names
+    raw.create_array("y", data=np.arange(4))
+    zarr.save_array(tmp_path / "one.zarr", np.zeros((4, 3)), zarr_format=zarr_format)
+    for path, what in [("raw.zarr", "arrays without the dimension names xarray reads (as "
+                                    "zarr-python writes them)"),
+                       ("one.zarr", "a single array, not a group of arrays 'x' and 'y'")]:
+        with pytest.raises(ValueError, match="^" + re.escape(
+                "data should be a zarr store of an xarray.Dataset, with the arrays 'x' and 'y' "
+                f"along a dimension 'sample', but {str(tmp_path / path)!r} holds {what}: build "
+                "the Dataset and write it with xarray, daskpri.data.to_store(xr.Dataset({'x': "
+                "(('sample', 'feature'), x), 'y': ('sample', y)}), 'train.zarr')") + "$"):
+            open_dataset(str(tmp_path / path))
+
+
 @pytest.mark.parametrize("suffix", [".nc", ".zarr"])
 def test_a_write_removes_what_killed_writes_left_but_not_a_fresh_one(tmp_path, suffix):
     name = f"data{suffix}"

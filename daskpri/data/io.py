@@ -118,10 +118,19 @@ def open_dataset(
         try:
             ds = xr.open_zarr(path, consolidated=False)
         except zarr.errors.NodeNotFoundError:
+            if os.path.isfile(os.path.join(path, ".zarray")):  # an array of zarr format 2
+                raise ValueError(_not_a_dataset(name, path, array=True)) from None
             raise ValueError(
                 f"{name} names {path!r}, which holds no zarr store: no zarr.json or .zgroup "
                 f"at its top (write one with daskpri.data.to_store, or xarray's to_zarr)"
             ) from None
+        except (zarr.errors.ContainsArrayError, KeyError) as e:
+            # an array at the top, or arrays that zarr-python wrote without the dimension
+            # names xarray reads (KeyError: "Zarr object is missing the `dimension_names`")
+            if isinstance(e, KeyError) and "dimension" not in str(e):
+                raise
+            array = isinstance(e, zarr.errors.ContainsArrayError)
+            raise ValueError(_not_a_dataset(name, path, array=array)) from None
     else:
         ds = _open_netcdf(path, name=name)
     if not ds.data_vars:
@@ -154,6 +163,19 @@ def _check_not_in_groups(path: str, fmt: str, *, name: str) -> None:
             f"to train on to a store of its own (daskpri.data.to_store("
             f"{opened.format(path, pick)}, 'train.zarr')), or pass it opened as a Dataset"
         )
+
+
+def _not_a_dataset(name: str, path: str, *, array: bool) -> str:
+    """Why the zarr store at ``path``, of a single array or of arrays without dimension
+    names (as zarr-python writes them), is refused, and how to write it so."""
+    what = ("a single array, not a group of arrays 'x' and 'y'" if array else
+            "arrays without the dimension names xarray reads (as zarr-python writes them)")
+    return (
+        f"{name} should be a zarr store of an xarray.Dataset, with the arrays 'x' and 'y' "
+        f"along a dimension 'sample', but {path!r} holds {what}: build the Dataset and write "
+        "it with xarray, daskpri.data.to_store(xr.Dataset({'x': (('sample', 'feature'), x), "
+        "'y': ('sample', y)}), 'train.zarr')"
+    )
 
 
 def _hint_type(source: Any) -> str:
