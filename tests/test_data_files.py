@@ -166,6 +166,17 @@ def test_a_netcdf_file_another_process_is_writing_is_refused_saying_so(tmp_path)
     assert open_dataset(path).sizes["sample"] == N  # once closed
 
 
+def test_a_netcdf_file_cut_short_is_refused_as_such_naming_it(tmp_path):
+    path = write_netcdf(tmp_path / "data.nc")
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # a copy that did not finish
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"data names {str(path)!r}, an HDF5 (netCDF4) file that cannot be read, cut short "
+            "or damaged (a copy or a write that did not finish?): Unable to synchronously open "
+            "file (truncated file: ")):
+        open_dataset(str(path))
+
+
 # --- zarr stores with links that lead out of them ---------------------------------
 
 

@@ -238,9 +238,16 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
             # (h5py's); given, as its default, so that it does not warn that it changed
             return xr.open_dataset(path, engine="h5netcdf", chunks={}, phony_dims="access")
         except OSError as e:
-            if not _held_for_writing(e):
+            if _held_for_writing(e):
+                raise ValueError(_being_written(name, path)) from None
+            if e.errno is not None:  # the file system's (a permission): as it is
                 raise
-            raise ValueError(_being_written(name, path)) from None
+            # h5py's, on a file it cannot make sense of: a file cut short, or damaged
+            raise ValueError(
+                f"{name} names {path!r}, an HDF5 (netCDF4) file that cannot be read, cut "
+                f"short or damaged (a copy or a write that did not finish?): "
+                f"{str(e).splitlines()[0]}"
+            ) from None
     with open(path, "rb") as f:
         head = f.read(4)
     if head not in _NETCDF3_MAGIC:
