@@ -160,6 +160,25 @@ def test_open_dataset_reads_a_netcdf3_file_with_scipy(tmp_path):
     xr.testing.assert_identical(opened.load(), ds.assign(y=ds["y"].astype(np.int32)))
 
 
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_a_damaged_store_is_refused_naming_it_and_what_its_reader_said(tmp_path, suffix):
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".zarr":
+        to_store(small(), path)
+        (path / "zarr.json").write_text("{not json")  # a write that did not finish
+        said = "a zarr store that cannot be read, damaged or cut short (a copy or a write " \
+               "that did not finish?): JSONDecodeError: Expecting property name"
+    else:
+        pytest.importorskip("scipy")
+        small(n=30).to_netcdf(path, engine="scipy")
+        path.write_bytes(path.read_bytes()[:-200])  # a netCDF3 file cut short
+        said = "a netCDF3 file that cannot be read, damaged or cut short (a copy or a write " \
+               "that did not finish?): ValueError: "
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"eval_data names {str(path)!r}, {said}")):
+        open_dataset(path, name="eval_data")
+
+
 def test_open_dataset_without_scipy_names_a_netcdf3_file_and_what_to_do(tmp_path, monkeypatch):
     pytest.importorskip("scipy")
     small().to_netcdf(tmp_path / "data.nc", engine="scipy")

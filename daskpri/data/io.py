@@ -128,9 +128,11 @@ def open_dataset(
             # an array at the top, or arrays that zarr-python wrote without the dimension
             # names xarray reads (KeyError: "Zarr object is missing the `dimension_names`")
             if isinstance(e, KeyError) and "dimension" not in str(e):
-                raise
+                raise ValueError(_unreadable(name, path, "a zarr store", e)) from None
             array = isinstance(e, zarr.errors.ContainsArrayError)
             raise ValueError(_not_a_dataset(name, path, array=array)) from None
+        except (ValueError, TypeError) as e:  # its metadata: not JSON, or not zarr's
+            raise ValueError(_unreadable(name, path, "a zarr store", e)) from None
     else:
         ds = _open_netcdf(path, name=name)
     if not ds.data_vars:
@@ -163,6 +165,13 @@ def _check_not_in_groups(path: str, fmt: str, *, name: str) -> None:
             f"to train on to a store of its own (daskpri.data.to_store("
             f"{opened.format(path, pick)}, 'train.zarr')), or pass it opened as a Dataset"
         )
+
+
+def _unreadable(name: str, path: str, kind: str, error: Exception) -> str:
+    """Why ``path``, ``kind`` (``"a zarr store"``) whose reader failed on it, is refused."""
+    why = " ".join(str(error).split()) or "no reason given"
+    return (f"{name} names {path!r}, {kind} that cannot be read, damaged or cut short (a copy "
+            f"or a write that did not finish?): {type(error).__name__}: {why}")
 
 
 def _not_a_dataset(name: str, path: str, *, array: bool) -> str:
@@ -264,7 +273,10 @@ def _open_netcdf(path: str, *, name: str) -> xr.Dataset:
             "is not installed; install scipy, or write the data as netCDF4 "
             "(Dataset.to_netcdf(path, engine='h5netcdf')) or as a zarr store"
         ) from None
-    return xr.open_dataset(path, engine="scipy", chunks={})
+    try:
+        return xr.open_dataset(path, engine="scipy", chunks={})
+    except (ValueError, TypeError, KeyError, IndexError) as e:  # scipy's, on a damaged file
+        raise ValueError(_unreadable(name, path, "a netCDF3 file", e)) from None
 
 
 def _held_for_writing(error: OSError) -> bool:
