@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
@@ -136,6 +137,12 @@ def test_open_dataset_returns_a_dataset_as_is():
 def test_open_dataset_refuses_other_types():
     with pytest.raises(TypeError, match=r"train should be an xarray.Dataset or the path .* int"):
         open_dataset(3, name="train")
+    x, y = small()["x"].values, small()["y"].values
+    for arrays in (x, (x, y), pd.DataFrame(x).assign(label=y)):  # as scikit-learn takes them
+        with pytest.raises(TypeError, match=re.escape(
+                ": put the features and the labels in one Dataset, as 'x' and 'y' along "
+                "'sample': xr.Dataset({'x': (('sample', 'feature'), x), 'y': ('sample', y)})")):
+            open_dataset(arrays)
 
 
 def test_open_dataset_names_a_missing_path(tmp_path):

@@ -183,6 +183,16 @@ def _hint_type(source: Any) -> str:
             ": a DataArray holds the features alone; put them and the labels in one Dataset, "
             "as 'x' and 'y' along 'sample': xr.Dataset({'x': features, 'y': labels})"
         )
+    arrays = isinstance(source, np.ndarray) or (
+        isinstance(source, (tuple, list)) and len(source) == 2
+        and all(isinstance(a, np.ndarray) for a in source))
+    if arrays or type(source).__name__ == "DataFrame":  # (x, y), as scikit-learn takes them
+        return (
+            ": put the features and the labels in one Dataset, as 'x' and 'y' along "
+            "'sample': xr.Dataset({'x': (('sample', 'feature'), x), 'y': ('sample', y)})"
+            + (" (from a DataFrame, x = df[features].to_numpy(), y = df[label].to_numpy())"
+               if not arrays else "")
+        )
     return ""
 
 
