@@ -34,7 +34,14 @@ def driver_scheduler(*objs: Any) -> str | Client:
     for obj in objs:
         if not dask.is_dask_collection(obj):
             continue
-        for value in obj.__dask_graph__().values():
-            if isinstance(value, Future):
-                return value.client
+        graph = obj.__dask_graph__()
+        # a persisted collection's futures are the values of materialized layers: the
+        # others (a store's Blockwise reads) are not built, which takes a second a
+        # 20,000 chunks
+        layers = getattr(graph, "layers", {None: graph}).values()
+        for layer in layers:
+            if getattr(layer, "is_materialized", lambda: True)():
+                for value in layer.values():
+                    if isinstance(value, Future):
+                        return value.client
     return "threads"
