@@ -20,6 +20,7 @@ from _fits import fit, local_cluster, mlp_trainer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CLOSED = "closed (kept for the dashboard)"
 DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
 
 pytestmark = pytest.mark.skipif(
@@ -93,6 +94,7 @@ def chromium():
         "--window-size=1200,1500",
     ):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
         yield driver
@@ -144,7 +146,18 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
             run.stop()  # what the page needed is seen: the fit need not use up its 15 s
             thread.join(60)
             assert not thread.is_alive()
+        try:
+            if errors:
+                raise errors[0]
+            # the page draws the run's last step, then the run closes, moving no step:
+            # the open page must still say it is closed
+            table = cluster.scheduler.plugins["daskpri"].runs[run.run_id]
+            done = [run.run_id, "live", f"{table.last_step:,}", f"{table.table.n_updates:,}"]
+            wait_until(chromium, lambda s: [s["status"][i] for i in (0, 1, 4, 11)] == done)
+            run.close()
+            wait_until(chromium, lambda s: s["status"][:2] == [run.run_id, CLOSED], timeout=20)
+            console = chromium.get_log("browser")  # read while the page is still served
+            assert not [e for e in console if e["level"] == "SEVERE"], console  # no JS error
+        finally:
             baseline.close()
             run.close()
-        if errors:
-            raise errors[0]

@@ -170,6 +170,7 @@ def refresh_from_runs(dash: DaskpriDashboard, runs: Mapping[str, TableRun]) -> b
     seen = (
         name,
         run.last_step,
+        run.closed,  # a run closes without a step: the page must still say so
         run.table.n_updates,
         len(run.metrics),
         args["baseline_name"],
