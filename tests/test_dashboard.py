@@ -393,6 +393,24 @@ def test_the_status_says_whether_the_run_is_closed():
     assert comp.source.data["value"][1] == "closed (kept for the dashboard)"
 
 
+def test_an_open_page_says_when_its_run_closes_and_when_it_is_dropped():
+    run = make_run("uniform")
+    add_step(run, 0, [0], [1.0], accuracy=0.5)
+    plugin = plugin_with(u=run)
+    dash = DaskpriDashboard()
+    assert refresh_from_runs(dash, plugin.runs)
+    state = lambda: dash.status.source.data["value"][1]  # noqa: E731
+    assert state() == "live"
+    plugin._close("u")  # the trainer closes it after its last step: nothing else moves
+    assert refresh_from_runs(dash, plugin.runs) and state() == "closed (kept for the dashboard)"
+    with dask.config.set({"daskpri.table.keep-closed": 0}):
+        plugin._close("u")
+    assert not refresh_from_runs(dash, plugin.runs)  # gone: its last plots stay
+    assert state() == "closed, dropped from the scheduler (daskpri.table.keep-closed)"
+    assert dash.status.source.data["value"][0] == "u" and len(dash.curves.source.data["loss"]) == 1
+    assert "dropped from the scheduler" in dash.status.root.text
+
+
 def test_install_skips_a_scheduler_without_dashboard(caplog):
     async def main():
         async with Scheduler(

@@ -20,6 +20,7 @@ import time
 import urllib.request
 from typing import Any
 
+import dask
 import numpy as np
 import pytest
 from _fits import fit, local_cluster, mlp_trainer
@@ -196,7 +197,7 @@ def test_the_standalone_page_answers_while_it_waits_on_a_silent_scheduler():
 def test_a_closed_uniform_run_stays_the_baseline_of_the_next_run(small_data):
     """Trainers used as context managers close their runs: the page keeps them."""
     train, test = small_data
-    with local_cluster(1) as (cluster, client):
+    with local_cluster(1) as (cluster, client), _standalone(cluster.scheduler_address) as app:
         page = f"http://127.0.0.1:{cluster.scheduler.http_server.port}/daskpri"
         names = {}
         for strategy, steps in (("uniform", 20), ("loss", 10)):
@@ -211,12 +212,35 @@ def test_a_closed_uniform_run_stays_the_baseline_of_the_next_run(small_data):
                         assert fields["baseline"] == names["uniform"]
                         baseline = session.document.get_model_by_name("daskpri-baseline-loss")
                         assert len(baseline.data["loss"]) == 20
+                    # a standalone page open while the run ends (read on its server)
+                    assert get(f"http://127.0.0.1:{app.port}/daskpri")[0] == 200
+                    [standalone] = app.get_sessions("/daskpri")
+                    wait_for_status(standalone.document, run=names["loss"], state="live")
         # both closed: the page still shows the last run beside its baseline
         with pull_session(url=page) as session:
             fields = status_of(session.document)
             assert fields["run"] == names["loss"] and fields["state"].startswith("closed")
             assert fields["baseline"] == names["uniform"] and fields["step"] == "9"
         assert list(client.sync(client.scheduler.daskpri_runs)) == [names["uniform"], names["loss"]]
+        wait_for_status(standalone.document, run=names["loss"],
+                        state="closed (kept for the dashboard)")
+        with dask.config.set({"daskpri.table.keep-closed": 0}):  # the scheduler's, in-process
+            client.sync(client.scheduler.daskpri_close, run=names["loss"])
+        assert list(client.sync(client.scheduler.daskpri_runs)) == []
+        # the open page keeps the run's last plots, and says it is gone
+        wait_for_status(standalone.document, run=names["loss"],
+                        state="closed, dropped from the scheduler (daskpri.table.keep-closed)")
+
+
+def wait_for_status(doc, timeout: float = 20.0, **expected: str) -> None:
+    """Wait until the status table of ``doc`` (a served page's) shows ``expected``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fields = status_of(doc)
+        if all(fields.get(k) == v for k, v in expected.items()):
+            return
+        assert time.monotonic() < deadline, fields
+        time.sleep(0.1)
 
 
 def test_preloaded_scheduler_serves_the_page(tmp_path):

@@ -233,6 +233,8 @@ class RunStatus(DashboardComponent):
     )
 
     NO_RUN = "no daskpri run yet"
+    #: The state of a run shown that the scheduler no longer holds.
+    GONE = "closed, dropped from the scheduler (daskpri.table.keep-closed)"
 
     def __init__(self, **kwargs: Any) -> None:
         self._run = self.NO_RUN  # the run row's text while the scheduler answers
@@ -266,6 +268,16 @@ class RunStatus(DashboardComponent):
         text = self._run if why is None else f"the scheduler cannot be reached: {why}"
         if self.source.data["value"][0] != text:
             self.source.patch({"value": [(0, text)]})
+            self.root.text = self._html()
+
+    def gone(self, run: str) -> None:
+        """Say that ``run``, the run shown, is no longer on the scheduler.
+
+        Its last snapshot stays on the page (the user may be reading it);
+        only its state says that nothing more will come.
+        """
+        if self._run == run and self.source.data["value"][1] != self.GONE:
+            self.source.patch({"value": [(1, self.GONE)]})
             self.root.text = self._html()
 
     @without_property_validation

@@ -162,7 +162,10 @@ class DaskpriDashboard:
 def refresh_from_runs(dash: DaskpriDashboard, runs: Mapping[str, TableRun]) -> bool:
     """Draw the shown run of ``runs`` (a plugin's) if it changed; True if drawn."""
     name = dash.set_runs({k: str(r.info.get("strategy", "")) for k, r in runs.items()})
-    if name is None or name not in runs:
+    if name is None:
+        return False
+    if name not in runs:  # dropped (daskpri.table.keep-closed): say so, keep its plots
+        dash.status.gone(name)
         return False
     args = dash.request()
     run, base = runs[name], runs.get(args["baseline_name"] or "")

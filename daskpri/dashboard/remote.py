@@ -79,7 +79,10 @@ def remote_doc(
     def choose() -> tuple[str | None, dict[str, Any]]:
         dash.status.unreachable(None)
         name = dash.set_runs(state["strategies"])
-        if name is None or name not in state["strategies"]:
+        if name is None:
+            return None, {}
+        if name not in state["strategies"]:  # dropped: say so, keep its plots
+            dash.status.gone(name)
             return None, {}
         return name, dash.request()
 
