@@ -291,12 +291,26 @@ def test_preloaded_scheduler_serves_the_page(tmp_path):
             proc.wait(30)
 
 
-def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh():
+def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh(caplog):
     from daskpri.dashboard.snapshot import NoPlugin, run_strategies
 
-    with local_cluster(0, processes=False, host="127.0.0.1", protocol="tcp") as (_, client):
+    with local_cluster(0, processes=False, host="127.0.0.1", protocol="tcp") as (cluster, client):
         with pytest.raises(NoPlugin, match="the scheduler has no daskpri table yet"):
             client.sync(run_strategies, client.scheduler)
+        # the standalone page reached it: it waits for a run, and never says it is away
+        with caplog.at_level("INFO", logger="daskpri"), _standalone(
+                cluster.scheduler_address) as app:
+            assert get(f"http://127.0.0.1:{app.port}/daskpri")[0] == 200
+            [session] = app.get_sessions("/daskpri")
+            deadline = time.monotonic() + 20
+            while "NoPlugin" not in caplog.text:  # its first refresh's answer
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            seen = set()
+            for _ in range(5):  # the page is drawn just after: it stays so
+                seen.add(status_of(session.document)["run"])
+                time.sleep(0.1)
+            assert seen == {"no daskpri run yet"}
 
 
 def test_a_trainers_dashboard_outside_jupyter_is_the_pages_address(trained, small_data, capsys):

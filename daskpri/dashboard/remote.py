@@ -98,6 +98,7 @@ def remote_doc(
                     scheduler_address, asynchronous=True, set_as_default=False,
                     timeout=connect_timeout, security=security,
                 )
+                connecting = False  # reached: what fails from here is no connect's error
             rpc = state["client"].scheduler
             state["strategies"] = await run_strategies(rpc, state["strategies"])
             name, args = await locked(choose)
