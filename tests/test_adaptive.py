@@ -22,6 +22,17 @@ from _fits import wait_while_fitting as _wait
 import daskpri
 
 
+def shown_workers(client, run: str) -> int:
+    """The workers the /daskpri page's status gives run ``run`` now."""
+
+    def snapshot(dask_scheduler) -> int:
+        from daskpri.dashboard.snapshot import snapshot_from_run
+
+        return snapshot_from_run(dask_scheduler.plugins["daskpri"].runs[run])["n_workers"]
+
+    return client.run_on_scheduler(snapshot)
+
+
 def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data, caplog):
     train, _ = small_data
     with (
@@ -36,6 +47,7 @@ def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data,
         cluster.scale(4)
         _wait(lambda: trainer.history_["n_workers"].values[-1] == 4,
               "the run did not take the workers that joined", running)
+        assert shown_workers(client, trainer.run_id) == 4  # the dashboard's, not the first 2
         # as Adaptive checks every 50 ms, it would retire 3 workers within 0.2 s
         adaptive = cluster.adapt(minimum=1, maximum=4, interval="50ms", wait_count=2)
         before, t_end = trainer.step_, time.monotonic() + 1.0
@@ -68,6 +80,7 @@ def test_an_adaptive_cluster_keeps_a_fits_workers_until_the_fit_ends(small_data,
             adaptive = cluster.adapt(minimum=1, maximum=3, interval="50ms", wait_count=2)
             _wait(lambda: trainer.history_["n_workers"].values[-1] == 1,
                   "the workers were not retired", running)
+            assert shown_workers(client, trainer.run_id) == 1
             trainer.stop()
             running.result(timeout=60)
         assert re.search(r"step \d+: worker\(s\) .* retired; their partitions moved",

@@ -92,7 +92,8 @@ def snapshot_from_run(
     -------
     dict
         ``run``, ``closed`` (the trainer closed the run; the scheduler keeps
-        it for the dashboard), ``strategy``, ``params``, ``n_workers``, ``n_samples``,
+        it for the dashboard), ``strategy``, ``params``, ``n_workers`` (those
+        holding its partitions now), ``n_samples``,
         ``step`` (last selected), ``table_step`` (last step whose priorities
         reached the table, -1 before any), ``n_updates``, ``elapsed``,
         ``partitions`` (per-partition ``sum``, ``max``, ``count``, ``seen``,
@@ -278,6 +279,10 @@ def _assemble(
         chosen = np.unique(np.searchsorted(offsets, fresh, side="right") - 1)
     else:
         chosen = np.empty(0, dtype=np.int64)
+    owner = np.asarray(summary["owner"], dtype=np.int64)
+    # the workers holding the run's partitions now: the count the run set out
+    # with (info's) is stale once a worker leaves or joins and its partitions move
+    n_workers = int(np.unique(owner).size) if owner.size else int(info.get("n_workers", 0))
     n_seen = int(seen.sum())
     weighted = np.where(seen > 0, np.nan_to_num(staleness) * seen, 0.0)
     hist, start = priority_histogram(priority, start_histogram, step=table_step, n_bins=n_bins)
@@ -288,7 +293,7 @@ def _assemble(
         "closed": bool(closed),
         "strategy": str(info.get("strategy", "")),
         "params": str(info.get("params", "")),
-        "n_workers": int(info.get("n_workers", 0)),
+        "n_workers": n_workers,
         "n_samples": int(info.get("n_samples", int(count.sum()))),
         "step": int(last_step),
         "table_step": table_step,
@@ -301,7 +306,7 @@ def _assemble(
             "count": count,
             "seen": seen,
             "staleness": staleness,
-            "owner": np.asarray(summary["owner"], dtype=np.int64),
+            "owner": owner,
         },
         "chosen": chosen.astype(np.int64),
         "seen_fraction": n_seen / max(int(count.sum()), 1),
