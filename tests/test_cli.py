@@ -192,6 +192,9 @@ def test_bench_strategy_option_that_would_be_lost_exits_2(
     ("args", "message"),
     [(["--scheduler", "garbage"], "--scheduler should be a scheduler's address such as "
       "tcp://127.0.0.1:8786, but got --scheduler 'garbage'"),
+     (["--scheduler", "tcp://127.0.0.1:87860"], "--scheduler should be a scheduler's address "
+      "such as tcp://127.0.0.1:8786, but got --scheduler 'tcp://127.0.0.1:87860' (its port "
+      "87860 is not in [1, 65536))"),
      (["--scheduler", "tcp://127.0.0.1:1", "--port", "99999"],
       "--port should be in [0, 65536), but got --port 99999")],
 )

@@ -18,7 +18,9 @@ def _dashboard_command(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port should be in [0, 65536), but got --port {args.port}")
     try:  # the page connects later, on its first refresh: a typo is told now
-        get_address_host_port(args.scheduler)
+        _, port = get_address_host_port(args.scheduler)
+        if not 0 < port < 65536:  # else said 'refused' on every refresh, for good
+            raise ValueError(f"its port {port} is not in [1, 65536)")
     except ValueError as e:
         raise ValueError(
             f"--scheduler should be a scheduler's address such as tcp://127.0.0.1:8786, but "
