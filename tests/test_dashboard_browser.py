@@ -152,8 +152,12 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
             # the page draws the run's last step, then the run closes, moving no step:
             # the open page must still say it is closed
             table = cluster.scheduler.plugins["daskpri"].runs[run.run_id]
-            done = [run.run_id, "live", f"{table.last_step:,}", f"{table.table.n_updates:,}"]
-            wait_until(chromium, lambda s: [s["status"][i] for i in (0, 1, 4, 11)] == done)
+
+            def drawn(s: dict) -> bool:  # the step and table updates the scheduler has now
+                done = [run.run_id, "live", f"{table.last_step:,}", f"{table.table.n_updates:,}"]
+                return [s["status"][i] for i in (0, 1, 4, 11)] == done
+
+            wait_until(chromium, drawn)
             run.close()
             wait_until(chromium, lambda s: s["status"][:2] == [run.run_id, CLOSED], timeout=20)
             console = chromium.get_log("browser")  # read while the page is still served
