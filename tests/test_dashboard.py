@@ -237,7 +237,8 @@ def test_speedup_component_accumulates_evaluations():
     run, base = make_run("projection"), make_run("uniform")
     comp = Speedup()
     comp.update(snapshot_from_run(run, name="p"))
-    assert "no uniform run" in comp.root.title.text
+    # "other": the same words are said of a uniform run, which is not its own baseline
+    assert comp.root.title.text == "Speedup: no other uniform run on this scheduler to compare with"
     add_step(run, 0, [0], [1.0], accuracy=0.5, time_=1.0)
     add_step(base, 0, [0], [1.0], accuracy=0.5, time_=2.0)
     snap = snapshot_from_run(run, name="p", baseline=base, baseline_name="u")
@@ -388,6 +389,7 @@ def test_the_status_says_whether_the_run_is_closed():
     comp = RunStatus()
     comp.update(snapshot_from_run(run, name="u"))
     assert comp.source.data["value"][1] == "live"
+    assert comp.source.data["value"][-1] == "none (no other uniform run)"  # it is one
     run.closed = True
     comp.update(snapshot_from_run(run, name="u"))
     assert comp.source.data["value"][1] == "closed (kept for the dashboard)"

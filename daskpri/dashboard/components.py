@@ -298,7 +298,7 @@ class RunStatus(DashboardComponent):
             _number(snapshot["staleness_max"]),
             f"{snapshot['n_updates']:,}",
             f"{snapshot['selection_seconds'] * 1e3:.1f} ms",
-            "none (no uniform run)" if base is None else base["run"],
+            "none (no other uniform run)" if base is None else base["run"],
         )
         old = self.source.data["value"]
         changed = [(i, v) for i, v in enumerate(values) if old[i] != v]

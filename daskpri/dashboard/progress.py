@@ -163,7 +163,7 @@ class Speedup(DashboardComponent):
         ):
             self.source.data = curve
         if name is None:
-            self.root.title.text = "Speedup: no uniform run on this scheduler to compare with"
+            self.root.title.text = "Speedup: no other uniform run on this scheduler to compare with"
         elif len(curve["level"]):
             self.root.title.text = (
                 f"Speedup over {name}: {curve['speedup'][-1]:.2f}x "
