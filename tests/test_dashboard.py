@@ -383,6 +383,34 @@ def test_a_run_made_again_becomes_the_newest():
     assert plugin._runs() == ["b", "a"] and not plugin.runs["a"].closed
 
 
+def test_the_start_histogram_is_the_runs_first_priorities_kept_by_the_scheduler():
+    plugin = TablePlugin()
+
+    def create() -> None:  # as the trainer makes a run, and makes it again on new data
+        plugin._create(
+            "u", pack(np.array([4, 4])), pack(np.array([0, 1])),
+            pickle.dumps(get_strategy("uniform")), seed=0, batch_size=2, staleness="keep",
+            n_bins=8, info={"strategy": "uniform"},
+        )
+
+    def update(step: int, priorities: list[float]) -> None:
+        plugin._update("u", [{"indices": pack(np.arange(len(priorities))),
+                              "priorities": pack(np.array(priorities)), "step": step}])
+
+    create()
+    update(0, [1.0, 2.0])
+    update(1, [1.5, 2.5, 1.0])
+    dash = DaskpriDashboard()  # a page opened at step 1 shows step 0's as the start
+    refresh_from_runs(dash, plugin.runs)
+    hist = dash.histogram.source.data
+    assert "start: step 0)" in dash.histogram.root.title.text
+    assert sum(hist["start"]) == pytest.approx(1.0) and sum(hist["current"]) == pytest.approx(1.0)
+    create()  # the run made again: the open page takes the new table's start
+    update(2, [9.0])
+    refresh_from_runs(dash, plugin.runs)
+    assert "start: step 2)" in dash.histogram.root.title.text
+
+
 def test_the_status_says_whether_the_run_is_closed():
     run = make_run("uniform")
     add_step(run, 0, [0], [1.0])

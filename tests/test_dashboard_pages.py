@@ -26,6 +26,7 @@ import pytest
 from _fits import fit, local_cluster, mlp_trainer
 from _servers import page_server
 from bokeh.client import pull_session
+from bokeh.models import Plot
 from bokeh.server.server import BokehTornado
 
 from daskpri.dashboard.page import install
@@ -87,6 +88,11 @@ def test_page_session_holds_the_newest_run_and_its_baseline(trained):
         assert fields["step"] == "29"  # the last step selected: 0 to 29
         hist = doc.get_model_by_name("daskpri-histogram").data
         assert len(hist["current"]) == 40 and sum(hist["current"]) == pytest.approx(1.0)
+        # 'at the start': the run's first priorities, kept by the scheduler, not the
+        # ones this page, opened at its end, saw first
+        [title] = [p.title.text for p in doc.select({"type": Plot})
+                   if p.title.text.startswith("Priority distribution")]
+        assert title.endswith("(step 29, start: step 0)"), title
         assert len(doc.get_model_by_name("daskpri-loss").data["loss"]) == 30
         assert len(doc.get_model_by_name("daskpri-baseline-loss").data["loss"]) == 20
         assert len(doc.get_model_by_name("daskpri-accuracy").data["accuracy"]) == 6
@@ -129,6 +135,8 @@ def test_rpc_snapshot_matches_the_in_process_one(trained):
     np.testing.assert_array_equal(there["histogram"]["current"], here["histogram"]["current"])
     np.testing.assert_array_equal(there["metrics"]["loss"], here["metrics"]["loss"])
     assert there["baseline"]["run"] == base and there["baseline"]["cursor"]["step"] == 19
+    assert there["start_histogram"]["step"] == here["start_histogram"]["step"] == 0
+    np.testing.assert_array_equal(there["histogram"]["start"], here["histogram"]["start"])
     later = client.sync(snapshot_from_rpc, client.scheduler, name, cursor=there["cursor"])
     assert later["metrics"]["step"].size == 0
 

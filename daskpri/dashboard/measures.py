@@ -103,9 +103,7 @@ def priority_histogram(
     if values.size == 0:
         return empty, start
     if start is None:
-        ordered = np.sort(values)
-        picks = np.unique(np.linspace(0, ordered.size - 1, START_SAMPLE).round().astype(np.int64))
-        start = {"step": int(step), "n": int(values.size), "sample": ordered[picks]}
+        start = _order_statistics(values, step)
     lo, hi = float(values.min()), float(values.max())
     log = lo > 0 and hi / lo >= LOG_SPREAD
     shown = np.log10(values) if log else values
@@ -127,6 +125,30 @@ def priority_histogram(
         start_step=int(start["step"]),
     )
     return hist, start
+
+
+def start_sample(priority: np.ndarray, step: int) -> dict[str, Any] | None:
+    """What :func:`priority_histogram` keeps of a start: ``START_SAMPLE`` order statistics.
+
+    ``None`` where no priority is computed (all NaN). The scheduler's table
+    plugin keeps one of each run's first priorities, so that every page,
+    whenever opened, shows the same start.
+
+    Examples
+    --------
+    >>> start_sample(np.array([3.0, np.nan, 1.0]), step=0)["sample"].tolist()
+    [1.0, 3.0]
+    """
+    values = np.asarray(priority, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return _order_statistics(values, step) if values.size else None
+
+
+def _order_statistics(values: np.ndarray, step: int) -> dict[str, Any]:
+    """:func:`start_sample` of ``values``, finite and not empty."""
+    ordered = np.sort(values)
+    picks = np.unique(np.linspace(0, ordered.size - 1, START_SAMPLE).round().astype(np.int64))
+    return {"step": int(step), "n": int(values.size), "sample": ordered[picks]}
 
 
 def _edges(values: np.ndarray, n_bins: int) -> np.ndarray:

@@ -9,8 +9,10 @@ it is tested without a cluster and without Bokeh.
 
 Metrics are incremental: a snapshot carries only the steps after its
 ``cursor`` argument, and its ``"cursor"`` entry is the one to pass next time.
-The priority histogram of the run's start is kept the same way: pass a
-snapshot's ``"start_histogram"`` back as ``start_histogram``.
+The priority histogram of the run's start is the one the scheduler's table
+plugin kept of the run's first priorities; for a run without one it is kept
+the same way as the cursor: pass a snapshot's ``"start_histogram"`` back as
+``start_histogram``.
 """
 
 from __future__ import annotations
@@ -76,8 +78,10 @@ def snapshot_from_run(
     run : TableRun
         The run, as held by :class:`daskpri.table.plugin.TablePlugin`.
     start_histogram : dict, optional
-        The ``"start_histogram"`` of an earlier snapshot of this run; when
-        None, the current priorities become the start (if any is computed).
+        The ``"start_histogram"`` of an earlier snapshot of this run, for a
+        run whose first priorities the scheduler did not keep (``run.start``,
+        which is used where it is there); when None, the current priorities
+        become the start (if any is computed).
     name : str
         The run's name (its key in the plugin's ``runs``).
     cursor, baseline_cursor : dict, optional
@@ -135,7 +139,7 @@ def snapshot_from_run(
         rows=_rows_since(run.metrics, cursor),
         cursor=cursor,
         n_metrics=len(run.metrics),
-        start_histogram=start_histogram,
+        start_histogram=start_histogram if run.start is None else run.start,
         n_bins=n_bins,
         closed=run.closed,
     )
@@ -196,7 +200,7 @@ async def snapshot_from_rpc(
         rows=rows,
         cursor=cursor,
         n_metrics=n_metrics,
-        start_histogram=start_histogram,
+        start_histogram=summary.get("start") or start_histogram,
         n_bins=n_bins,
         closed=bool(summary.get("closed", False)),
     )

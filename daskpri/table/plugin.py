@@ -35,6 +35,7 @@ from distributed.utils import sync
 
 from daskpri import _config
 from daskpri._wire import pack, pack_tree, unpack, unpack_tree
+from daskpri.dashboard.measures import start_sample
 from daskpri.strategies.base import NotAhead, Strategy
 from daskpri.table._packing import _mask, _pack_arrays, _pack_updates
 from daskpri.table._round import Ahead, Round
@@ -215,6 +216,8 @@ class TablePlugin(SchedulerPlugin):
     def _apply(self, tr: TableRun, updates: list | None, metrics: list | dict | None) -> None:
         for u in updates or ():
             tr.table.update(unpack(u["indices"]), unpack(u["priorities"]), int(u["step"]))
+        if tr.start is None and updates:  # kept here: a page opened later shows the same start
+            tr.start = start_sample(tr.table.priority, max(int(u["step"]) for u in updates))
         # history records, one or a list (each record once, by its step)
         for record in [metrics] if isinstance(metrics, dict) else metrics or ():
             if not tr.metrics or tr.metrics[-1].get("step") != record.get("step"):
@@ -317,6 +320,7 @@ class TablePlugin(SchedulerPlugin):
             info=tr.info,
             selection_seconds=tr.selection_seconds,
             closed=tr.closed,
+            start=tr.start,
         )
         return pack_tree(s)
 

@@ -52,6 +52,9 @@ class TableRun:
     #: the trainer closed the run: kept, read-only, for the dashboard
     #: (``daskpri.table.keep-closed``)
     closed: bool = False
+    #: the run's first priorities computed, as the dashboard's 'at the start'
+    #: histogram keeps them (:func:`daskpri.dashboard.measures.start_sample`)
+    start: dict[str, Any] | None = None
 
     def set_owner(self, owner: np.ndarray) -> None:
         owner = np.asarray(owner, dtype=np.int64)
