@@ -62,6 +62,15 @@ steps is not counted. Arms (``NAME[:OPTION=VALUE...]``):
   rather than the weights themselves.
 - ``momentum=m``, ``nesterov=1``, ``lr=x`` (with any arm): the arm's SGD
   (momentum 0.9 and ``--lr`` otherwise).
+- ``mix=q`` (with a ranking arm): only a share ``q`` of the batch from
+  the top of the ranking, the rest drawn uniformly from the candidates
+  left, so that every step keeps part of a uniform batch.
+- ``ls=e`` (with any arm): label smoothing ``e`` in the training loss
+  (``F.cross_entropy(..., label_smoothing=e)``); the scores stay the
+  plain loss.
+- ``ramp=e`` (with a ranking arm): the candidates grow linearly from
+  ``--batch`` (a uniform step) to ``--candidates`` over the first ``e``
+  epochs after any warmup, so that selection sharpens as the model learns.
 - ``sampled``: a draw without replacement with probability proportional
   to ``loss ** alpha`` (``alpha`` default 1; Gumbel top-k), no importance
   weights: between uniform (``alpha=0``) and the top losses (large
@@ -104,10 +113,10 @@ def parse_arm(text: str) -> tuple[str, dict[str, float]]:
     for item in items:
         key, _, value = item.partition("=")
         if key not in ("skip", "il_epochs", "sign", "alpha", "warmup", "proxy_lr", "narrow",
-                       "lw", "ema", "momentum", "nesterov", "lr"):
+                       "lw", "ema", "momentum", "nesterov", "lr", "mix", "ls", "ramp"):
             raise argparse.ArgumentTypeError(
                 f"arm {text!r}: options are skip, il_epochs, sign, alpha, warmup, proxy_lr, "
-                f"narrow, lw, ema, momentum, nesterov and lr, "
+                f"narrow, lw, ema, momentum, nesterov, lr, mix, ls and ramp, "
                 f"but got {key!r}"
             )
         options[key] = float(value)
@@ -229,7 +238,13 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
         if arm == "uniform" or warming or (arm == "projection" and mean_grad is None):
             rows = walk.draw(args.batch)
         else:
-            candidates = walk.draw(args.candidates)
+            n_candidates = args.candidates
+            if options.get("ramp"):
+                warm_steps = options.get("warmup", 0.0) * len(x) / args.batch
+                ramp_steps = options["ramp"] * len(x) / args.batch
+                share = min(1.0, (step - warm_steps) / ramp_steps)
+                n_candidates = round(args.batch + share * (args.candidates - args.batch))
+            candidates = walk.draw(n_candidates)
             with torch.no_grad():
                 if arm == "projection":
                     score = options.get("sign", 1.0) * projections(
@@ -260,10 +275,16 @@ def steps_to_target(arm, options, data, args, seed) -> int | None:
                 keys = options.get("alpha", 1.0) * score.clamp_min(1e-12).log()
                 gumbel = -torch.empty_like(keys).exponential_(generator=draws).log()
                 rows = candidates[(keys + gumbel).argsort(descending=True)[:args.batch]]
+            elif options.get("mix"):
+                order = score.argsort(descending=True)
+                top = round(options["mix"] * args.batch)
+                rest = order[top:][torch.randperm(len(order) - top, generator=draws)]
+                rows = candidates[torch.cat([order[:top], rest[:args.batch - top]])]
             else:
                 rows = candidates[score.argsort(descending=True)[first:first + args.batch]]
         optimizer.zero_grad()
-        losses = F.cross_entropy(model(x[rows]), y[rows], reduction="none")
+        losses = F.cross_entropy(model(x[rows]), y[rows], reduction="none",
+                                 label_smoothing=options.get("ls", 0.0))
         if options.get("lw"):
             weights = (losses.detach() / losses.detach().mean()) ** options["lw"]
             losses = losses * (weights / weights.mean())

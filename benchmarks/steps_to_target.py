@@ -9,7 +9,8 @@ Run, for example::
 Each ``--arm`` is ``LABEL=STRATEGY:LR[:OPTION=VALUE,...]``, the options the
 strategy's (checked before the cluster starts) or the trainer's learning-rate
 schedule (``lr_schedule``, ``schedule_steps``), gradient clipping
-(``max_grad_norm``) and the table's staleness model (``staleness``). Every
+(``max_grad_norm``), label smoothing (``label_smoothing``) and the table's
+staleness model (``staleness``). Every
 arm runs each seed on one LocalCluster of 2 one-thread workers (batch 64
 a worker, 16 local steps unless ``--local-steps`` says otherwise, SGD with
 momentum 0.9, partitions of 1,000, as ``daskpri bench`` runs them) until
@@ -48,7 +49,8 @@ from daskpri.training.cluster import local_cluster, one_torch_thread
 from daskpri.training.schedule import validate_schedule
 
 #: The arm options that go to the trainer, not the strategy.
-TRAINER_OPTIONS = ("lr_schedule", "schedule_steps", "max_grad_norm", "staleness")
+TRAINER_OPTIONS = ("lr_schedule", "schedule_steps", "max_grad_norm", "label_smoothing",
+                   "staleness")
 
 
 def parse_arm(text: str) -> tuple[str, str, float, dict]:

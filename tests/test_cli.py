@@ -43,6 +43,8 @@ from daskpri.training import checkpoint
         (["--target-accuracy", "nan"], r"--target-accuracy: .*in \(0, 1\], but got 'nan'"),
         (["--max-grad-norm", "0"], r"--max-grad-norm: should be a positive finite number, "
                                    r"but got '0'"),
+        (["--label-smoothing", "1"], r"--label-smoothing: should be a number in \[0, 1\), "
+                                     r"but got '1'"),
         (["--checkpoint", "run.ckpt", "--checkpoint-every", "0"],
          r"--checkpoint-every: should be a positive integer, but got '0'"),
     ],

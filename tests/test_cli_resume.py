@@ -73,6 +73,9 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--max-grad-norm", "1"],
          "--resume continues the run in '{ckpt}' as it was started, but got --max-grad-norm 1.0 "
          "(the run's: None). "),
+        (["--label-smoothing", "0.1"],
+         "--resume continues the run in '{ckpt}' as it was started, but got --label-smoothing "
+         "0.1 (the run's: 0.0). "),
         (["--max-steps", "3"],
          "--max-steps counts the run's steps from its start, and the run in '{ckpt}' is at "
          "step 4 already, but got --max-steps 3: give more than 4 to go on\n"),

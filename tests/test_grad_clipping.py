@@ -1,4 +1,6 @@
-"""Gradient clipping (``max_grad_norm``): at synchronous steps and at local steps."""
+"""The training loss's options: gradient clipping (``max_grad_norm``), at synchronous steps
+and at local steps, and label smoothing (``label_smoothing``), whose unit tests are in
+``test_label_smoothing.py``."""
 
 from __future__ import annotations
 
@@ -94,3 +96,30 @@ def test_a_norm_that_is_not_a_positive_finite_number_is_refused(small_data, valu
     with pytest.raises(ValueError, match=r"max_grad_norm should be a positive finite number, "
                                          r"but got max_grad_norm="):
         daskpri.Trainer(build_model("mlp", train), max_grad_norm=value)
+
+
+def test_a_smoothed_run_steps_otherwise_records_the_plain_loss_and_resumes_smoothed(
+    gpu_client, small_data, tmp_path
+):
+    train, _ = small_data
+    path = tmp_path / "run.ckpt"
+    runs = {}
+    for eps in (0.0, 0.5):
+        with daskpri.Trainer(build_model("mlp", train, seed=1), client=gpu_client, seed=3,
+                             strategy="uniform", batch_size=32, n_workers=2,
+                             label_smoothing=eps) as t:
+            t.fit(train, max_steps=2, progress=False)
+            runs[eps] = (t.history_, torch.nn.utils.parameters_to_vector(t.model.parameters()))
+            if eps:
+                t.save(path)
+    (plain, plain_w), (smoothed, smoothed_w) = runs[0.0], runs[0.5]
+    assert plain.attrs["label_smoothing"] == 0.0 and smoothed.attrs["label_smoothing"] == 0.5
+    # the first step's batch and weights are the same: its recorded loss is the plain one
+    assert float(smoothed["loss"][0]) == pytest.approx(float(plain["loss"][0]), rel=1e-6)
+    assert float(smoothed["loss"][1]) != pytest.approx(float(plain["loss"][1]), rel=1e-3)
+    assert not torch.allclose(smoothed_w, plain_w, atol=1e-4)  # the gradients were not
+    with dask.config.set({"daskpri.trainer.label-smoothing": 0.1}):
+        with daskpri.Trainer.resume(path, client=gpu_client) as t:
+            assert t.label_smoothing == 0.5  # the run's own, whatever the config says now
+        with daskpri.Trainer(build_model("mlp", train, seed=1), client=gpu_client) as t:
+            assert t.label_smoothing == 0.1

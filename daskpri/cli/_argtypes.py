@@ -164,6 +164,7 @@ def _number(ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
 _seconds = _number(lambda v: math.isfinite(v) and v > 0, "a positive finite number of seconds")
 _norm = _number(lambda v: math.isfinite(v) and v > 0, "a positive finite number")
 _accuracy = _number(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+_smoothing = _number(lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
 
 
 def _strategy_options(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from daskpri.cli._argtypes import (
     _resources,
     _seconds,
     _seed,
+    _smoothing,
     _strategy_option,
 )
 from daskpri.cli._prog import _PROG
@@ -84,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-grad-norm", type=_norm, metavar="NORM",
                      help="clip each optimizer step's gradient to this L2 norm (default: "
                           "daskpri.trainer.max-grad-norm, null: no clipping)")
+    run.add_argument("--label-smoothing", type=_smoothing, metavar="EPS",
+                     help="label smoothing of the training loss, in [0, 1) (default: "
+                          "daskpri.trainer.label-smoothing, 0: none); the losses ranked and "
+                          "recorded stay the plain cross-entropy")
     run.add_argument("--eval-every", type=_count(1), metavar="N",
                      help="steps between evaluations")
     run.add_argument("--lr-schedule", choices=SCHEDULES,

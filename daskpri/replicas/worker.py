@@ -96,6 +96,10 @@ class ReplicaPlugin(WorkerPlugin):
         that runs another builds no replica: it is left out of the run as
         unfit, saying both versions (the driver checks the workers there
         at the set-up; this catches those that join later).
+    label_smoothing : float
+        The training loss's label smoothing (``F.cross_entropy``'s), which
+        the replica's gradients take (see
+        :class:`~daskpri.replicas.replica.Replica`).
 
     Attributes
     ----------
@@ -116,8 +120,10 @@ class ReplicaPlugin(WorkerPlugin):
         device: str | None = None,
         resources: dict[str, float] | None = None,
         version: str | None = None,
+        label_smoothing: float = 0.0,
     ):
         self.name = replicas_name(run)
+        self.label_smoothing = label_smoothing
         self.module = module
         self.n_classes = n_classes
         self.device = device
@@ -214,7 +220,7 @@ class ReplicaPlugin(WorkerPlugin):
                 "have it sent with the model (cloudpickle.register_pickle_by_value)",
                 name=e.name,
             ) from e
-        return Replica(module, device())
+        return Replica(module, device(), label_smoothing=self.label_smoothing)
 
     def teardown(self, worker: Any) -> None:
         # a setup that failed (a device the worker lacks) may not have made them

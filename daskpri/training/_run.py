@@ -91,6 +91,7 @@ class RunMixin:
     momentum: float
     weight_decay: float
     max_grad_norm: float | None
+    label_smoothing: float
     optimizer: str
     lr_schedule: str
     schedule_steps: int | None
@@ -284,7 +285,7 @@ class RunMixin:
             # object of __main__ or of a module registered with register_pickle_by_value,
             # not a layer of such a module inside a Sequential
             self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device,
-            resources=self.resources,
+            resources=self.resources, label_smoothing=self.label_smoothing,
         )
         # (a failure here, its setup failing on a worker, leaves the plugin in the
         # scheduler, which would set it up on each worker that joins: _prepare drops it)

@@ -65,6 +65,7 @@ def set_arguments(
     momentum: float | None,
     weight_decay: float,
     max_grad_norm: float | None,
+    label_smoothing: float | None,
     optimizer: str | None,
     lr_schedule: str,
     schedule_steps: int | None,
@@ -104,6 +105,9 @@ def set_arguments(
     trainer.weight_decay = check_real("weight_decay", weight_decay, 0.0, math.inf)
     norm = _config.get("trainer.max-grad-norm", max_grad_norm)
     trainer.max_grad_norm = None if norm is None else check_float("max_grad_norm", norm)
+    trainer.label_smoothing = check_real(
+        "label_smoothing", _config.get("trainer.label-smoothing", label_smoothing), 0.0, 1.0
+    )
     trainer.optimizer = check_choice(
         "optimizer", _config.get("trainer.optimizer", optimizer), tuple(LEARNING_RATES)
     )

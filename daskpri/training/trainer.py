@@ -111,6 +111,14 @@ class Trainer(BackgroundMixin):
         reads ``daskpri.trainer.max-grad-norm`` (null: no clipping). It
         keeps a learning rate that the high-loss samples a prioritized
         strategy picks would make diverge from blowing up a run.
+    label_smoothing : float, optional
+        Label smoothing of the training loss, in ``[0, 1)``, as
+        ``torch.nn.CrossEntropyLoss(label_smoothing=...)``: the target of
+        each sample puts ``1 - label_smoothing`` on its label and spreads
+        the rest evenly over the classes. The gradients are the smoothed
+        loss's; the losses the strategies rank and the history records
+        stay the plain cross-entropy. ``None`` reads
+        ``daskpri.trainer.label-smoothing`` (0: none).
     lr_schedule : {"constant", "cosine", "linear"}
         How the learning rate changes with the step: constant, or decaying
         from ``learning_rate`` to zero over ``schedule_steps`` steps (a
@@ -210,6 +218,7 @@ class Trainer(BackgroundMixin):
         momentum: float | None = None,
         weight_decay: float = 0.0,
         max_grad_norm: float | None = None,
+        label_smoothing: float | None = None,
         optimizer: str | None = None,
         lr_schedule: str = "constant",
         schedule_steps: int | None = None,
@@ -228,7 +237,8 @@ class Trainer(BackgroundMixin):
         set_arguments(
             self, model, strategy, client, seed, n_workers, resources,
             batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
-            weight_decay=weight_decay, max_grad_norm=max_grad_norm, optimizer=optimizer,
+            weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+            label_smoothing=label_smoothing, optimizer=optimizer,
             lr_schedule=lr_schedule, schedule_steps=schedule_steps, local_steps=local_steps,
             eval_every=eval_every, partition_size=partition_size, staleness=staleness,
             device=device, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
