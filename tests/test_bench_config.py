@@ -24,6 +24,9 @@ def test_config_names_the_bad_value():
     with pytest.raises(ValueError, match="max_grad_norm should be a positive finite number, "
                        "but got max_grad_norm=0.0"):
         BenchConfig(max_grad_norm=0.0)
+    with pytest.raises(ValueError, match=r"label_smoothing should be a number in \[0, 1\), "
+                       r"but got label_smoothing=1\.0"):
+        BenchConfig(label_smoothing=1.0)
     with pytest.raises(ValueError, match="staleness should be one of 'keep', 'exp-linear', "
                        "'exp-quadratic', but got 'linear'"):
         BenchConfig(staleness="linear")

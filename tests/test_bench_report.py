@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 from _bench_records import (
     LOSS,
     MACHINE,
@@ -196,3 +197,27 @@ def test_the_report_says_when_every_run_clips_its_gradients(tmp_path: Path):
     assert BenchConfig.from_dict(stored) == cfg
     write_report(tmp_path, _config(seeds=1), MACHINE, SIZES, _simulate(_config(seeds=1)))
     assert "clipped" not in (tmp_path / "results.md").read_text()
+
+
+def test_the_report_says_when_every_run_smooths_its_labels_and_older_results_resume(
+    tmp_path: Path,
+):
+    from daskpri.bench.stored import previous_runs
+
+    cfg = _config(seeds=1, label_smoothing=0.1)
+    write_report(tmp_path, cfg, MACHINE, SIZES, _simulate(cfg))
+    md = (tmp_path / "results.md").read_text()
+    assert "label smoothing 0.1 in every run's and baseline's training loss" in md
+    path = tmp_path / "results.json"
+    assert BenchConfig.from_dict(json.loads(path.read_text())["config"]) == cfg
+    plain = _config(seeds=1)
+    write_report(tmp_path, plain, MACHINE, SIZES, _simulate(plain))
+    assert "label smoothing" not in (tmp_path / "results.md").read_text()
+    # a results.json from before the option resumes as one made without smoothing
+    doc = json.loads(path.read_text())
+    del doc["config"]["label_smoothing"]
+    path.write_text(json.dumps(doc))
+    assert len(previous_runs(path, plain, SIZES)) == len(doc["runs"])
+    with pytest.raises(ValueError, match=r"other options \(label_smoothing: 0\.0 there, "
+                                         r"0\.1 here\)"):
+        previous_runs(path, cfg, SIZES)

@@ -53,7 +53,8 @@ def _execute(
                 model, strategy=spec.arm.strategy, client=client, seed=spec.seed,
                 n_workers=spec.n_workers, batch_size=spec.arm.batch_size,
                 learning_rate=spec.learning_rate, momentum=config.momentum,
-                max_grad_norm=config.max_grad_norm, eval_every=config.eval_every,
+                max_grad_norm=config.max_grad_norm, label_smoothing=config.label_smoothing,
+                eval_every=config.eval_every,
                 local_steps=1 if fresh else config.local_steps,
                 staleness=config.staleness, **dict(spec.arm.options),
             ) as trainer:
@@ -70,6 +71,7 @@ def _execute(
         "learning_rate": spec.learning_rate,
         "momentum": config.momentum,
         "max_grad_norm": config.max_grad_norm,
+        "label_smoothing": config.label_smoothing,
         "budget": spec.budget,
         "eval_seconds": config.baseline_eval_seconds,
         "seed": spec.seed,

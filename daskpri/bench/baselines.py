@@ -59,6 +59,7 @@ class _Job:
     seed: int
     device: str = "cpu"
     max_grad_norm: float | None = None
+    label_smoothing: float = 0.0
 
 
 def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -100,7 +101,7 @@ def _loop(job: _Job, *, rank: int = 0, world: int = 1) -> BaselineResult:
             perm, pos = rng.permutation(x.shape[0]), 0
         idx = torch.as_tensor(perm[pos : pos + job.batch_size], device=device)
         pos += job.batch_size
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss = F.cross_entropy(model(x[idx]), y[idx], label_smoothing=job.label_smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if job.max_grad_norm is not None:
@@ -145,6 +146,7 @@ def train_plain(
     seed: int,
     device: str = "cpu",
     max_grad_norm: float | None = None,
+    label_smoothing: float = 0.0,
 ) -> BaselineResult:
     """Train ``model`` (in place) in this process for ``budget`` seconds, one torch thread.
 
@@ -166,6 +168,9 @@ def train_plain(
         that train on their GPU. The data is moved there once, and each
         step's loss is read back (which waits for the GPU), so the clock
         takes in the device's work.
+    max_grad_norm, label_smoothing
+        As the trainer's: the gradient clipped to this norm (``None``: not
+        clipped), and the training loss's label smoothing.
 
     Examples
     --------
@@ -179,7 +184,8 @@ def train_plain(
     """
     with one_torch_thread():
         job = _Job(model, train[0], train[1], test[0], test[1], batch_size, learning_rate,
-                   momentum, budget, eval_seconds, seed, device, max_grad_norm)
+                   momentum, budget, eval_seconds, seed, device, max_grad_norm,
+                   label_smoothing)
         return _loop(job)
 
 
@@ -286,6 +292,7 @@ def _spawn(
     seed: int,
     timeout: float | None = None,
     max_grad_norm: float | None = None,
+    label_smoothing: float = 0.0,
 ) -> BaselineResult:
     import torch.multiprocessing as mp
 
@@ -310,7 +317,8 @@ def _spawn(
             a, b = bounds[rank], bounds[rank + 1]
             job = _Job(model, x[a:b], y[a:b], test[0] if rank == 0 else None,
                        test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
-                       budget, eval_seconds, seed, max_grad_norm=max_grad_norm)
+                       budget, eval_seconds, seed, max_grad_norm=max_grad_norm,
+                       label_smoothing=label_smoothing)
             p = ctx.Process(target=_process,
                             args=(rank, processes, rendezvous, job, queue, barrier,
                                   communicate))

@@ -138,6 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--max-grad-norm", type=float, metavar="NORM",
                      help="clip the gradients of every run and baseline to this L2 norm "
                           "(default: daskpri.trainer.max-grad-norm, null: no clipping)")
+    how.add_argument("--label-smoothing", type=float, metavar="EPS",
+                     help="label smoothing of the training loss of every run and baseline, in "
+                          "[0, 1) (default: daskpri.trainer.label-smoothing, 0: none)")
     how.add_argument("--local-steps", type=int, metavar="K",
                      help="optimizer steps per worker per round trip (local SGD; default 1) "
                      "in the runs of strategies that allow it")
@@ -219,6 +222,7 @@ def _config_from_args(args: argparse.Namespace) -> BenchConfig:
         partition_size=_config.get("trainer.partition-size"),
         momentum=float(_config.get("trainer.momentum")),
         max_grad_norm=_config.get("trainer.max-grad-norm", args.max_grad_norm),
+        label_smoothing=float(_config.get("trainer.label-smoothing", args.label_smoothing)),
         ddp=not args.no_ddp,
         local_steps=args.local_steps,
         staleness=_config.get("table.staleness", args.staleness),

@@ -9,7 +9,7 @@ from functools import partial
 from numbers import Real
 from typing import Any
 
-from daskpri.training._checks import check_float, check_int
+from daskpri.training._checks import check_float, check_int, check_real
 from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
 __all__ = [
@@ -101,6 +101,10 @@ class BenchConfig:
         Clip every run's gradients to this L2 norm (the trainer's
         ``max_grad_norm``; the plain loop and DDP clip theirs alike);
         ``None``: no clipping.
+    label_smoothing : float
+        Label smoothing of every run's training loss, in ``[0, 1)`` (the
+        trainer's ``label_smoothing``; the plain loop and DDP smooth theirs
+        alike); 0: none.
     eval_every : int, optional
         Steps between evaluations on the test set (daskpri runs); ``None``
         takes :func:`default_eval_every`. A run evaluates at the end of a
@@ -170,6 +174,7 @@ class BenchConfig:
     batch_size: int = 64
     momentum: float = 0.9
     max_grad_norm: float | None = None
+    label_smoothing: float = 0.0
     eval_every: int | None = None
     baseline_eval_seconds: float = 0.25
     target_fractions: tuple[float, ...] = (0.97, 0.99)
@@ -233,6 +238,7 @@ class BenchConfig:
         check_float("budget", self.budget)
         if self.max_grad_norm is not None:
             check_float("max_grad_norm", self.max_grad_norm)
+        check_real("label_smoothing", self.label_smoothing, 0.0, 1.0)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum should be in [0, 1), but got momentum={self.momentum!r}")
         check_float("baseline_eval_seconds", self.baseline_eval_seconds)

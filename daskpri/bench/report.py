@@ -268,6 +268,9 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         f"SGD with momentum {config.momentum:g}"
         + (f", gradients clipped to L2 norm {config.max_grad_norm:g} (in every run and "
            "baseline)" if config.max_grad_norm is not None else "")
+        + (f", label smoothing {config.label_smoothing:g} in every run's and baseline's "
+           "training loss (the losses ranked stay the plain cross-entropy)"
+           if config.label_smoothing else "")
         + (
             f", {config.local_steps} local steps per round trip (local SGD; projection and "
             "length take 1)"

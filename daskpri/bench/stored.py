@@ -31,6 +31,7 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") from None
     doc["config"].setdefault("first_seed", 0)
+    doc["config"].setdefault("label_smoothing", 0.0)  # a file from before the option: none
     return doc
 
 
