@@ -14,12 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import pytest
 import torch
 from distributed import Client, LocalCluster
 
 import daskpri
 from daskpri.cli import main
+from daskpri.data import load, to_store
+from daskpri.data._fingerprint import data_fingerprint
 from daskpri.models import build_model
 
 Damage = Callable[[dict[str, Any]], object]
@@ -102,6 +105,10 @@ def _drop(*keys: Any) -> Damage:
      r"got str 'x'"),
     (_set("elapsed", float("nan")), r"its 'elapsed' should be .*, but got float nan"),
     (_set("setup_time", -1.0), r"its 'setup_time' should be .*, but got float -1.0"),
+    (_set("data", "abc"), r"its 'data' should be None or the fingerprint of the run's data "
+     r"\(a dict of str by key: 'x', 'y', 'x_rows', 'y_rows'\), but got str 'abc'"),
+    (_drop("data", "y_rows"), r"its 'data' should be None or the fingerprint .*, but got "
+     r"dict \{'x': .*"),
     (_set("history", {}), r"its 'history' should be a list of the steps' records, but got "
      r"dict \{\}"),
     (_set("history", 1, "x"), r"its 'history' record 1 should be a dict of a step's "
@@ -309,3 +316,50 @@ def test_train_resume_reads_a_checkpoint_older_than_schedule_steps(saved, tmp_pa
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("daskpri: error: --checkpoint-every needs --checkpoint"), err
+
+
+def test_resume_refuses_other_data_of_the_same_shape_and_count(saved, small_data, tmp_path):
+    train, _ = small_data
+    path = _damaged(saved, lambda state: None, tmp_path / "run.ckpt")
+    other, _ = load("synthetic", n_samples=2000, seed=1)  # another draw: 1600 samples too
+    relabelled = train.assign(y=(train["y"] + 1) % 10)
+    store = to_store(relabelled.chunk({"sample": 400}), tmp_path / "relabelled.zarr")
+    cases = [(other, "the features differ at the sampled samples; the labels differ at the "
+                     "sampled samples"),
+             (store, "the labels differ at the sampled samples"),
+             (train.assign(x=train["x"].astype("float64")), "x is float64 (1600, 20), where "
+              "the run's was float32 (1600, 20); the features differ at the sampled samples")]
+    for data, differs in cases:
+        trainer = daskpri.Trainer.resume(path)
+        # refused as the fit starts, before a cluster
+        with pytest.raises(ValueError, match="^" + re.escape(
+            "the checkpoint's run trained on other data than this, of the same sample count: "
+            f"{differs}. Resume it with its own data; to go on with this data anyway, set "
+            "dask.config.set({'daskpri.trainer.resume-other-data': True}) (or the environment "
+            "variable DASK_DASKPRI__TRAINER__RESUME_OTHER_DATA=true)") + "$"):
+            trainer.fit(data, max_steps=5, progress=False)
+        assert trainer._own_cluster is None
+    # told to, it goes on with other data; a checkpoint from before the fingerprint goes
+    # on with a warning that the data is known by its count alone
+    old = _damaged(saved, _drop("data"), tmp_path / "old.ckpt")
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                     dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        trainer = daskpri.Trainer.resume(path, client=client)
+        try:
+            with dask.config.set({"daskpri.trainer.resume-other-data": True}):
+                assert trainer.fit(relabelled, max_steps=4, progress=False).sizes["step"] == 4
+            trainer.save(path)  # the data it now goes on with
+        finally:
+            trainer.close()
+        assert torch.load(path, weights_only=True)["data"] == data_fingerprint(relabelled)
+        trainer = daskpri.Trainer.resume(old, client=client)
+        try:
+            with pytest.warns(daskpri.DaskpriWarning, match="^the checkpoint keeps no "
+                              "fingerprint of its run's data .*: the data it goes on with is "
+                              "checked by its sample count alone$"):
+                trainer.fit(other, max_steps=4, progress=False)
+        finally:
+            trainer.close()

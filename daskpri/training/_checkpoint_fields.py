@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from daskpri.data._fingerprint import KEYS as FINGERPRINT_KEYS
 from daskpri.models import from_spec
 from daskpri.strategies import STRATEGIES, get_strategy
 from daskpri.table.table import PriorityTable
@@ -144,6 +145,7 @@ class _Fields:
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or not math.isfinite(value) or value < 0):
                 self.refuse(repr(key), "a number of seconds, at least 0", value)
+        self.data(state.get("data"))  # (not in older checkpoints)
         self.model(state["model"], state["model_spec"])
         self.optimizer(state["optimizer"])
         mean_grad = state["mean_grad"]
@@ -165,6 +167,15 @@ class _Fields:
                     and not bool(torch.isfinite(value).all())):
                 self.wrong(f"its {field} holds values that are not finite (NaN or infinity) "
                            f"in {name!r}: a run does not go on from them")
+
+    def data(self, data: Any) -> None:
+        """The fingerprint of the run's data, which ``resume`` compares with the data given."""
+        if data is not None and not (
+            isinstance(data, dict) and set(data) == set(FINGERPRINT_KEYS)
+            and all(isinstance(v, str) for v in data.values())
+        ):
+            self.refuse("'data'", "None or the fingerprint of the run's data (a dict of str "
+                        f"by key: {', '.join(map(repr, FINGERPRINT_KEYS))})", data)
 
     def model(self, model: Any, spec: Any) -> None:
         weights = "a dict of tensors by name (a module's state_dict)"

@@ -19,6 +19,9 @@ import torch
 from distributed import Client
 from torch import nn
 
+from daskpri import _config
+from daskpri._warnings import warn
+from daskpri.data._fingerprint import fingerprint_differs
 from daskpri.models import from_spec
 from daskpri.replicas.optim import make_optimizer
 from daskpri.strategies import get_strategy
@@ -58,7 +61,38 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "trainer": init_params(trainer),
         "table": checkpoint.to_storable(trainer._remote.state_dict()),
         "history": trainer._recorder.records,
+        # the fingerprint of the run's data (a dict of str), which resume compares
+        "data": None if trainer._data_key is None else trainer._data_key[2],
     }
+
+
+#: the setting that lets a resumed run go on with data other than its own
+OTHER_DATA = "trainer.resume-other-data"
+
+
+def check_resumed_data(theirs: dict[str, str] | None, ours: dict[str, str]) -> None:
+    """Refuse data whose fingerprint ``ours`` is not ``theirs``, the resumed run's own.
+
+    ``theirs`` is None in a checkpoint written before daskpri kept it: the
+    data is then known by its sample count alone, which a warning says.
+    ``daskpri.trainer.resume-other-data`` lets a run go on with other data
+    (labels corrected since, say): its table's priorities are then those of
+    the samples it had, until they are recomputed.
+    """
+    if _config.get_bool(OTHER_DATA):
+        return
+    if theirs is None:
+        warn("the checkpoint keeps no fingerprint of its run's data (it was written by an "
+             "older daskpri): the data it goes on with is checked by its sample count alone")
+        return
+    differs = fingerprint_differs(theirs, ours)
+    if differs is not None:
+        raise ValueError(
+            f"the checkpoint's run trained on other data than this, of the same sample "
+            f"count: {differs}. Resume it with its own data; to go on with this data "
+            f"anyway, set dask.config.set({{'daskpri.{OTHER_DATA}': True}}) (or the "
+            f"environment variable DASK_DASKPRI__TRAINER__RESUME_OTHER_DATA=true)"
+        )
 
 
 def resume_trainer(
@@ -150,6 +184,7 @@ def _going_on(
         "optimizer": state["optimizer"],
         "mean_grad": state["mean_grad"],
         "table": checkpoint.from_storable(state["table"]),
+        "data": state.get("data"),  # (not in older checkpoints)
     }
     return trainer
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from daskpri import _config
 from daskpri._warnings import warn
+from daskpri.data._fingerprint import data_fingerprint
 from daskpri.data.io import fingerprint
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin
@@ -42,7 +43,7 @@ from daskpri.table.plugin import Ahead, RemoteTable
 from daskpri.training._checks import check_local_device, check_model, check_strategy_model
 from daskpri.training._cleanup import drop_run
 from daskpri.training._cluster_checks import check_cluster
-from daskpri.training._resume import state_shaped_like_params
+from daskpri.training._resume import check_resumed_data, state_shaped_like_params
 from daskpri.training._waiting import workers_awaited
 from daskpri.training.deployment import Deployment
 from daskpri.training.errors import WorkersLostError
@@ -174,14 +175,18 @@ class RunMixin:
         # changed in place does not) and its cut as one worker would have it: a
         # cluster that grew or shrank between fits keeps the run (its partitions
         # move, see _follow_cluster)
-        key = (
+        key: tuple[Any, ...] = (
             fingerprint(source),
             tuple(partition_bounds(ds, self.partition_size, 1).tolist()),
         )
-        if key == self._data_key:
-            return key, self._n_classes
+        if self._data_key is not None and key == self._data_key[:2]:
+            return self._data_key, self._n_classes
+        # the data's own fingerprint (a few samples' values), which a checkpoint keeps
+        digest = data_fingerprint(ds)
+        if self._resume_state is not None:
+            check_resumed_data(self._resume_state.get("data"), digest)
         check_strategy_model(self.strategy, self.model)
-        return key, check_model(self.model, ds, info)
+        return (*key, digest), check_model(self.model, ds, info)
 
     def _prepare(
         self,
