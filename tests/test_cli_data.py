@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import xarray as xr
+from _reads import opened_under
 from distributed import LocalCluster
 
 from daskpri.cli import main
@@ -44,7 +46,7 @@ def test_train_on_a_store_of_transposed_features_and_float_labels(
     # as a user's own data comes: sample last, labels as floats, no n_classes attribute
     own = train.transpose("feature", "sample").assign(y=train["y"].astype(np.float32))
     store = to_store(own.drop_attrs().chunk({"sample": 400}), tmp_path / "train.zarr")
-    evals = to_store(test, tmp_path / "test.nc")
+    evals = to_store(test.chunk({"sample": 100}), tmp_path / "test.zarr")
     y = test["y"].values.astype(np.float64)
     y[3] = np.nan
     bad = to_store(test.assign(y=("sample", y)), tmp_path / "bad.nc")
@@ -62,13 +64,15 @@ def test_train_on_a_store_of_transposed_features_and_float_labels(
     # fit refuses it before it starts its own
     y = test["y"].values.copy()
     y[4] = 12
-    beyond = to_store(test.assign(y=("sample", y)), tmp_path / "beyond.nc")
-    narrow = to_store(test.isel(feature=slice(0, 5)), tmp_path / "narrow.nc")
+    beyond = to_store(test.assign(y=("sample", y)), tmp_path / "beyond.zarr")
+    narrow = to_store(test.isel(feature=slice(0, 5)), tmp_path / "narrow.zarr")
     for given, error in [(beyond, r"y in eval_data should be in \[0, 10\), but got 12 at "
                                   r"sample 4 \(1 bad label\)"),
                          (narrow, r"eval_data.x should have per-sample shape \(20,\) like "
                                   r"data.x, but got \(5,\)")]:
-        assert main([*common, "--data", store, "--eval-data", given]) == 2
+        with opened_under(given) as seen:
+            assert main([*common, "--data", store, "--eval-data", given]) == 2
+        _read_once(seen)
         said = capsys.readouterr()
         assert re.fullmatch(f"daskpri: error: {error}\n", said.err)
         assert "dashboard:" not in said.out
@@ -98,12 +102,21 @@ def test_train_on_a_store_of_transposed_features_and_float_labels(
             f"daskpri: error: x in partition 0 (samples 0-399 of {nan}) should hold finite "
             "numbers, but got 1 NaN or infinite value, the first at sample 5\n")
         assert [r.getMessage() for r in logged.records if r.levelno >= logging.ERROR] == []
-        assert main([*common, "--scheduler", cluster.scheduler_address, "--data", store,
-                     "--eval-data", evals, "--output", str(out)]) == 0
+        with opened_under(evals) as seen:
+            assert main([*common, "--scheduler", cluster.scheduler_address, "--data", store,
+                         "--eval-data", evals, "--output", str(out)]) == 0
+        _read_once(seen, chunks=2 * 4)  # x's and y's, of 400 samples in chunks of 100
     assert "selective-backprop: 3 steps, final accuracy 0." in capsys.readouterr().out
     with xr.open_dataset(out, engine="h5netcdf") as history:
         assert history.sizes["step"] == 3 and np.isfinite(history["accuracy"][-1])
         assert history.attrs["dataset"] == store
+
+
+def _read_once(opened: list[str], chunks: int | None = None) -> None:
+    """Each chunk of the eval data's store was read once, by the driver (``chunks`` of them)."""
+    read = [path for path in opened if f"{os.sep}c{os.sep}" in path]
+    assert read and len(read) == len(set(read)), sorted(read)
+    assert chunks is None or len(read) == chunks, sorted(read)
 
 
 class _Records(logging.Handler):

@@ -163,8 +163,10 @@ def _data(
     A store given with ``--data`` goes to ``fit`` by path, so the workers
     read their partitions from it themselves; it is opened here (lazily,
     its layout checked) for the model's shape and classes, and its labels
-    and ``--eval-data``'s are read (they are small), so that a NaN among
-    them is refused before a cluster starts.
+    are read (they are small), so that a NaN among them is refused before a
+    cluster starts. ``--eval-data`` is read here whole, once: the driver
+    holds it to evaluate on anyway, and the checks before the cluster and
+    ``fit`` take it from memory rather than each reading the file again.
     """
     if args.data is None:
         train, test = daskpri.datasets.load(
@@ -174,9 +176,11 @@ def _data(
     path = os.path.abspath(args.data)
     train = open_dataset(path)
     train["y"].max().compute(scheduler="threads")
+    evals = None
     if args.eval_data is not None:
-        open_dataset(args.eval_data, name="eval_data")["y"].max().compute(scheduler="threads")
-    return path, args.eval_data, train
+        evals = open_dataset(args.eval_data, name="eval_data")[["x", "y"]].compute(
+            scheduler="threads")
+    return path, evals, train
 
 
 def _check_before_cluster(
