@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import time
 
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+import zarr
 
 from daskpri.data import check_values, open_dataset, to_store, validate_dataset
 
@@ -49,6 +51,36 @@ def test_store_round_trip_opens_lazily_and_reads_a_slice(tmp_path, suffix):
 def test_zarr_chunks_follow_the_datasets_chunks(tmp_path):
     opened = open_dataset(to_store(small(n=40, chunk=10), tmp_path / "data.zarr"))
     assert opened["x"].chunks[0] == (10, 10, 10, 10)
+
+
+def test_to_store_writes_every_chunk_even_one_all_of_the_fill_value(tmp_path):
+    # labels of one class in a chunk are all 0, the fill value of integers, which zarr
+    # leaves out of a store unless told; features all NaN, the fill value of floats
+    ds = small(n=40, chunk=10)
+    ds["y"][:10] = 0
+    ds["x"][10:20] = np.nan
+    path = to_store(ds, tmp_path / "data.zarr")
+    group = zarr.open_group(path, mode="r")
+    for name in ("x", "y"):
+        assert group[name].nchunks_initialized == group[name].nchunks == 4, name
+    xr.testing.assert_identical(open_dataset(path).load(), ds.compute())
+
+
+def test_a_store_that_lacks_chunks_of_x_is_refused_before_it_is_read(tmp_path):
+    path = to_store(small(n=40, chunk=10), tmp_path / "data.zarr")
+    shutil.rmtree(os.path.join(path, "x", "c", "2"))  # (a copy cut short, say)
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"data should be a zarr store that holds every chunk of its arrays, but {path!r} "
+        "lacks 1 of the 4 chunks of 'x', which zarr would read as its fill value (nan): a "
+        "store copied in part, or written by a writer that stopped midway; copy or write it "
+        "again whole (daskpri.data.to_store writes every chunk)") + "$"):
+        open_dataset(path)
+    # labels left out as zarr leaves out a chunk all of its fill value: a store's own
+    ds = small(n=40, chunk=10)
+    ds["y"][:] = 0
+    ds.to_zarr(tmp_path / "xarrays.zarr", consolidated=False)
+    assert zarr.open_group(tmp_path / "xarrays.zarr", mode="r")["y"].nchunks_initialized == 0
+    assert (open_dataset(os.fspath(tmp_path / "xarrays.zarr"))["y"].values == 0).all()
 
 
 @pytest.mark.parametrize("suffix", [".zarr", ".nc"])

@@ -34,6 +34,7 @@ from daskpri.data.store import check_destination, to_store
 
 __all__ = [
     "check_destination",
+    "check_chunks_present",
     "check_labels",
     "check_self_contained",
     "check_values",
@@ -44,7 +45,8 @@ __all__ = [
 ]
 
 def open_dataset(
-    source: xr.Dataset | str | os.PathLike[str], *, name: str = "data", check_links: bool = True
+    source: xr.Dataset | str | os.PathLike[str], *, name: str = "data", check_links: bool = True,
+    check_chunks: bool = True,
 ) -> xr.Dataset:
     """Open ``source`` lazily as a training dataset and check its layout.
 
@@ -63,6 +65,10 @@ def open_dataset(
         Refuse a zarr store with symbolic links that lead out of it (see
         `check_links_inside`), unless ``daskpri.data.follow-outside-links``
         is true. A worker reading a store the driver checked passes False.
+    check_chunks : bool, default True
+        Refuse a zarr store that lacks chunks of ``x`` (see
+        `check_chunks_present`). A worker reading a store the driver checked
+        passes False.
 
     Returns
     -------
@@ -135,7 +141,53 @@ def open_dataset(
     if not ds.data_vars:
         _check_not_in_groups(path, fmt, name=name)
     validate_dataset(ds, name=name)
+    if fmt == "zarr" and check_chunks:
+        check_chunks_present(path, name=name)
     return as_training(ds, name=name)
+
+
+def check_chunks_present(path: str, *, name: str = "data") -> None:
+    """Refuse the zarr store at ``path`` if chunks of its ``x`` are missing.
+
+    zarr reads a chunk that is not in the store as the array's fill value,
+    so a store copied in part, or written by a writer that stopped midway,
+    would train on NaN (refused only where a worker loads the partition,
+    as if the data held them) or on zeros, silently. Listing the chunks'
+    keys is cheap (a directory listing, no chunk read).
+
+    ``x`` alone: zarr leaves out a chunk that is all fill value as it
+    writes (its ``write_empty_chunks``, off by default), and labels of one
+    class in a chunk (the fill value of integers is 0) are a store's own,
+    not a loss; features that are all the fill value across a whole chunk
+    are not data to train on. `to_store` writes every chunk.
+
+    Examples
+    --------
+    >>> import os, shutil, tempfile, numpy as np, xarray as xr
+    >>> from daskpri.data.store import to_store
+    >>> ds = xr.Dataset({"x": (("sample", "feature"), np.ones((4, 3), "float32")),
+    ...                  "y": ("sample", np.arange(4))}).chunk({"sample": 2})
+    >>> path = to_store(ds, os.path.join(tempfile.mkdtemp(), "train.zarr"))
+    >>> check_chunks_present(path)
+    >>> shutil.rmtree(os.path.join(path, "x", "c", "1"))
+    >>> check_chunks_present(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: data should be a zarr store that holds every chunk of its arrays, but '...' \
+lacks 1 of the 2 chunks of 'x', which zarr would read as its fill value (nan): ...
+    """
+    array = zarr.open_group(path, mode="r").get("x")
+    if not isinstance(array, zarr.Array):
+        return  # (validate_dataset has said what it lacks)
+    missing = array.nchunks - array.nchunks_initialized
+    if missing > 0:
+        raise ValueError(
+            f"{name} should be a zarr store that holds every chunk of its arrays, but "
+            f"{path!r} lacks {missing} of the {array.nchunks} chunks of 'x', which zarr would "
+            f"read as its fill value ({np.asarray(array.fill_value).item()!r}): a store copied "
+            "in part, or written by a writer that stopped midway; copy or write it again "
+            "whole (daskpri.data.to_store writes every chunk)"
+        )
 
 
 def _check_not_in_groups(path: str, fmt: str, *, name: str) -> None:

@@ -231,7 +231,9 @@ def _to_zarr(ds: xr.Dataset, path: str) -> None:
         warnings.filterwarnings(
             "ignore", message="Consolidated metadata is currently not part", category=UserWarning
         )
-        ds.to_zarr(path, mode="w", consolidated=True)
+        # every chunk, those all of the fill value too (zarr leaves them out by
+        # default): a chunk missing from a store of ours is then one lost
+        ds.to_zarr(path, mode="w", consolidated=True, write_empty_chunks=True)
 
 
 #: The errors of a disk that takes no more: full, over quota, a file too large for

@@ -276,7 +276,7 @@ class ReplicaPlugin(WorkerPlugin):
             # the cluster from inside a task and wait on this worker's slot.
             with dask.config.set(scheduler="synchronous"):
                 # its links checked on the driver, under the driver's config
-                ds = open_dataset(ref.path, check_links=False).isel(
+                ds = open_dataset(ref.path, check_links=False, check_chunks=False).isel(
                     sample=slice(ref.start, ref.stop))
                 return np.asarray(ds["x"].values), np.asarray(ds["y"].values)
         except FILE_ERRORS as e:
