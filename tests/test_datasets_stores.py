@@ -94,6 +94,35 @@ def test_to_store_replaces_an_existing_store(tmp_path, suffix):
     assert os.listdir(tmp_path) == [path.name]  # no temporary siblings left
 
 
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+@pytest.mark.parametrize("existed", [False, True], ids=["new", "replacing"])
+def test_a_store_another_writer_put_there_meanwhile_is_kept_whole(tmp_path, suffix, existed):
+    path = tmp_path / f"data{suffix}"
+    if existed:
+        to_store(small(n=10), path)
+    theirs = small(n=30)
+    put: list[str] = []
+
+    def meanwhile(block: np.ndarray) -> np.ndarray:
+        if not put:  # another writer, done while this one reads its data
+            put.append(to_store(theirs, path))
+        return block
+
+    ours = small(n=20, chunk=10)
+    ours["x"] = ours["x"].copy(data=ours["x"].data.map_blocks(
+        meanwhile, dtype=np.float32, meta=np.array((), np.float32)))
+    kind = "a zarr store" if suffix == ".zarr" else "a file"
+    with pytest.raises(FileExistsError, match="^" + re.escape(
+        f"[Errno 17] could not write {str(path)!r}: another writer put {kind} there while "
+        "this write ran (another to_store, say); it is left as that writer made it, and what "
+        "this write wrote is not kept: write again to replace it") + "$"):
+        to_store(ours, path)
+    assert put
+    with open_dataset(path) as opened:
+        xr.testing.assert_identical(opened.load(), theirs)
+    assert os.listdir(tmp_path) == [path.name]  # nothing of ours left beside it
+
+
 def test_failed_write_keeps_the_old_file(tmp_path):
     path = tmp_path / "data.nc"
     to_store(small(n=20), path)

@@ -32,7 +32,14 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
 
     The data is written to a temporary sibling of ``path`` first and then
     renamed into place, so readers see either the old store or the complete
-    new one, never a half-written file.
+    new one, never a half-written file (a zarr store replaced is moved aside
+    first: for the instant between the two renames, there is none).
+
+    What stood at ``path`` as the write began is all it replaces: where
+    another writer (another ``to_store`` on the same path) put a store or
+    file there meanwhile, that one is left as it is and this write raises
+    ``FileExistsError``; two writes racing on a path never leave a store
+    of both, nor replace the other's without a word.
 
     Only what ``to_store`` could have written is replaced: at a zarr path, an
     existing zarr store (a directory with ``zarr.json``, ``.zgroup``,
@@ -69,6 +76,11 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
         one line, with the error's ``errno`` (``errno.ENOSPC`` there). The
         temporary sibling is removed and what was at ``path`` is left as it
         was. An error reading ``ds``'s own source is raised as it is.
+    FileExistsError
+        If another writer put a store or file at ``path`` while this one
+        wrote (``could not write 'PATH': another writer put a zarr store
+        there while this write ran ...``): it is left as that writer made
+        it, and this write's temporary sibling is removed.
 
     Examples
     --------
@@ -96,6 +108,7 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     target = os.path.abspath(os.fspath(path))
     fmt = format_of(target, name="path")
     _check_target(target, fmt, name="path")
+    seen = _identity(target)  # what the write replaces: nothing else is
     parent, base = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
@@ -116,10 +129,10 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
                 _to_netcdf(out, tmp)
         # again: something may have taken the path while the data was written
         _check_target(target, fmt, name="path")
-        if fmt == "zarr":
-            _replace_dir(tmp, target)
-        else:
-            os.replace(tmp, target)
+        _put_in_place(tmp, target, seen, os.fspath(path))
+    except Taken:
+        _remove(tmp)
+        raise
     except OSError as e:
         _remove(tmp)
         # neither the disk's nor our files' (a lazy dataset's source, unread): its own words
@@ -387,23 +400,108 @@ def _check_target(target: str, fmt: str, *, name: str) -> None:
         )
 
 
-def _replace_dir(tmp: str, target: str) -> None:
-    """Rename ``tmp`` to ``target``, moving an existing ``target`` aside first.
+class Taken(FileExistsError):
+    """What :func:`to_store` was to write over changed while it wrote: another writer's."""
 
-    ``os.replace`` cannot put a directory over a non-empty one, so the old
-    store is renamed to a backup, the new one moved in, and the backup deleted
-    only once the new one is in place (or moved back if that fails).
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file or directory at ``path`` (its device and inode), None where there is none."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _taken(path: str, given: str) -> Taken:
+    """The error of a write whose ``path`` another writer took while it wrote."""
+    what = ("a zarr store" if os.path.isdir(path) else "a file") if os.path.lexists(path) \
+        else "something"
+    return Taken(
+        errno.EEXIST,
+        f"could not write {given!r}: another writer put {what} there while this write ran "
+        "(another to_store, say); it is left as that writer made it, and what this write "
+        "wrote is not kept: write again to replace it",
+    )
+
+
+#: a rename's errors where its target is a directory that is not empty, or of the other
+#: kind (a file where a directory goes): another writer's, put there meanwhile
+_OCCUPIED = frozenset({errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR})
+
+
+#: ``os.link``'s errors on a file system without hard links (some network and FUSE ones)
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
+
+
+def _link_or_rename(tmp: str, target: str) -> None:
+    """Move the file ``tmp`` to ``target``, where nothing is, never over a file put there since.
+
+    A hard link fails where ``target`` exists, in the one call; where the
+    file system has none, ``target`` is looked at just before the rename.
     """
-    if not os.path.lexists(target):
+    try:
+        os.link(tmp, target)
+    except OSError as e:
+        if e.errno not in _NO_LINKS:
+            raise
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), target) from None
         os.replace(tmp, target)
         return
+    os.unlink(tmp)
+
+
+def _put_in_place(tmp: str, target: str, seen: tuple[int, int] | None, given: str) -> None:
+    """Move the complete store or file ``tmp`` to ``target``, where ``seen`` still stands.
+
+    ``seen`` is what stood at ``target`` when the write began (None:
+    nothing). Only it is replaced: a store or file that another writer put
+    there since is left as it is, and :class:`Taken` raised, so that two
+    writes racing on one path never leave a store of both, nor one's
+    complete store silently replaced by the other's. A path that is empty
+    again (another writer moving its old store aside) is taken only where
+    nothing stands there at the rename itself: a directory is renamed onto
+    no directory but an empty one, a file is linked (``os.link`` makes no
+    file over another). Between the look at ``target`` and the rename over
+    it a writer may still slip in: that window is a system call wide.
+    """
+    now = _identity(target)
+    if now is None:
+        try:
+            if os.path.isdir(tmp):
+                os.rename(tmp, target)  # onto nothing or an empty directory, else it fails
+            else:
+                _link_or_rename(tmp, target)
+        except OSError as e:
+            if e.errno in _OCCUPIED:
+                raise _taken(target, given) from None
+            raise
+        return
+    if now != seen:
+        raise _taken(target, given)
+    if not os.path.isdir(tmp):
+        os.replace(tmp, target)
+        return
+    # os.replace cannot put a directory over a non-empty one: the old store is moved
+    # aside, the new one moved in, and the old one deleted once the new one is there
     parent, base = os.path.split(target)
     backup = os.path.join(parent, f".{base}.old-{uuid.uuid4().hex}")
-    os.replace(target, backup)
+    os.rename(target, backup)
+    if _identity(backup) != seen:  # another writer's, moved in between the look and here
+        with contextlib.suppress(OSError):
+            os.rename(backup, target)
+        raise _taken(target, given)
     try:
-        os.replace(tmp, target)
+        os.rename(tmp, target)
+    except OSError as e:
+        if e.errno in _OCCUPIED:  # another's there now: the old store, superseded, goes
+            _remove(backup)
+            raise _taken(target, given) from None
+        os.rename(backup, target)
+        raise
     except BaseException:
-        os.replace(backup, target)
+        os.rename(backup, target)
         raise
     _remove(backup)
 
