@@ -15,6 +15,8 @@ from _cli_runs import _open
 
 import daskpri
 from daskpri.cli import main
+from daskpri.data import open_dataset, to_store
+from daskpri.data._fingerprint import data_fingerprint
 from daskpri.training import checkpoint
 
 
@@ -190,3 +192,26 @@ def test_trainer_resume_refuses_overrides_its_checkpoint_fixes(checkpointed: Pat
                        r"data \(30 samples, .*; resume it on fewer workers \(n_workers=\)$"):
         trainer._check_batch_fits(np.array([30, 770]), np.array([0, 1]), 2)
     trainer.close()  # no cluster was started
+
+
+def test_resume_on_other_data_of_the_same_shape_and_count_is_refused_before_a_cluster(
+    checkpointed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the run's data (synthetic, 1000 at seed 3: 800 to train on), its labels shifted
+    train, _ = daskpri.datasets.load("synthetic", n_samples=1000, seed=3)
+    store = to_store(train.assign(y=(train["y"] + 1) % 10), tmp_path / "shifted.zarr")
+    argv = ["train", "--data", store, "--no-progress", "--workers", "1",
+            "--resume", str(checkpointed), "--max-steps", "6"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no cluster
+    assert captured.err == (
+        "daskpri: error: the checkpoint's run trained on other data than this, of the same "
+        "sample count: the labels differ at the sampled samples. Resume it with its own data; "
+        "to go on with this data anyway, set dask.config.set({'daskpri.trainer.resume-other-"
+        "data': True}) (or the environment variable "
+        "DASK_DASKPRI__TRAINER__RESUME_OTHER_DATA=true)\n")
+    # the same data, from a store: the run's own
+    assert checkpoint.read(checkpointed)["data"] == data_fingerprint(open_dataset(
+        to_store(train, tmp_path / "same.zarr")))

@@ -12,7 +12,9 @@ spread over the data, :data:`N_ROWS` at most, so that a store is read at as
 many chunks, never whole. It is of the data as daskpri trains on it (after
 :func:`~daskpri.data._layout.as_training`), not of its files: the same data
 in a zarr store, a netCDF file or memory has the same fingerprint. It is a
-dict of strings, as a checkpoint read weights-only holds it.
+dict of strings, as a checkpoint read weights-only holds it. (Not
+:func:`daskpri.data.io.fingerprint`, which tells a trainer's next fit whether
+its data is the last fit's, a store by its path and files' times.)
 """
 
 from __future__ import annotations

@@ -107,7 +107,10 @@ class PersistMixin(StepMixin):
         """A trainer that continues the run checkpointed at ``path``.
 
         The file is read weights-only. Call :meth:`fit` with the same data to
-        go on: the step count, history, table and selections continue.
+        go on: the step count, history, table and selections continue. The
+        checkpoint keeps the data's fingerprint (dtypes, shapes, a few
+        samples' values): other data of the same sample count is refused
+        there, unless ``daskpri.trainer.resume-other-data`` is true.
 
         Parameters
         ----------

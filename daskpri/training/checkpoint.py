@@ -40,7 +40,9 @@ FORMAT = 1
 #: with the keys that its value, a dict, holds in turn where ``Trainer.resume`` or
 #: ``daskpri train --resume`` reads them by name (of the trainer's parameters, those
 #: that ``train --resume`` reads; ``resume`` passes them all on). ``model_spec`` is
-#: None for a model of the user's own, not a built-in one.
+#: None for a model of the user's own, not a built-in one. Two keys are not
+#: required, older checkpoints lacking them: ``setup_time`` and ``data`` (the
+#: fingerprint of the run's data, :mod:`daskpri.data._fingerprint`).
 LAYOUT: dict[str, tuple[str, ...]] = {
     "step": (),
     "elapsed": (),
