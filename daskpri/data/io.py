@@ -174,20 +174,54 @@ def check_chunks_present(path: str, *, name: str = "data") -> None:
     Traceback (most recent call last):
     ...
     ValueError: data should be a zarr store that holds every chunk of its arrays, but '...' \
-lacks 1 of the 2 chunks of 'x', which zarr would read as its fill value (nan): ...
+lacks 1 of the 2 chunks of 'x' (the first: 'x/c/1/0'), which zarr would read as its fill value \
+(nan): ...
     """
     array = zarr.open_group(path, mode="r").get("x")
     if not isinstance(array, zarr.Array):
         return  # (validate_dataset has said what it lacks)
-    missing = array.nchunks - array.nchunks_initialized
-    if missing > 0:
+    # the keys each chunk (each shard, where the array has shards) is stored under, against
+    # those of the store's files: zarr's own count (nchunks_initialized) looks each up in
+    # a list, 3.6 s for 20,000 chunks (zarr 3.1), where this takes 0.5 s, the listing's
+    stored = _files_under(os.path.join(path, array.path))
+    grid = [-(-size // step) for size, step in zip(array.shape, array.shards or array.chunks,
+                                                   strict=True)]
+    keys = [array.metadata.encode_chunk_key(at) for at in np.ndindex(*grid)]
+    missing = [key for key in keys if key not in stored]
+    if missing:
         raise ValueError(
             f"{name} should be a zarr store that holds every chunk of its arrays, but "
-            f"{path!r} lacks {missing} of the {array.nchunks} chunks of 'x', which zarr would "
+            f"{path!r} lacks {len(missing)} of the {len(keys)} chunks of 'x' (the first: "
+            f"{'x/' + missing[0]!r}), which zarr would "
             f"read as its fill value ({np.asarray(array.fill_value).item()!r}): a store copied "
             "in part, or written by a writer that stopped midway; copy or write it again "
             "whole (daskpri.data.to_store writes every chunk)"
         )
+
+
+def _files_under(top: str) -> set[str]:
+    """The files under the directory ``top``, by their paths from it joined with ``/``.
+
+    Directories that are links are followed, as zarr reads through them,
+    each target once (a link back up is not followed round and round).
+    """
+    found: set[str] = set()
+    followed: set[str] = set()  # the targets of the links to directories followed
+    todo = [(top, "")]
+    while todo:
+        here, key = todo.pop()
+        with os.scandir(here) as entries:
+            for entry in entries:
+                if not entry.is_dir():
+                    found.add(key + entry.name)
+                    continue
+                if entry.is_symlink():
+                    target = os.path.realpath(entry.path)
+                    if target in followed:
+                        continue
+                    followed.add(target)
+                todo.append((entry.path, f"{key}{entry.name}/"))
+    return found
 
 
 def _check_not_in_groups(path: str, fmt: str, *, name: str) -> None:
