@@ -26,7 +26,7 @@ def test_the_same_data_in_any_format_has_the_same_fingerprint(small_data, tmp_pa
 
 
 def test_a_store_is_read_at_a_few_chunks_only(tmp_path):
-    n = 4000
+    n = 1000
     ds = xr.Dataset({"x": (("sample", "feature"), np.random.default_rng(0).random((n, 4))),
                      "y": ("sample", np.arange(n) % 7)}).chunk({"sample": 10})
     store = to_store(ds, tmp_path / "big.zarr")
@@ -34,6 +34,6 @@ def test_a_store_is_read_at_a_few_chunks_only(tmp_path):
     with opened_under(store) as seen:
         fp = data_fingerprint(opened)
     chunks = [p for p in seen if "/c/" in p]
-    # one chunk of x and one of y a sampled sample, of the 400 each holds
+    # one chunk of x and one of y a sampled sample, of the 100 each holds
     assert 0 < len(chunks) <= 2 * N_ROWS, seen
     assert fp == data_fingerprint(ds.compute())
