@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+import dask.array as da
 import numpy as np
 import pytest
 import xarray as xr
@@ -14,6 +15,7 @@ from _reads import opened_under
 from distributed import LocalCluster
 
 from daskpri.cli import main
+from daskpri.cli.train import _write_history
 from daskpri.data.io import to_store
 
 
@@ -128,3 +130,25 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+def test_a_history_whose_output_another_writer_took_meanwhile_goes_beside_it(tmp_path):
+    out = tmp_path / "run.nc"
+    theirs = xr.Dataset({"notes": ("line", np.arange(3))})
+
+    def meanwhile(block: np.ndarray) -> np.ndarray:
+        if not out.exists():  # another writer's file, there as the history is written
+            theirs.to_netcdf(out, engine="h5netcdf")
+        return block
+
+    loss = np.linspace(1.0, 0.5, 4)
+    history = xr.Dataset({"loss": ("step", da.from_array(loss, chunks=2).map_blocks(
+        meanwhile, dtype=loss.dtype, meta=np.array((), loss.dtype)))})
+    written, taken = _write_history(history, str(out))
+    assert written == str(tmp_path / "run-1.nc")
+    assert taken == "a file that is not a daskpri history (it has no 'step' dimension)"
+    with xr.open_dataset(out, engine="h5netcdf") as kept:
+        xr.testing.assert_identical(kept.load(), theirs)
+    with xr.open_dataset(written, engine="h5netcdf") as ours:
+        np.testing.assert_array_equal(ours["loss"].values, loss)
+

@@ -9,6 +9,7 @@ import pickle
 import random
 import re
 import struct
+import threading
 
 import dask.config
 import numpy as np
@@ -90,6 +91,33 @@ def test_mnist1d_is_generated_cached_and_read_back(cache_dir):
     xr.testing.assert_identical(train, train2)
     xr.testing.assert_identical(test, test2)
     assert train2["x"].chunks is None
+
+
+def test_loads_caching_the_same_data_at_once_each_keep_one_cache_without_a_word(cache_dir):
+    # two processes (or threads) making the same cache at once: the later write finds the
+    # earlier's file in place, which is kept, and neither warns (warnings are errors here)
+    said: list[BaseException | None] = []
+    for _ in range(3):
+        start = threading.Barrier(2)
+
+        def one(start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                load("mnist5k")
+                said.append(None)
+            except BaseException as e:  # (a thread's error, for the assert below)
+                said.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert os.listdir(cache_dir) == ["mnist5k.nc"]
+        cached = load("mnist5k")[0]
+        (cache_dir / "mnist5k.nc").unlink()
+    assert said == [None] * 6, said
+    xr.testing.assert_identical(cached, load("mnist5k", cache=False)[0])
 
 
 def test_mnist1d_rejects_n_samples_not_a_multiple_of_ten():

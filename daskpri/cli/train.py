@@ -20,6 +20,7 @@ from daskpri.cli._prog import _PROG
 from daskpri.cli._summary import _dashboard, _summary
 from daskpri.cli._tls import client_security
 from daskpri.data.io import open_dataset, to_store
+from daskpri.data.store import PathTakenError
 from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
 from daskpri.training._cleanup import start_own_cluster
@@ -446,5 +447,8 @@ def _write_history(history: xr.Dataset, path: str) -> tuple[str, str | None]:
     """
     taken = _unreplaceable(path)
     if taken is None:
-        return to_store(history, path), None
+        try:
+            return to_store(history, path), None
+        except PathTakenError:  # put there as the history was being written: kept, as above
+            taken = _unreplaceable(path) or "a store or file of another writer's"
     return to_store(history, _free_sibling(path)), taken

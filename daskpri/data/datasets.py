@@ -36,6 +36,7 @@ from daskpri._config import cache_dir
 from daskpri._warnings import warn
 from daskpri.data import _readers
 from daskpri.data.io import check_self_contained, check_values, to_store
+from daskpri.data.store import PathTakenError
 
 __all__ = ["DATASETS", "load"]
 
@@ -421,6 +422,8 @@ def _cached(path: str, make: Callable[[], Arrays], *, cache: bool) -> Arrays:
         try:
             if why_not is None:
                 to_store(ds, path)
+        except PathTakenError:
+            pass  # another load (a process's, a thread's) cached the same data meanwhile: kept
         except (OSError, RuntimeError) as e:
             # h5py reports a write that fails on closing the file as a
             # RuntimeError raised while handling the OSError

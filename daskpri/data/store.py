@@ -23,7 +23,8 @@ from daskpri.data._formats import _is_zarr_store, format_of
 from daskpri.data._persisted import driver_scheduler
 
 __all__ = [
-    "check_destination", "check_writable", "remove_stale", "to_store", "write_atomic", "write_error"
+    "PathTakenError", "check_destination", "check_writable", "remove_stale", "to_store",
+    "write_atomic", "write_error",
 ]
 
 
@@ -38,8 +39,9 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
     What stood at ``path`` as the write began is all it replaces: where
     another writer (another ``to_store`` on the same path) put a store or
     file there meanwhile, that one is left as it is and this write raises
-    ``FileExistsError``; two writes racing on a path never leave a store
-    of both, nor replace the other's without a word.
+    :class:`PathTakenError`, a ``FileExistsError``; two writes racing on a
+    path never leave a store of both, nor replace the other's without a
+    word.
 
     Only what ``to_store`` could have written is replaced: at a zarr path, an
     existing zarr store (a directory with ``zarr.json``, ``.zgroup``,
@@ -76,9 +78,9 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
         one line, with the error's ``errno`` (``errno.ENOSPC`` there). The
         temporary sibling is removed and what was at ``path`` is left as it
         was. An error reading ``ds``'s own source is raised as it is.
-    FileExistsError
-        If another writer put a store or file at ``path`` while this one
-        wrote (``could not write 'PATH': another writer put a zarr store
+    PathTakenError
+        A ``FileExistsError``: if another writer put a store or file at
+        ``path`` while this one wrote (``could not write 'PATH': another writer put a zarr store
         there while this write ran ...``): it is left as that writer made
         it, and this write's temporary sibling is removed.
 
@@ -130,7 +132,7 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
         # again: something may have taken the path while the data was written
         _check_target(target, fmt, name="path")
         _put_in_place(tmp, target, seen, os.fspath(path))
-    except Taken:
+    except PathTakenError:
         _remove(tmp)
         raise
     except OSError as e:
@@ -400,8 +402,12 @@ def _check_target(target: str, fmt: str, *, name: str) -> None:
         )
 
 
-class Taken(FileExistsError):
-    """What :func:`to_store` was to write over changed while it wrote: another writer's."""
+class PathTakenError(FileExistsError):
+    """Raised by :func:`to_store` where another writer put a store or file at its path meanwhile.
+
+    A ``FileExistsError``: what the other writer put there is left as it
+    is, and nothing of this write is kept.
+    """
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -413,11 +419,11 @@ def _identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _taken(path: str, given: str) -> Taken:
+def _taken(path: str, given: str) -> PathTakenError:
     """The error of a write whose ``path`` another writer took while it wrote."""
     what = ("a zarr store" if os.path.isdir(path) else "a file") if os.path.lexists(path) \
         else "something"
-    return Taken(
+    return PathTakenError(
         errno.EEXIST,
         f"could not write {given!r}: another writer put {what} there while this write ran "
         "(another to_store, say); it is left as that writer made it, and what this write "
@@ -457,7 +463,7 @@ def _put_in_place(tmp: str, target: str, seen: tuple[int, int] | None, given: st
 
     ``seen`` is what stood at ``target`` when the write began (None:
     nothing). Only it is replaced: a store or file that another writer put
-    there since is left as it is, and :class:`Taken` raised, so that two
+    there since is left as it is, and :class:`PathTakenError` raised, so that two
     writes racing on one path never leave a store of both, nor one's
     complete store silently replaced by the other's. A path that is empty
     again (another writer moving its old store aside) is taken only where
