@@ -72,9 +72,10 @@ def test_a_store_that_lacks_chunks_of_x_is_refused_before_it_is_read(tmp_path):
     with pytest.raises(ValueError, match="^" + re.escape(
         f"data should be a zarr store that holds every chunk of its arrays, but {path!r} "
         "lacks 1 of the 4 chunks of 'x' (the first: 'x/c/2/0'), which zarr would read as its "
-        "fill value (nan): a "
-        "store copied in part, or written by a writer that stopped midway; copy or write it "
-        "again whole (daskpri.data.to_store writes every chunk)") + "$"):
+        "fill value (nan): a store copied in part, or written by a writer that stopped midway "
+        "(or that left out chunks all of the fill value, as zarr does unless told "
+        "write_empty_chunks=True); copy or write it again whole (daskpri.data.to_store writes "
+        "every chunk)") + "$"):
         open_dataset(path)
     # labels left out as zarr leaves out a chunk all of its fill value: a store's own
     ds = small(n=40, chunk=10)

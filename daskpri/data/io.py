@@ -192,10 +192,11 @@ lacks 1 of the 2 chunks of 'x' (the first: 'x/c/1/0'), which zarr would read as 
         raise ValueError(
             f"{name} should be a zarr store that holds every chunk of its arrays, but "
             f"{path!r} lacks {len(missing)} of the {len(keys)} chunks of 'x' (the first: "
-            f"{'x/' + missing[0]!r}), which zarr would "
-            f"read as its fill value ({np.asarray(array.fill_value).item()!r}): a store copied "
-            "in part, or written by a writer that stopped midway; copy or write it again "
-            "whole (daskpri.data.to_store writes every chunk)"
+            f"{'x/' + missing[0]!r}), which zarr would read as its fill value "
+            f"({np.asarray(array.fill_value).item()!r}): a store copied in part, or written "
+            "by a writer that stopped midway (or that left out chunks all of the fill value, "
+            "as zarr does unless told write_empty_chunks=True); copy or write it again whole "
+            "(daskpri.data.to_store writes every chunk)"
         )
 
 
