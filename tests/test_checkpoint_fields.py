@@ -339,6 +339,10 @@ def test_resume_refuses_other_data_of_the_same_shape_and_count(saved, small_data
             "variable DASK_DASKPRI__TRAINER__RESUME_OTHER_DATA=true)") + "$"):
             trainer.fit(data, max_steps=5, progress=False)
         assert trainer._own_cluster is None
+    trainer = daskpri.Trainer.resume(path)
+    with pytest.raises(ValueError, match=r"^the checkpoint's run trained on 1600 samples, but "
+                       r"the data has 800: resume it with its own data$"):
+        trainer.fit(train.isel(sample=slice(0, 800)), max_steps=5, progress=False)
     # told to, it goes on with other data; a checkpoint from before the fingerprint goes
     # on with a warning that the data is known by its count alone
     old = _damaged(saved, _drop("data"), tmp_path / "old.ckpt")

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 import dask
 import numpy as np
 import torch
+import xarray as xr
 from distributed import Client
 from torch import nn
 
 from daskpri import _config
 from daskpri._warnings import warn
-from daskpri.data._fingerprint import fingerprint_differs
+from daskpri.data._fingerprint import data_fingerprint, fingerprint_differs
 from daskpri.models import from_spec
 from daskpri.replicas.optim import make_optimizer
 from daskpri.strategies import get_strategy
@@ -70,21 +71,34 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
 OTHER_DATA = "trainer.resume-other-data"
 
 
-def check_resumed_data(theirs: dict[str, str] | None, ours: dict[str, str]) -> None:
-    """Refuse data whose fingerprint ``ours`` is not ``theirs``, the resumed run's own.
+def data_fingerprint_of(ds: xr.Dataset, resumed: dict[str, Any] | None) -> dict[str, str]:
+    """The fingerprint of ``ds``, once it is found to be the data of the ``resumed`` run.
 
-    ``theirs`` is None in a checkpoint written before daskpri kept it: the
-    data is then known by its sample count alone, which a warning says.
-    ``daskpri.trainer.resume-other-data`` lets a run go on with other data
-    (labels corrected since, say): its table's priorities are then those of
-    the samples it had, until they are recomputed.
+    ``resumed`` is a resumed trainer's ``_resume_state`` (None: the trainer
+    was not resumed). Data of another sample count is refused first (the
+    table's partitions are cut for the run's), then data whose fingerprint
+    is not the checkpoint's. A checkpoint written before daskpri kept one
+    has none: the data is then known by its sample count alone, which a
+    warning says. ``daskpri.trainer.resume-other-data`` lets a run go on
+    with other data of its count (labels corrected since, say): its
+    table's priorities are then those of the samples it had, until they
+    are recomputed.
     """
-    if _config.get_bool(OTHER_DATA):
-        return
+    if resumed is not None:
+        n = int(resumed["table"]["table"]["offsets"][-1])
+        if n != ds.sizes["sample"]:
+            raise ValueError(
+                f"the checkpoint's run trained on {n} samples, but the data has "
+                f"{ds.sizes['sample']}: resume it with its own data"
+            )
+    ours = data_fingerprint(ds)
+    if resumed is None or _config.get_bool(OTHER_DATA):
+        return ours
+    theirs = resumed.get("data")
     if theirs is None:
         warn("the checkpoint keeps no fingerprint of its run's data (it was written by an "
              "older daskpri): the data it goes on with is checked by its sample count alone")
-        return
+        return ours
     differs = fingerprint_differs(theirs, ours)
     if differs is not None:
         raise ValueError(
@@ -93,6 +107,7 @@ def check_resumed_data(theirs: dict[str, str] | None, ours: dict[str, str]) -> N
             f"anyway, set dask.config.set({{'daskpri.{OTHER_DATA}': True}}) (or the "
             f"environment variable DASK_DASKPRI__TRAINER__RESUME_OTHER_DATA=true)"
         )
+    return ours
 
 
 def resume_trainer(

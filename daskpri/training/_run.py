@@ -34,7 +34,6 @@ from torch import nn
 
 from daskpri import _config
 from daskpri._warnings import warn
-from daskpri.data._fingerprint import data_fingerprint
 from daskpri.data.io import fingerprint
 from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin
@@ -43,7 +42,7 @@ from daskpri.table.plugin import Ahead, RemoteTable
 from daskpri.training._checks import check_local_device, check_model, check_strategy_model
 from daskpri.training._cleanup import drop_run
 from daskpri.training._cluster_checks import check_cluster
-from daskpri.training._resume import check_resumed_data, state_shaped_like_params
+from daskpri.training._resume import data_fingerprint_of, state_shaped_like_params
 from daskpri.training._waiting import workers_awaited
 from daskpri.training.deployment import Deployment
 from daskpri.training.errors import WorkersLostError
@@ -158,19 +157,13 @@ class RunMixin:
     ) -> tuple[tuple[Any, ...], int]:
         """The data's key for :meth:`_prepare`, and the classes its labels need.
 
-        New data is checked here, on the driver: the strategy against the
-        model, the model on two samples, the labels' range. This runs before
-        :meth:`_prepare` starts the trainer's LocalCluster or releases the
-        last data's run, so that a fit refused here starts no cluster and
-        leaves that run as it was.
+        New data is checked here, on the driver: a resumed run's against its
+        checkpoint's (:func:`~._resume.data_fingerprint_of`), the strategy
+        against the model, the model on two samples, the labels' range. This
+        runs before :meth:`_prepare` starts the trainer's LocalCluster or
+        releases the last data's run, so that a fit refused here starts no
+        cluster and leaves that run as it was.
         """
-        if self._resume_state is not None:
-            n = int(self._resume_state["table"]["table"]["offsets"][-1])
-            if n != ds.sizes["sample"]:
-                raise ValueError(
-                    f"the checkpoint's run trained on {n} samples, but the data has "
-                    f"{ds.sizes['sample']}: resume it with its own data"
-                )
         # the data (by content: a copy of the same data goes on with the run, data
         # changed in place does not) and its cut as one worker would have it: a
         # cluster that grew or shrank between fits keeps the run (its partitions
@@ -182,9 +175,7 @@ class RunMixin:
         if self._data_key is not None and key == self._data_key[:2]:
             return self._data_key, self._n_classes
         # the data's own fingerprint (a few samples' values), which a checkpoint keeps
-        digest = data_fingerprint(ds)
-        if self._resume_state is not None:
-            check_resumed_data(self._resume_state.get("data"), digest)
+        digest = data_fingerprint_of(ds, self._resume_state)
         check_strategy_model(self.strategy, self.model)
         return (*key, digest), check_model(self.model, ds, info)
 
