@@ -221,3 +221,18 @@ def test_the_report_says_when_every_run_smooths_its_labels_and_older_results_res
     with pytest.raises(ValueError, match=r"other options \(label_smoothing: 0\.0 there, "
                                          r"0\.1 here\)"):
         previous_runs(path, cfg, SIZES)
+
+
+def test_a_partial_report_leaves_the_arms_and_baselines_not_yet_run_blank():
+    # --report-only of a benchmark stopped after its first run: loss and the
+    # baselines have no runs, hence no learning rate, gradients or budget to print
+    cfg = _config(seeds=2, workers=(1, 2), learning_rates=(0.05, 0.1), ddp=True)
+    summary = summarize(cfg, [_record(accuracy=[0.5, 0.7, 0.9])], SIZES)
+    md = render_markdown(cfg, {**MACHINE, "partial": {"done": 1, "planned": 30}}, summary, [])
+    assert "| loss | — | 97% (0.8730) | — |" in md
+    assert "| mnist1d/mlp | plain PyTorch loop, 1 process | — | — |" in md
+    assert "nan" not in md.lower()
+    # every uniform run failed: no target either
+    failed = _record(accuracy=[math.nan])
+    md = render_markdown(cfg, MACHINE, summarize(cfg, [failed], SIZES), [])
+    assert "97% (—)" in md and "nan" not in md.lower()

@@ -381,7 +381,8 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
     n = config.main_workers
     lines += [f"### Time to target ({n} worker{'' if n == 1 else 's'})", ""]
     rows = [
-        [r["arm"], f"{r['learning_rate']:g}", f"{_pct(r['fraction'])} ({r['target']:.4f})",
+        [r["arm"], _num(r["learning_rate"], "g"),
+         f"{_pct(r['fraction'])} ({_num(r['target'], '.4f')})",
          fmt_spread(r["seconds"]), fmt_spread(r["steps"], 0),
          "—" if r["arm"] == "uniform" else fmt_ratio(r["vs_uniform"]),
          "—" if r["arm"] == "uniform" else _interval(r.get("vs_uniform_interval")),
@@ -398,7 +399,7 @@ def _section(config: BenchConfig, summary: Mapping[str, Any],
     rows = [
         [r["arm"], *(fmt_spread(r["at"][f], 4) for f in fractions), fmt_spread(r["best"], 4),
          fmt_spread(r["steps"], 0), fmt_spread(r["samples_per_second"], 0),
-         f"{r['grads_per_step']:.0f}"]
+         _num(r["grads_per_step"], ".0f")]
         for r in _rows(summary, "budgets", dm)
     ]
     header = [f"{_pct(f)} ({f * config.budget:g} s)" for f in fractions]
@@ -483,7 +484,7 @@ def _scaling_section(summary: Mapping[str, Any]) -> list[str]:
     ]
     return lines + _table(["dataset/model", "arm", "workers", "samples/s", "samples/s vs n0",
                            "efficiency", "plain loops vs n0", "of plain loops",
-                           f"seconds to {target:.4f}", "efficiency"], body)
+                           f"seconds to {_num(target, '.4f')}", "efficiency"], body)
 
 
 def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[str]:
@@ -505,11 +506,11 @@ def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[s
     if not config.ddp:
         lines += ["PyTorch DDP: not run (--no-ddp).", ""]
     body = [
-        [f"{r['dataset']}/{r['model']}", r["baseline"], f"{r['baseline_budget']:g} s",
+        [f"{r['dataset']}/{r['model']}", r["baseline"], _num(r["baseline_budget"], "g", " s"),
          fmt_spread(r["baseline_samples_per_second"], 0),
          fmt_spread(r["daskpri_samples_per_second"], 0),
          fmt_spread(r["daskpri_over_baseline"], 2),
-         f"{r['target']:.4f}", fmt_spread(r["baseline_seconds"]),
+         _num(r["target"], ".4f"), fmt_spread(r["baseline_seconds"]),
          fmt_spread(r["daskpri_seconds"])]
         + ([f"failed: {r['errors'][0]}"] if r.get("errors") else [""])
         for r in rows
@@ -520,8 +521,19 @@ def _overhead_section(config: BenchConfig, summary: Mapping[str, Any]) -> list[s
          "baseline seconds", "daskpri seconds", "note"], body)
 
 
-def _num(v: float) -> str:
-    return "—" if v is None or not math.isfinite(v) else f"{v:.2f}"
+def _num(v: float | None, spec: str = ".2f", unit: str = "") -> str:
+    """``v`` as ``spec`` formats it, ``unit`` after; ``—`` where there is none.
+
+    A partial report (``--report-only``, ``--merge`` of a part that stopped)
+    has arms and baselines with no runs yet: no learning rate, budget or
+    target to print, where ``nan`` would read as a value.
+
+    Examples
+    --------
+    >>> _num(0.8), _num(0.15, "g"), _num(5.0, "g", " s"), _num(math.nan, "g", " s"), _num(None)
+    ('0.80', '0.15', '5 s', '—', '—')
+    """
+    return "—" if v is None or not math.isfinite(v) else f"{v:{spec}}{unit}"
 
 
 def report_files(config: BenchConfig) -> list[str]:
