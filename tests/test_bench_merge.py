@@ -8,6 +8,7 @@ makes no runs, so no cluster is needed to test it).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,34 @@ def test_the_command_merges_and_refuses_options_of_its_own(tmp_path: Path, capsy
     (out / "results.md").unlink()
     assert main(["bench", "--out", str(out), "--report-only"]) == 0
     assert (out / "results.md").read_text() == md
+
+
+@pytest.mark.parametrize(("change", "detail"), [
+    (lambda d: d["runs"][2].pop("curve"), r"its run 3 of \d+: no 'curve'"),
+    (lambda d: d["runs"].append(None), r"its run (\d+) of \1: 'NoneType' object"),
+], ids=["a run without its curve", "a run that is null"])
+def test_a_damaged_results_json_is_refused_naming_it_by_resume_report_only_and_merge(
+    tmp_path: Path, capsys, change, detail: str
+):
+    from daskpri.bench.stored import previous_runs
+
+    a = _part(tmp_path / "a", _config(first_seed=0))
+    b = _part(tmp_path / "b", _config(first_seed=2))
+    _edit(b, change)
+    path = b / "results.json"
+    message = f"{path} is not a daskpri bench results.json \\({detail}"
+    with pytest.raises(ValueError, match=f"--merge: {message}"):
+        merge_results([a, b], tmp_path / "out")
+    with pytest.raises(ValueError, match=f"--resume: {message}"):
+        previous_runs(path, _config(first_seed=2), SIZES)
+    assert main(["bench", "--out", str(b), "--report-only"]) == 2
+    assert re.search(f"^daskpri: error: --report-only: {message}", capsys.readouterr().err)
+
+
+def test_merge_reads_a_part_whose_config_lacks_a_field_as_report_only_does(tmp_path: Path):
+    a = _part(tmp_path / "a", _config(first_seed=0))
+    b = _part(tmp_path / "b", _config(first_seed=2))
+    _edit(b, lambda d: d["config"].pop("strategies"))  # its default: every strategy
+    merge_results([a, b], tmp_path / "out")
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["config"]["strategies"] == ["uniform", "loss"]

@@ -10,9 +10,8 @@ from typing import Any
 
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_done, count_runs, make_arms
-from daskpri.bench.records import RunRecord
 from daskpri.bench.report import RESULTS_JSON, check_report_files, write_report
-from daskpri.bench.stored import _read_results
+from daskpri.bench.stored import _parsed, _read_results
 
 #: What two benchmarks' machines must share for their times to be pooled.
 _SAME_MACHINE = ("cores", "processor", "cpu", "torch_cpu_capability", "cuda", "gpu",
@@ -57,24 +56,19 @@ def merge_results(
     if len({p.resolve() for p in paths}) < len(paths):
         raise ValueError(f"{what} names a directory twice: {', '.join(map(str, sources))}")
     docs = [_read_results(p, what) for p in paths]
-    configs, runs = [], []
-    for doc, path in zip(docs, paths, strict=True):
-        try:  # every field checked, before any is compared
-            configs.append(BenchConfig.from_dict(doc["config"]))
-            runs.append([RunRecord.from_dict(r) for r in doc["runs"]])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") \
-                from None
+    # every field checked, before any is compared
+    parsed = [_parsed(doc, path, what) for doc, path in zip(docs, paths, strict=True)]
+    configs, runs = [c for c, _ in parsed], [r for _, r in parsed]
     # in the order of their seeds: the report lists the parts, and holds the runs, in it
     order = sorted(range(len(docs)), key=lambda i: configs[i].first_seed)
     docs, paths = [docs[i] for i in order], [paths[i] for i in order]
     configs, runs = [configs[i] for i in order], [runs[i] for i in order]
-    common = [a for a in docs[0]["config"]["strategies"]
-              if all(a in d["config"]["strategies"] for d in docs[1:])]
+    # of the configs read (a field a file lacks takes its default, as --report-only has it)
+    common = [a for a in configs[0].strategies if all(a in c.strategies for c in configs[1:])]
     if strategies is not None:
         for arm in strategies:
-            for doc, path in zip(docs, paths, strict=True):
-                if arm != "uniform" and arm not in doc["config"]["strategies"]:
+            for c, path in zip(configs, paths, strict=True):
+                if arm != "uniform" and arm not in c.strategies:
                     raise ValueError(f"{what}: {path} has no arm {arm!r}; the arms every part "
                                      f"ran are {', '.join(common)}")
         common = ["uniform", *(a for a in strategies if a != "uniform")]

@@ -35,6 +35,27 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
+def _parsed(doc: Mapping[str, Any], path: Path, what: str) -> tuple[BenchConfig, list[RunRecord]]:
+    """The config and the runs of ``doc`` (read by :func:`_read_results` from ``path``).
+
+    A field of the config, or a run, that does not parse is an error naming
+    the file (and the run), not a ``KeyError`` from deep in a record.
+    """
+    try:
+        config = BenchConfig.from_dict(doc["config"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") from None
+    records = []
+    for i, run in enumerate(doc["runs"]):
+        try:
+            records.append(RunRecord.from_dict(run))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            detail = f"no {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"{what}: {path} is not a daskpri bench results.json (its run "
+                             f"{i + 1} of {len(doc['runs'])}: {detail})") from None
+    return config, records
+
+
 def previous_runs(path: Path, config: BenchConfig,
                   sizes: Mapping[str, int]) -> list[RunRecord]:
     """The runs that ``path`` (a ``results.json``) holds, made with ``config``.
@@ -53,7 +74,7 @@ def previous_runs(path: Path, config: BenchConfig,
     if not path.exists():
         return []
     doc = _read_results(path, "--resume")
-    theirs, runs = doc["config"], doc["runs"]
+    theirs = doc["config"]
     ours = json.loads(json.dumps(config.to_dict()))  # as write_json stored it
     # more seeds may be added: a file whose seeds this benchmark runs too keeps its runs
     seeds = ("seeds", "first_seed")
@@ -74,7 +95,7 @@ def previous_runs(path: Path, config: BenchConfig,
             f"--resume: {path} was made with other options ({'; '.join(differ)}); resume with "
             "the options it was made with, or give another --out"
         )
-    return [RunRecord.from_dict(r) for r in runs]
+    return _parsed(doc, path, "--resume")[1]
 
 
 def _invocation(machine: Mapping[str, Any], runs: int) -> dict[str, Any]:
@@ -113,12 +134,7 @@ def report_only(out: str | os.PathLike[str]) -> dict[str, Any]:
             f"{out}` after each run"
         )
     doc = _read_results(path, "--report-only")
-    try:
-        config = BenchConfig.from_dict(doc["config"])
-        records = [RunRecord.from_dict(r) for r in doc["runs"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"--report-only: {path} is not a daskpri bench results.json ({e})") \
-            from None
+    config, records = _parsed(doc, path, "--report-only")
     machine, sizes = doc["machine"], doc["train_samples"]
     done, planned = count_done(config, sizes, records), count_runs(config, sizes)
     machine.pop("partial", None)
