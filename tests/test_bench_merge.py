@@ -75,14 +75,17 @@ def _edit(path: Path, change) -> None:
 
 
 def test_merge_pools_the_parts_seeds_as_one_benchmark_of_them_all_would(tmp_path: Path):
-    a = _part(tmp_path / "a", _config(first_seed=0))
+    # on a scheduler each, whose address changed between them
+    a = _part(tmp_path / "a", _config(first_seed=0, scheduler="tcp://10.0.0.5:8786"))
     # the second part ran one more arm, which the first did not: it is left out
-    b = _part(tmp_path / "b", _config(first_seed=2, strategies=("uniform", "loss", "length")))
+    b = _part(tmp_path / "b", _config(first_seed=2, strategies=("uniform", "loss", "length"),
+                                      scheduler="tcp://10.0.0.6:8786"))
     out = tmp_path / "merged"
     summary = merge_results([b, a], out, command="daskpri bench --merge b,a")
     doc = json.loads((out / "results.json").read_text())
     whole = _config(seeds=4)
     assert BenchConfig.from_dict(doc["config"]) == whole
+    assert doc["config"]["scheduler"] == "tcp://10.0.0.5:8786"  # a --resume takes one again
     assert {r["spec"]["arm"]["label"] for r in doc["runs"]} == {"uniform", "loss"}
     # the runs of the part of the first seeds first, whatever the order named
     first = [r["spec"]["seed"] < 2 for r in doc["runs"]]
@@ -150,6 +153,9 @@ def test_a_part_that_stopped_early_makes_a_partial_report(tmp_path: Path):
      r"their times do not pool"),
     (lambda d: d["machine"].update(cuda=True, gpu="NVIDIA H200"),
      r"other machines \(cuda: False in .*, True in .*; gpu: None in .*, 'NVIDIA H200' in"),
+    (lambda d: d["config"].update(scheduler="tcp://10.0.0.5:8786"),
+     r"other options \(scheduler: 'LocalClusters \(no --scheduler\)' in .*a/results.json, "
+     r"'the workers of a --scheduler' in .*b/results.json\)"),
     (lambda d: d["config"].update(first_seed=1),
      r"a/results.json \(seeds 0–1\) and .*b/results.json \(from seed 1\) share seeds"),
     (lambda d: d["config"].update(first_seed=3),
@@ -233,3 +239,17 @@ def test_merge_reads_a_part_whose_config_lacks_a_field_as_report_only_does(tmp_p
     merge_results([a, b], tmp_path / "out")
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["config"]["strategies"] == ["uniform", "loss"]
+
+
+def test_resume_refuses_to_move_a_benchmark_between_local_clusters_and_a_scheduler(
+    tmp_path: Path
+):
+    from daskpri.bench.stored import previous_runs
+
+    path = _part(tmp_path / "a", _config(scheduler="tcp://10.0.0.5:8786")) / "results.json"
+    # the scheduler started again elsewhere: the runs made are kept
+    assert previous_runs(path, _config(scheduler="tcp://10.0.0.6:8786"), SIZES)
+    with pytest.raises(ValueError, match=r"--resume: .*a/results.json was made with other "
+                       r"options \(clusters: the workers of --scheduler tcp://10.0.0.5:8786 "
+                       r"there, LocalClusters \(no --scheduler\) here\); resume with"):
+        previous_runs(path, _config(), SIZES)

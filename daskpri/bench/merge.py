@@ -11,7 +11,7 @@ from typing import Any
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.protocol import count_done, count_runs, make_arms
 from daskpri.bench.report import RESULTS_JSON, check_report_files, write_report
-from daskpri.bench.stored import _parsed, _read_results
+from daskpri.bench.stored import _clusters, _parsed, _read_results
 
 #: What two benchmarks' machines must share for their times to be pooled.
 _SAME_MACHINE = ("cores", "processor", "cpu", "torch_cpu_capability", "cuda", "gpu",
@@ -42,7 +42,9 @@ def merge_results(
     Anything that would make the runs of one part not comparable to the
     other's is refused, naming it: another option, another machine (CPU
     model, GPU, core count or versions), another dataset size, a seed in
-    two parts, a gap between the parts' seeds.
+    two parts, a gap between the parts' seeds, runs on the LocalClusters
+    of one part against runs on a ``--scheduler``'s workers in another (the
+    scheduler's address may differ).
 
     Returns
     -------
@@ -77,8 +79,10 @@ def merge_results(
         cfg = dict(doc["config"])
         cfg["strategies"] = common
         cfg["strategy_options"] = [o for o in cfg.get("strategy_options") or () if o[0] in common]
-        for k in ("seeds", "first_seed", "scheduler"):
+        for k in ("seeds", "first_seed"):
             cfg.pop(k, None)
+        # the address may differ, not whether the runs were on a scheduler's workers
+        cfg["scheduler"] = _clusters(None if cfg.get("scheduler") is None else "")
         return cfg
 
     base = projected(docs[0])
@@ -110,7 +114,7 @@ def merge_results(
     config_dict = {**docs[0]["config"], "strategies": common,
                    "strategy_options": base["strategy_options"],
                    "first_seed": configs[0].first_seed, "seeds": sum(c.seeds for c in configs),
-                   "scheduler": None}
+                   "scheduler": configs[0].scheduler}
     config = BenchConfig.from_dict(config_dict)
     records = [r for part in runs for r in part]
     sizes = dict(docs[0]["train_samples"])

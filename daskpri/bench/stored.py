@@ -35,6 +35,26 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
+def _clusters(scheduler: object) -> str:
+    """Where a benchmark's daskpri runs trained, as a ``--resume`` or ``--merge`` error names it.
+
+    The scheduler's address may change between invocations (a cluster
+    started again), but runs on the LocalClusters the benchmark starts (CPU
+    workers on this machine) and runs on a given scheduler's workers (other
+    machines, GPUs) do not measure the same thing: their times do not pool.
+
+    Examples
+    --------
+    >>> _clusters(None)
+    'LocalClusters (no --scheduler)'
+    >>> _clusters("tcp://10.0.0.5:8786")
+    'the workers of --scheduler tcp://10.0.0.5:8786'
+    """
+    if scheduler is None:
+        return "LocalClusters (no --scheduler)"
+    return f"the workers of --scheduler {scheduler}" if scheduler else "the workers of a --scheduler"
+
+
 def _parsed(doc: Mapping[str, Any], path: Path, what: str) -> tuple[BenchConfig, list[RunRecord]]:
     """The config and the runs of ``doc`` (read by :func:`_read_results` from ``path``).
 
@@ -64,7 +84,8 @@ def previous_runs(path: Path, config: BenchConfig,
     first run ended). Its seeds may be fewer than ``config``'s: a benchmark
     of seeds 0-9 resumed with 20 seeds keeps its runs and adds seeds 10-19
     (each seed's arms still run side by side), for a narrower interval. A
-    file made with other options (the scheduler's address aside), with a
+    file made with other options (the scheduler's address aside, not whether
+    there was one), with a
     seed that ``config`` does not run, or with other datasets is refused,
     naming what differs: its runs would not be the ones this benchmark
     asks for.
@@ -87,6 +108,9 @@ def previous_runs(path: Path, config: BenchConfig,
               for k in sorted(ours.keys() | theirs.keys())
               if k != "scheduler" and ours.get(k) != theirs.get(k)
               and not (grown and k in seeds)]
+    if (theirs.get("scheduler") is None) != (config.scheduler is None):  # its address may change
+        differ.append(f"clusters: {_clusters(theirs.get('scheduler'))} there, "
+                      f"{_clusters(config.scheduler)} here")
     if doc.get("train_samples") != dict(sizes):
         differ.append(f"samples per dataset: {doc.get('train_samples')!r} there, "
                       f"{dict(sizes)!r} here")
