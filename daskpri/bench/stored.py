@@ -52,7 +52,9 @@ def _clusters(scheduler: object) -> str:
     """
     if scheduler is None:
         return "LocalClusters (no --scheduler)"
-    return f"the workers of --scheduler {scheduler}" if scheduler else "the workers of a --scheduler"
+    # (merge compares "" for any address)
+    return f"the workers of --scheduler {scheduler}" if scheduler else (
+        "the workers of a --scheduler")
 
 
 def _parsed(doc: Mapping[str, Any], path: Path, what: str) -> tuple[BenchConfig, list[RunRecord]]:
