@@ -264,8 +264,8 @@ def test_a_second_arm_of_a_strategy_runs_it_with_its_own_options():
     assert labels == {"uniform", "selective-backprop", "selective-backprop+stale"}
     assert strategy_of("selective-backprop+stale") == "selective-backprop"
     # a bad option of the second arm names it
-    with pytest.raises(ValueError, match="arm 'selective-backprop\\+x': refresh should be a "
-                       "positive integer"):
+    with pytest.raises(ValueError, match=r"entry \('selective-backprop\+x', 'refresh', 0\): "
+                       "refresh should be a positive integer"):
         _config(strategies=("selective-backprop+x",),
                 strategy_options=(("selective-backprop+x", "refresh", 0),))
     for bad, match in [("loss+", "its label made of letters"), ("loss+a b", "label made of"),

@@ -168,6 +168,20 @@ def test_bench_refuses_what_it_cannot_run_and_leaves_no_directory(
     assert not out.exists()
 
 
+def test_a_strategy_options_bad_value_is_named_as_it_was_given(capsys):
+    # the strategy's own check names its parameter; the error says which --strategy-option
+    for given in (["selective-backprop:fraction=2"],
+                  ["selective-backprop:fraction=0.5", "selective-backprop@mlp:fraction=2"]):
+        option = given[-1]  # the mlp runs' own takes over the one of every model
+        assert main(["bench", "--out", "x", "--strategies", "selective-backprop",
+                     *(a for o in given for a in ("--strategy-option", o))]) == 2
+        assert (f"daskpri: error: --strategy-option {option}: fraction should be a number in "
+                "(0, 1], but got fraction=2\n") == capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^strategy_options entry \('loss', 'epsilon', 2\): "
+                       r"epsilon should be"):
+        BenchConfig(strategies=("loss",), strategy_options=(("loss", "epsilon", 2),))
+
+
 def test_bench_keeps_a_report_it_could_not_make_again(tmp_path: Path, capsys):
     (tmp_path / "results.md").write_text("# an earlier report\n")
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 2

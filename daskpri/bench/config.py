@@ -223,6 +223,11 @@ class BenchConfig:
                     check_strategy_options(strategy_of(name), given)
                     get_strategy(strategy_of(name), **given)
                 except (TypeError, ValueError) as e:
+                    entry = _entry_refused(options, name, model, str(e))
+                    if isinstance(e, ValueError) and entry is not None:
+                        # the strategy names its parameter: say which entry (which flag) set it
+                        raise StrategyOptionError("{0}: {problem}", entry,
+                                                  problem=str(e)) from None
                     if name == strategy_of(name):
                         raise
                     raise type(e)(f"arm {name!r}: {e}") from None
@@ -469,6 +474,31 @@ def _checked_options(
                 )
         options.append(entry)
     return tuple(options)
+
+
+def _entry_refused(
+    options: Sequence[tuple[Any, ...]], name: str, model: str, message: str
+) -> tuple[Any, ...] | None:
+    """The entry of ``options`` for arm ``name`` on ``model`` whose key ``message`` names.
+
+    The one given for ``model`` before one given for every model (it is
+    the one the arm takes); ``None`` where ``message`` names no key given.
+
+    Examples
+    --------
+    >>> options = [("loss", "epsilon", 2.0, None), ("loss", "epsilon", 3.0, "cnn")]
+    >>> _entry_refused(options, "loss", "cnn", "epsilon should be ..., but got epsilon=3.0")
+    ('loss', 'epsilon', 3.0, 'cnn')
+    >>> _entry_refused(options, "loss", "mlp", "epsilon should be ...")
+    ('loss', 'epsilon', 2.0, None)
+    >>> _entry_refused(options, "loss", "mlp", "renew should be ...") is None
+    True
+    """
+    mine = [e for e in options if e[0] == name and e[3] in (None, model)]
+    for entry in sorted(mine, key=lambda e: e[3] is None):
+        if re.search(rf"(?<![\w-]){re.escape(str(entry[1]))}(?![\w-])", message):
+            return entry
+    return None
 
 
 #: the label of an arm ``NAME+LABEL``
