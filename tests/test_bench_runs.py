@@ -24,12 +24,9 @@ from _bench_records import (
     _config,
 )
 
-from daskpri.bench.analysis import (
-    summarize,
-)
 from daskpri.bench.baselines import train_ddp, train_plain, train_plain_loops
 from daskpri.bench.records import Curve, RunRecord, RunSpec
-from daskpri.bench.report import render_markdown
+from daskpri.bench.report import render_markdown, write_report
 from daskpri.cli import main
 
 # -- baselines ------------------------------------------------------------------------
@@ -300,15 +297,20 @@ def test_resume_keeps_the_runs_made_and_makes_only_the_rest(tmp_path: Path, caps
     assert f"--resume: {path} was made with other options (first_seed: 0 there, 1 here)" in err
 
 
-def test_report_says_there_are_no_targets_when_every_uniform_run_failed():
+def test_report_says_there_are_no_targets_when_every_uniform_run_failed(tmp_path: Path):
     cfg = _config(seeds=1, workers=(2,), learning_rates=(0.05,))
     failed = [RunRecord(RunSpec("sweep", "daskpri", "mnist1d", "mlp", arm, 0.05, 0, 2, 10.0),
                         Curve([], [], [], []), 0, 0, 1.0,
                         info={"error": "diverged: the training loss became nan at step 3"})
               for arm in (UNIFORM, LOSS)]
-    summary = summarize(cfg, failed, SIZES)
+    # the whole report, its plots too (with no target to draw; a NaN one was an error)
+    summary = write_report(tmp_path, cfg, dict(MACHINE), SIZES, failed)
     assert len(summary["failed"]) == 2
-    md = render_markdown(cfg, MACHINE, summary, [])
+    assert (tmp_path / "accuracy_mnist1d_mlp.png").exists()
+    assert (tmp_path / "results.html").exists()
+    md = (tmp_path / "results.md").read_text()
+    assert md == render_markdown(cfg, MACHINE, summary, ["accuracy_mnist1d_mlp.png",
+                                                         "speedup.png"])
     assert ("Targets: none: uniform has no accuracy at any learning rate swept (its runs "
             "failed, see \"Failed runs\" below).") in md
     assert ("- mnist1d/mlp sweep: loss lr=0.05 seed=0 workers=2: diverged: the training loss "

@@ -44,7 +44,10 @@ def write_pngs(out: Path, config: BenchConfig, records: Sequence[RunRecord],
         for model in config.models:
             lines = accuracy_lines(config, records, dataset, model)
             colors = palette(list(dict.fromkeys(line.arm for line in lines)))
-            levels = [t for t in targets if (t["dataset"], t["model"]) == (dataset, model)]
+            # none where every uniform run failed: the report says so, and the plots show
+            # the runs without lines to reach (a NaN one would be a NaN axis limit)
+            levels = [t for t in targets if (t["dataset"], t["model"]) == (dataset, model)
+                      and math.isfinite(t["target"])]
             fig = Figure(figsize=(12, 4.5))
             whole, near = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
             for ax in (whole, near):
