@@ -130,6 +130,20 @@ def test_an_evaluation_grid_that_leaves_out_some_rounds_is_refused(tmp_path: Pat
     assert not any(tmp_path.iterdir())
 
 
+def test_seeds_past_the_largest_a_trainer_takes_are_refused_before_any_run(tmp_path: Path,
+                                                                          capsys):
+    assert BenchConfig(first_seed=2**32 - 3, seeds=3).seed_range.stop == 2**32
+    # the third seed's runs would have been refused by their Trainer, after the others'
+    with pytest.raises(ValueError, match="but got first_seed=4294967294 and seeds=3"):
+        BenchConfig(first_seed=2**32 - 2, seeds=3)
+    assert main(["bench", "--out", str(tmp_path / "b"), "--first-seed", str(2**32 - 2),
+                 "--seeds", "3"]) == 2
+    assert ("--first-seed should leave every seed at most 4294967295 (the largest a Trainer "
+            "takes), but got --first-seed 4294967294 and --seeds 3: the last seed would be "
+            "4294967296") in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsys):
     assert main(["bench", "--out", str(tmp_path), "--models", "resnet"]) == 2
     assert "models should be among 'mlp', 'cnn', but got 'resnet'" in capsys.readouterr().err

@@ -202,6 +202,15 @@ class BenchConfig:
         object.__setattr__(self, "strategies", strategies)
         check_int("seeds", self.seeds, 1)
         check_int("first_seed", self.first_seed, 0)
+        from daskpri.training._settings import MAX_SEED
+
+        last = self.first_seed + self.seeds - 1
+        if last > MAX_SEED:  # else refused by the Trainer of the first run past it, hours in
+            raise ValueError(
+                f"first_seed should leave every seed at most {MAX_SEED} (the largest a "
+                f"Trainer takes), but got first_seed={self.first_seed} and seeds={self.seeds}: "
+                f"the last seed would be {last}"
+            )
         check_int("batch_size", self.batch_size, 1)
         check_int("partition_size", self.partition_size, 1)
         check_int("local_steps", self.local_steps, 1)
