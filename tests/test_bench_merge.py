@@ -204,10 +204,12 @@ def test_the_command_merges_and_refuses_options_of_its_own(tmp_path: Path, capsy
     assert main(["bench", "--out", str(out), "--merge", parts]) == 2
     assert "give --merge another --out (or remove that file)" in capsys.readouterr().err
     assert (out / "results.md").read_text() == md
-    # and --report-only writes it again as it was
+    # and --report-only writes it again as it was (--traceback, the command line's own, taken)
     (out / "results.md").unlink()
-    assert main(["bench", "--out", str(out), "--report-only"]) == 0
+    assert main(["bench", "--out", str(out), "--report-only", "--traceback"]) == 0
     assert (out / "results.md").read_text() == md
+    with pytest.raises(ValueError, match="--merge names a directory twice"):  # as Python has it
+        main(["bench", "--out", str(tmp_path / "x"), "--merge", f"{a},{a}/../a", "--traceback"])
 
 
 @pytest.mark.parametrize(("change", "detail"), [

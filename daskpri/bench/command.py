@@ -273,10 +273,10 @@ def _command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
-#: The options ``--merge`` takes (the rest are the parts' own).
-_MERGE_OPTIONS = ("run", "command", "out", "merge", "strategies", "no_progress")
+#: The options ``--merge`` takes (the rest are the parts' own); ``--traceback`` is the CLI's.
+_MERGE_OPTIONS = ("run", "command", "out", "merge", "strategies", "no_progress", "traceback")
 #: The options ``--report-only`` takes (it reads the rest from results.json).
-_REPORT_OPTIONS = ("run", "command", "out", "report_only", "no_progress")
+_REPORT_OPTIONS = ("run", "command", "out", "report_only", "no_progress", "traceback")
 
 
 def _others(args: argparse.Namespace, taken: tuple[str, ...]) -> list[str]:
