@@ -99,7 +99,13 @@ def test_merge_pools_the_parts_seeds_as_one_benchmark_of_them_all_would(tmp_path
     assert "Benchmark time: 200.0 s" in md
     assert md.index(f"- seeds 0–1: `daskpri bench --out {a} --first-seed 0`; 100.0 s") < md.index(
         f"- seeds 2–3: `daskpri bench --out {b} --first-seed 2`; 100.0 s")
-    assert "length" not in md and "Partial" not in md
+    assert "Partial" not in md
+    # the arm only one part ran is left out of the tables, and the report says so
+    assert "| length |" not in md and "Targets" in md
+    assert md.index("- seeds 0–1: ") < md.index(
+        "- seeds 2–3: ") < md.index("; left out: its runs of length (only the arms that every "
+                                    "part ran, or that --strategies names, are pooled)")
+    assert md.count("left out: its runs of") == 1
     assert (out / "results.html").exists() and (out / "accuracy_mnist1d_mlp.png").exists()
     # each run as its part stored it, every field kept
     runs = [r for p in (a, b) for r in json.loads((p / "results.json").read_text())["runs"]

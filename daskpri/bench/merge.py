@@ -133,7 +133,9 @@ def merge_results(
          "seeds": c.seed_span,
          "bench_seconds": d["machine"].get("bench_seconds"),
          "load_average_start": d["machine"].get("load_average_start"),
-         "load_average_end": d["machine"].get("load_average_end")}
+         "load_average_end": d["machine"].get("load_average_end"),
+         # its arms not pooled (another part lacks them, or --strategies left them out)
+         "left_out": [a for a in c.strategies if a not in common]}
         for d, c, p in zip(docs, configs, paths, strict=True)
     ]
     seconds = [m["bench_seconds"] for m in machine["merged"]]

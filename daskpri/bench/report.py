@@ -248,6 +248,9 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
            *(f"- {_seeds(m['seeds'])}: `{m['command'] or m['path']}`; "
              f"{m.get('bench_seconds', '?')} s, load average (1/5/15 min) at start "
              f"{m.get('load_average_start') or '—'}, at end {m.get('load_average_end') or '—'}"
+             + (f"; left out: its runs of {', '.join(m['left_out'])} (only the arms "
+                "that every part ran, or that --strategies names, are pooled)"
+                if m.get("left_out") else "")
              for m in machine["merged"]), ""]
           if machine.get("merged") else []),
         *([f"**Partial: {machine['partial']['done']} of the {machine['partial']['planned']} "
