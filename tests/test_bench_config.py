@@ -172,6 +172,12 @@ def test_bench_rejects_bad_input_before_any_cluster_starts(tmp_path: Path, capsy
     (["--datasets", "synthetic", "--n-samples", "100"],
      "--n-samples: synthetic has 80 training samples, fewer than a batch of 64 on each of 2 "
      "workers (128); give a larger --n-samples, or a smaller --batch-size"),
+    # the Trainer refused uniform@1008's batch at its first run, after uniform's
+    (["--datasets", "synthetic", "--n-samples", "2000", "--strategies", "projection",
+      "--strategy-option", "projection:k=1000"],
+     "--strategies: arm projection (k=1000) on mlp computes 1008 gradients a step on each "
+     "worker, the batch of its baseline uniform@1008, but a worker of 2 holds as few as 800 "
+     "samples of synthetic; give its --strategy-option fewer, or a larger --n-samples"),
 ])
 def test_bench_refuses_what_it_cannot_run_and_leaves_no_directory(
     tmp_path: Path, capsys, options: list[str], error: str

@@ -28,7 +28,14 @@ from daskpri.bench.analysis import best_accuracy, final_accuracy, samples_per_se
 from daskpri.bench.config import BenchConfig
 from daskpri.bench.machine import _load, machine_info
 from daskpri.bench.merge import merge_results
-from daskpri.bench.protocol import DDP_PROCESSES, count_done, count_runs, next_runs
+from daskpri.bench.protocol import (
+    DDP_PROCESSES,
+    count_done,
+    count_runs,
+    group_sizes,
+    make_arms,
+    next_runs,
+)
 from daskpri.bench.records import RunRecord, RunSpec
 from daskpri.bench.report import RESULTS_JSON, write_json, write_report
 from daskpri.bench.stored import _invocation, _read_results, previous_runs
@@ -85,7 +92,10 @@ def check_sizes(config: BenchConfig, sizes: Mapping[str, int]) -> None:
 
     A smaller one would give each worker a partition short of a batch, the
     plain loop and DDP batches of what is there, and targets from
-    accuracies measured on a handful of samples.
+    accuracies measured on a handful of samples. So too a strategy whose
+    gradients per step (its options', e.g. projection's ``k``) pass a
+    worker's share: its uniform baseline of equal gradients trains a batch
+    of as many, which the Trainer refuses.
 
     Examples
     --------
@@ -103,6 +113,24 @@ def check_sizes(config: BenchConfig, sizes: Mapping[str, int]) -> None:
                 f"{config.batch_size} on each of {n} workers ({config.batch_size * n}); give a "
                 "larger --n-samples, or a smaller --batch-size"
             )
+    for name, size in sizes.items():
+        # a strategy's gradients per step is the batch of its uniform baseline of equal
+        # gradients, which the Trainer refuses past a worker's share: at that arm's first
+        # run, after the runs before it
+        share = int(group_sizes(size, config.main_workers, config.partition_size).min())
+        for model in config.models:
+            for arm in make_arms(config, size, model):
+                if not arm.is_uniform and arm.grads_per_step > share:
+                    options = ", ".join(f"{k}={v}" for k, v in arm.options)
+                    raise ValueError(
+                        f"--strategies: arm {arm.label}"
+                        + (f" ({options})" if options else "") + f" on {model} computes "
+                        f"{arm.grads_per_step} gradients a step on each worker, the batch of "
+                        f"its baseline uniform@{arm.grads_per_step}, but a worker of "
+                        f"{config.main_workers} "
+                        f"holds as few as {share} samples of {name}; give its "
+                        "--strategy-option fewer, or a larger --n-samples"
+                    )
 
 
 def run_bench(
