@@ -83,7 +83,8 @@ def _defaults(key: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to ``parser``; ``None`` defaults mean "per --quick"."""
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="directory for results.json, results.md, PNGs and results.html")
+                        help="directory for results.json, results.md, PNGs and results.html "
+                             "(a standalone page, Bokeh's JavaScript inline: it opens offline)")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: mnist1d, mlp, 3 arms, 1 seed, 15 s budgets")
     parser.add_argument("--resume", action="store_true",
