@@ -261,3 +261,13 @@ def test_resume_refuses_to_move_a_benchmark_between_local_clusters_and_a_schedul
                        r"options \(clusters: the workers of --scheduler tcp://10.0.0.5:8786 "
                        r"there, LocalClusters \(no --scheduler\) here\); resume with"):
         previous_runs(path, _config(), SIZES)
+
+
+def test_resume_with_other_options_quotes_the_command_that_made_the_runs(tmp_path: Path):
+    from daskpri.bench.stored import previous_runs
+
+    path = _part(tmp_path / "a", _config()) / "results.json"
+    with pytest.raises(ValueError, match=r"\(budget: 10.0 there, 20.0 here\); resume with the "
+                       r"options it was made with \(`daskpri bench --out .*a --first-seed 0 "
+                       r"--resume`\), or give another --out$"):
+        previous_runs(path, _config(budget=20.0), SIZES)

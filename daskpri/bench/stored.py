@@ -119,9 +119,35 @@ def previous_runs(path: Path, config: BenchConfig,
     if differ:
         raise ValueError(
             f"--resume: {path} was made with other options ({'; '.join(differ)}); resume with "
-            "the options it was made with, or give another --out"
+            f"the options it was made with{_as_made(doc['machine'])}, or give another --out"
         )
     return _parsed(doc, path, "--resume")[1]
+
+
+def _as_made(machine: Mapping[str, Any]) -> str:
+    """The command that resumes the benchmark whose results.json holds ``machine``, to quote.
+
+    Its recorded command (``--resume`` added where it lacks it), where one
+    ``daskpri bench`` made its runs; empty for a ``--merge``'s pool or a
+    file that recorded none.
+
+    Examples
+    --------
+    >>> _as_made({"command": "daskpri bench --quick --out b"})
+    ' (`daskpri bench --quick --out b --resume`)'
+    >>> _as_made({"command": "daskpri bench --out b --resume"}), _as_made({"command": None})
+    (' (`daskpri bench --out b --resume`)', '')
+    """
+    import shlex
+
+    command = machine.get("command")
+    if not isinstance(command, str) or machine.get("merged"):
+        return ""
+    try:
+        resumes = "--resume" in shlex.split(command)
+    except ValueError:  # not a command line as shlex.join writes one
+        return ""
+    return f" (`{command if resumes else command + ' --resume'}`)"
 
 
 def _invocation(machine: Mapping[str, Any], runs: int) -> dict[str, Any]:
