@@ -118,6 +118,13 @@ def test_the_report_says_when_uniform_was_still_climbing_at_the_end_of_its_budge
     # once in three runs is what a run that levelled off gives by chance: no warning
     summary = summarize(cfg, runs([climbing, levelled, levelled]), SIZES)
     assert "still climbing" not in render_markdown(cfg, MACHINE, summary, [])
+    # runs that failed (a learning rate that diverged) neither climbed nor levelled off
+    diverged = [_record(accuracy=[math.nan], lr=0.1, seed=seed) for seed in range(3)]
+    for r in diverged:
+        r.info["error"] = "diverged: the training loss became nan at step 3"
+    summary = summarize(_config(seeds=3, workers=(2,), learning_rates=(0.05, 0.1)),
+                        runs([climbing, climbing, levelled]) + diverged, SIZES)
+    assert {t["uniform_late"] for t in summary["targets"]} == {(2, 3)}
 
 
 def test_the_report_says_where_each_arms_training_time_goes():

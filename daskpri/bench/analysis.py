@@ -445,8 +445,9 @@ def summarize(config: BenchConfig, records: Sequence[RunRecord],
             goal = targets(records, dataset, model, picks, config.target_fractions,
                            config.pick)
             best = next(iter(goal.values())) / config.target_fractions[0]
-            uniform = _select(records, phase="sweep", dataset=dataset, model=model,
-                              label="uniform")
+            # the runs that trained: one that failed has no best accuracy, early or late
+            uniform = [r for r in _select(records, phase="sweep", dataset=dataset, model=model,
+                                          label="uniform") if "error" not in r.info]
             late = sum(best_came_late(r.curve, r.spec.budget) for r in uniform)
             for f, t in goal.items():
                 out["targets"].append({**dm, "fraction": f, "target": t, "uniform_best": best,
