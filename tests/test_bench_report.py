@@ -31,7 +31,7 @@ from daskpri.bench.analysis import (
     summarize,
 )
 from daskpri.bench.figures import speedup_bars
-from daskpri.bench.records import Arm, RunRecord
+from daskpri.bench.records import Arm, Curve, RunRecord
 from daskpri.bench.report import fmt_spread, render_markdown, write_report
 
 
@@ -243,3 +243,14 @@ def test_a_partial_report_leaves_the_arms_and_baselines_not_yet_run_blank():
     failed = _record(accuracy=[math.nan])
     md = render_markdown(cfg, MACHINE, summarize(cfg, [failed], SIZES), [])
     assert "97% (—)" in md and "nan" not in md.lower()
+
+
+def test_the_budgets_table_counts_the_steps_and_gradients_of_the_runs_that_trained():
+    cfg = _config(seeds=3, workers=(2,))
+    records = [_record(arm, seed=seed) for seed in range(3) for arm in (UNIFORM, LOSS)]
+    for r in records[2:]:  # seeds 1 and 2 diverged: no curve, no steps
+        r.curve, r.samples, r.grad_samples = Curve([], [], [], []), 0, 0
+        r.info["error"] = "diverged: the training loss became nan at step 3"
+    rows = summarize(cfg, records, SIZES)["budgets"]
+    assert [(r["arm"], r["steps"].median, r["steps"].n, r["grads_per_step"]) for r in rows] == [
+        ("uniform", 30.0, 1, 64.0), ("loss", 30.0, 1, 64.0)]

@@ -500,14 +500,16 @@ def _comparison(config: BenchConfig, arms: Sequence[Any], tuned: dict[str, list[
                 "equal_gradients": equal,
                 "vs_equal_gradients": speedup(same.median, times.median, budget),
             })
-        grads = [r.grad_samples / max(r.steps, 1) / r.spec.n_workers for r in runs]
+        # a run that failed kept no steps (its curve is empty): not a run of 0 steps
+        trained = [r for r in runs if "error" not in r.info]
+        grads = [r.grad_samples / max(r.steps, 1) / r.spec.n_workers for r in trained]
         out["budgets"].append({
             **dm, "arm": arm.label,
             "at": {f: spread(accuracy_at(r.curve, f * budget) for r in runs)
                    for f in config.budget_fractions},
             "final": spread(final_accuracy(r.curve) for r in runs),
             "best": spread(best_accuracy(r.curve) for r in runs),
-            "steps": spread(r.steps for r in runs),
+            "steps": spread(r.steps for r in trained),
             "samples_per_second": spread(samples_per_second(r) for r in runs),
             "grads_per_step": float(np.median(grads)) if grads else math.nan,
             "time_shares": {part: spread(time_share(r, part) for r in runs)
