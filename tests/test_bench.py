@@ -40,7 +40,12 @@ from daskpri.bench.analysis import (
 )
 from daskpri.bench.config import strategy_of
 from daskpri.bench.figures import accuracy_lines
-from daskpri.bench.protocol import count_done, gradients_per_step, make_arms
+from daskpri.bench.protocol import (
+    best_median_accuracy,
+    count_done,
+    gradients_per_step,
+    make_arms,
+)
 from daskpri.bench.records import Arm, Curve
 from daskpri.bench.report import fmt_ratio, render_markdown
 from daskpri.cli import main
@@ -150,6 +155,21 @@ def test_learning_rate_pick_breaks_ties_toward_the_smaller_rate_and_avoids_nan()
     records = [_record(accuracy=[0.7], lr=0.1), _record(accuracy=[0.7], lr=0.05),
                _record(accuracy=[np.nan], lr=0.025)]
     assert pick_learning_rates(records)[("mnist1d", "mlp", "uniform")] == 0.05
+
+
+def test_a_rate_that_diverged_in_most_seeds_neither_sets_the_targets_nor_is_picked():
+    records = [_record(accuracy=[0.8, 0.9], lr=0.05, seed=seed) for seed in range(3)]
+    records += [_record(accuracy=[0.9, 0.99], lr=0.1, seed=0)]  # the seed that survived it
+    for seed in (1, 2):
+        failed = _record(accuracy=[np.nan], lr=0.1, seed=seed)
+        failed.info["error"] = "diverged: the training loss became nan at step 3"
+        records.append(failed)
+    assert best_median_accuracy(records, "mnist1d", "mlp") == 0.9
+    assert targets(records, "mnist1d", "mlp", {}, [0.99], by="time") == {0.99: 0.99 * 0.9}
+    for by in ("final", "time"):
+        assert pick_learning_rates(records, by=by)[("mnist1d", "mlp", "uniform")] == 0.05
+    # every run failed: no target
+    assert math.isnan(best_median_accuracy(records[-2:], "mnist1d", "mlp"))
 
 
 def test_time_pick_takes_each_arms_rate_that_reaches_the_highest_target_soonest():

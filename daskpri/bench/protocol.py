@@ -280,6 +280,9 @@ def count_done(
 
 
 def _final_accuracy(record: RunRecord) -> float:
+    """The last accuracy measured; ``-inf`` for a run that failed (diverged), below any."""
+    if "error" in record.info:
+        return -math.inf
     acc = record.curve.accuracy[~np.isnan(record.curve.accuracy)]
     return float(acc[-1]) if acc.size else math.nan
 
@@ -304,7 +307,8 @@ def pick_learning_rates(records: Iterable[RunRecord], by: str = "final",
     arm that never reaches it keeps its final-accuracy pick. Ties go to
     the better final accuracy, then to the smaller learning rate; a
     learning rate whose runs have no accuracy at all is never picked unless
-    every one is so.
+    every one is so, and a run that failed (diverged) counts below any final
+    accuracy in its rate's median.
 
     Examples
     --------
@@ -411,7 +415,8 @@ def best_median_accuracy(records: Iterable[RunRecord], dataset: str, model: str,
     """Median over seeds of uniform's best accuracy in the sweep.
 
     At uniform's chosen learning rate (``picks``), or with ``picks=None``
-    at the learning rate where that median is highest.
+    at the learning rate where that median is highest. A run that failed
+    (diverged) counts below any accuracy; NaN where every run failed.
 
     Examples
     --------
@@ -432,10 +437,15 @@ def best_median_accuracy(records: Iterable[RunRecord], dataset: str, model: str,
             r.spec.phase == "sweep"
             and (r.spec.dataset, r.spec.model, r.spec.arm.label) == (dataset, model, "uniform")
             and (picks is None or r.spec.learning_rate == lr)
-            and not np.isnan(r.curve.accuracy).all()
         ):
-            best[r.spec.learning_rate].append(float(np.nanmax(r.curve.accuracy)))
-    return max((float(np.median(v)) for v in best.values()), default=math.nan)
+            if "error" in r.info:
+                # below any accuracy: a rate that diverged in most seeds does not set the
+                # targets from the seeds that survived it
+                best[r.spec.learning_rate].append(-math.inf)
+            elif not np.isnan(r.curve.accuracy).all():
+                best[r.spec.learning_rate].append(float(np.nanmax(r.curve.accuracy)))
+    top = max((float(np.median(v)) for v in best.values()), default=math.nan)
+    return top if math.isfinite(top) else math.nan  # every run failed: no target
 
 
 def targets(records: Sequence[RunRecord], dataset: str, model: str, picks: Picks,
