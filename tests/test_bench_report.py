@@ -174,6 +174,11 @@ def test_a_record_round_trips_through_json():
 def test_spreads_print_median_range_and_misses():
     assert fmt_spread(Spread(12.0, 10.0, math.inf, 3, 2)) == "12.0 [10.0–n.r.] (2/3 reached)"
     assert fmt_spread(Spread(math.inf, math.inf, math.inf, 1, 0)) == "n.r."
+    # no seed reached it: said so, not as a range of misses
+    assert fmt_spread(Spread(math.inf, math.inf, math.inf, 3, 0)) == "n.r. (0/3 reached)"
+    from daskpri.bench.report import _paired
+
+    assert _paired(Spread(0.0, 0.0, 0.0, 3, 3)) == "n.r. (0/3 reached)"
 
 
 def test_report_is_written_from_records_alone(tmp_path: Path):

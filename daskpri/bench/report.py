@@ -78,9 +78,13 @@ def _paired(s: Spread | None) -> str:
     '1.50x [n.r.–2.00x]'
     >>> _paired(None), _paired(Spread(math.nan, math.nan, math.nan, 0, 0))
     ('—', '—')
+    >>> _paired(Spread(0.0, 0.0, 0.0, 3, 3))
+    'n.r. (0/3 reached)'
     """
     if s is None or s.n == 0:
         return "—"
+    if s.n > 1 and s.high == 0:  # no seed reached it: no range
+        return f"n.r. (0/{s.n} reached)"
 
     def x(v: float) -> str:  # a seed that missed the target counts as 0
         return "n.r." if v == 0 else f"{v:.2f}x"
@@ -158,6 +162,8 @@ def fmt_spread(s: Spread, digits: int = 1) -> str:
     '12.0 [10.0–n.r.] (2/3 reached)'
     >>> fmt_spread(Spread(0.5, 0.5, 0.5, 1, 1), 3)
     '0.500'
+    >>> fmt_spread(Spread(math.inf, math.inf, math.inf, 3, 0))
+    'n.r. (0/3 reached)'
     """
     def one(v: float) -> str:
         if math.isnan(v):
@@ -166,6 +172,8 @@ def fmt_spread(s: Spread, digits: int = 1) -> str:
 
     if s.n == 0:
         return "—"
+    if s.n > 1 and s.reached == 0 and math.isinf(s.low):  # no seed reached it: no range
+        return f"n.r. (0/{s.n} reached)"
     text = one(s.median) if s.n == 1 else f"{one(s.median)} [{one(s.low)}–{one(s.high)}]"
     if s.reached < s.n and s.reached > 0 and s.n > 1:
         text += f" ({s.reached}/{s.n} reached)"
