@@ -221,7 +221,8 @@ def test_the_command_merges_and_refuses_options_of_its_own(tmp_path: Path, capsy
 @pytest.mark.parametrize(("change", "detail"), [
     (lambda d: d["runs"][2].pop("curve"), r"its run 3 of \d+: no 'curve'"),
     (lambda d: d["runs"].append(None), r"its run (\d+) of \1: 'NoneType' object"),
-], ids=["a run without its curve", "a run that is null"])
+    (lambda d: d["machine"].pop("cores"), r"its machine has no 'cores'"),
+], ids=["a run without its curve", "a run that is null", "a machine without its cores"])
 def test_a_damaged_results_json_is_refused_naming_it_by_resume_report_only_and_merge(
     tmp_path: Path, capsys, change, detail: str
 ):

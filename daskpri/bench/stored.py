@@ -30,9 +30,17 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
         doc["train_samples"], doc["runs"] = dict(doc["train_samples"]), list(doc["runs"])
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{what}: {path} is not a daskpri bench results.json ({e})") from None
+    lacking = [k for k in _MACHINE_NAMED if k not in doc["machine"]]
+    if lacking:  # else a KeyError as the report is written, its results.json already replaced
+        raise ValueError(f"{what}: {path} is not a daskpri bench results.json (its machine has "
+                         f"no {', '.join(map(repr, lacking))})")
     doc["config"].setdefault("first_seed", 0)
     doc["config"].setdefault("label_smoothing", 0.0)  # a file from before the option: none
     return doc
+
+
+#: what the report says of the machine, which every results.json records
+_MACHINE_NAMED = ("cores", "processor", "platform", "python", "torch", "dask", "distributed")
 
 
 def _clusters(scheduler: object) -> str:
