@@ -9,6 +9,12 @@ from functools import partial
 from numbers import Real
 from typing import Any
 
+from daskpri.bench._options import (
+    StrategyOptionError,
+    checked_options,
+    entry_refused,
+    strategy_of,
+)
 from daskpri.training._checks import check_float, check_int, check_real
 from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
@@ -221,7 +227,7 @@ class BenchConfig:
         from daskpri.table.staleness import validate_staleness
 
         validate_staleness(self.staleness)
-        options = _checked_options(self.strategy_options, strategies, self.models)
+        options = checked_options(self.strategy_options, strategies, self.models)
         object.__setattr__(self, "strategy_options", tuple(options))
         from daskpri.strategies import check_strategy_options, get_strategy
 
@@ -232,7 +238,7 @@ class BenchConfig:
                     check_strategy_options(strategy_of(name), given)
                     get_strategy(strategy_of(name), **given)
                 except (TypeError, ValueError) as e:
-                    entry = _entry_refused(options, name, model, str(e))
+                    entry = entry_refused(options, name, model, str(e))
                     if isinstance(e, ValueError) and entry is not None:
                         # the strategy names its parameter: say which entry (which flag) set it
                         raise StrategyOptionError("{0}: {problem}", entry,
@@ -369,147 +375,6 @@ class BenchConfig:
         return tuple(chosen.items())
 
 
-class StrategyOptionError(ValueError):
-    """A ``strategy_options`` entry refused, said in Python's terms or in the command line's.
-
-    ``str(error)`` names the entry as the tuple given and the other fields as
-    :class:`BenchConfig`'s (``strategies=``); :meth:`as_flags` names it as
-    ``daskpri bench --strategy-option STRATEGY[@MODEL]:KEY=VALUE`` was typed,
-    and the fields as their flags (``--strategies``).
-
-    Examples
-    --------
-    >>> try:
-    ...     BenchConfig(strategies=("loss",), strategy_options=(("projection", "k", 1),))
-    ... except StrategyOptionError as e:
-    ...     print(e.as_flags())  # doctest: +ELLIPSIS
-    --strategy-option projection:k=1 names strategy 'projection', which is not among the ...
-    """
-
-    #: how each placeholder of a message reads, in Python's terms and the command line's
-    _TERMS: dict[str, tuple[str, str]] = {
-        "strategies": ("strategies=", "--strategies"),
-        "models": ("models=", "--models"),
-        "batch_size": ("batch_size=", "--batch-size "),
-        "model_place": ("in its fourth place", "after @"),
-    }
-
-    def __init__(self, template: str, *entries: tuple[Any, ...], **values: Any) -> None:
-        self.template, self.entries, self.values = template, entries, values
-        super().__init__(self._say(flags=False))
-
-    def as_flags(self) -> str:
-        """The message as the command line's user typed the option."""
-        return self._say(flags=True)
-
-    def _say(self, *, flags: bool) -> str:
-        spelled = [_spell_option(e, flags=flags) for e in self.entries]
-        terms = {k: v[flags] for k, v in self._TERMS.items()}
-        return self.template.format(*spelled, **terms, **self.values)
-
-
-def _spell_option(entry: tuple[Any, ...], *, flags: bool) -> str:
-    """A ``strategy_options`` entry as given: the tuple, or the ``--strategy-option`` text.
-
-    Examples
-    --------
-    >>> _spell_option(("loss", "epsilon", 0.1, "mlp"), flags=True)
-    '--strategy-option loss@mlp:epsilon=0.1'
-    >>> _spell_option(("loss", "epsilon", 0.1, None), flags=False)
-    "strategy_options entry ('loss', 'epsilon', 0.1)"
-    """
-    strategy, key, value, model = entry
-    if not flags:
-        return f"strategy_options entry {entry[:3] if model is None else entry!r}"
-    return f"--strategy-option {strategy}{'' if model is None else '@' + str(model)}:{key}={value}"
-
-
-def _checked_options(
-    given: Iterable[Any], strategies: tuple[str, ...], models: tuple[str, ...]
-) -> tuple[tuple[Any, ...], ...]:
-    """``strategy_options`` as 4-tuples, each naming an arm and a model compared, once.
-
-    Raises :class:`StrategyOptionError`, which says what is wrong both in
-    Python's terms and as ``daskpri bench --strategy-option`` was typed.
-    """
-    from daskpri.strategies import STRATEGIES
-
-    options: list[tuple[Any, ...]] = []
-    for raw in given:
-        entry = tuple(raw) if isinstance(raw, Sequence) and not isinstance(raw, str) else (raw,)
-        if len(entry) == 3:
-            entry = (*entry, None)
-        if len(entry) != 4:
-            raise ValueError(
-                "strategy_options should hold (strategy, key, value[, model]) tuples, e.g. "
-                f"('selective-backprop', 'fraction', 0.33), but got {raw!r}"
-            )
-        name, key, _, model = entry
-        # the names go in as values, not into the template: a name may hold braces
-        said = {"name": name, "key": key, "value": entry[2], "model": model,
-                "base": strategy_of(str(name)), "compared": ", ".join(strategies),
-                "known": ", ".join(STRATEGIES), "models_compared": ", ".join(models)}
-        if name not in strategies:
-            if said["base"] not in STRATEGIES:
-                problem = ("which is no strategy of daskpri ({known}) nor an arm NAME+LABEL "
-                           "of one: name one of the strategies compared ({compared})")
-            elif said["base"] != name:
-                problem = ("an arm of {base} that is not among the strategies compared "
-                           "({compared}): list {name} in {strategies} too, as a second arm of "
-                           "{base}")
-            else:
-                problem = ("which is not among the strategies compared ({compared}): add it "
-                           "to {strategies}, or name one of those")
-            raise StrategyOptionError("{0} names strategy {name!r}, " + problem, entry, **said)
-        if model is not None and model not in models:
-            raise StrategyOptionError(
-                "{0} names model {model!r} {model_place}, which is not among the models "
-                "compared ({models_compared}): name one of those, or add {model} to {models}",
-                entry, **said,
-            )
-        if key == "batch_size":
-            # every arm, uniform's included, runs at the config's batch_size, which
-            # its gradients-per-step accounting and its trainer are given
-            raise StrategyOptionError(
-                "{0} sets batch_size, the samples per worker per step of every arm, which "
-                "is the benchmark's own: give {batch_size}{value!r} instead", entry, **said,
-            )
-        for earlier in options:
-            if (earlier[0], earlier[1], earlier[3]) == (name, key, model):
-                on = "" if model is None else " on model {model!r}"
-                raise StrategyOptionError(
-                    "{1} gives option {key} of {name}" + on + " a second time, after {0}: give "
-                    "each option of an arm (on a model) once", earlier, entry, **said,
-                )
-        options.append(entry)
-    return tuple(options)
-
-
-def _entry_refused(
-    options: Sequence[tuple[Any, ...]], name: str, model: str, message: str
-) -> tuple[Any, ...] | None:
-    """The entry of ``options`` for arm ``name`` on ``model`` whose key ``message`` names.
-
-    The one given for ``model`` before one given for every model (it is
-    the one the arm takes); ``None`` where ``message`` names no key given.
-
-    Examples
-    --------
-    >>> options = [("loss", "epsilon", 2.0, None), ("loss", "epsilon", 3.0, "cnn")]
-    >>> _entry_refused(options, "loss", "cnn", "epsilon should be ..., but got epsilon=3.0")
-    ('loss', 'epsilon', 3.0, 'cnn')
-    >>> _entry_refused(options, "loss", "mlp", "epsilon should be ...")
-    ('loss', 'epsilon', 2.0, None)
-    >>> _entry_refused(options, "loss", "mlp", "renew should be ...") is None
-    True
-    """
-    mine = [e for e in options if e[0] == name and e[3] in (None, model)]
-    for entry in sorted(mine, key=lambda e: e[3] is None):
-        if re.search(rf"(?<![\w-]){re.escape(str(entry[1]))}(?![\w-])", message):
-            return entry
-    return None
-
-
 #: the label of an arm ``NAME+LABEL``
 _LABEL = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -545,17 +410,6 @@ def _check_eval_grid(eval_every: int, local_steps: int) -> None:
         f"evaluate at the end of a round, so {eval_every} would evaluate some rounds and not "
         "others, and a target reached in one left out would count a round later"
     )
-
-
-def strategy_of(arm: str) -> str:
-    """The strategy of arm ``arm``: ``NAME`` of ``NAME+LABEL``, else ``arm`` itself.
-
-    Examples
-    --------
-    >>> strategy_of("selective-backprop+stale"), strategy_of("loss")
-    ('selective-backprop', 'loss')
-    """
-    return arm.partition("+")[0]
 
 
 def _items(
