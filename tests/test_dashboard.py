@@ -200,6 +200,18 @@ def test_heatmap_streams_a_column_per_step_in_a_bounded_window():
     assert list(data["value"]) == [2.0, 3.0, 0.0, 2.0, 3.0, 4.0]
     assert list(data["chosen"]) == ["no", "yes", "no", "no", "no", "yes"]
     assert (comp.mapper.low, comp.mapper.high) == (0.0, 4.0)
+    # a column spanning steps 3 to 5: its cells cover them, its dots sit at step 5,
+    # where their partitions were computed
+    for step in (3, 4, 5):
+        add_step(run, step, [step % 3 * 4], [1.0])
+    comp.update(snapshot_from_run(run, name="r"))
+    [cell] = [r.glyph for r in comp.root.renderers if type(r.glyph).__name__ == "Rect"]
+    [dot] = [r.glyph for r in comp.root.renderers if type(r.glyph).__name__ == "Scatter"]
+    data = {k: list(v[-3:]) for k, v in comp.source.data.items()}
+    assert data["chosen"] == ["no", "no", "yes"]  # partition 2, at step 5
+    x, width = data[cell.x][2], data[cell.width][2]
+    assert (x - width / 2, x + width / 2) == (2.5, 5.5)
+    assert data[dot.x][2] == 5
     with pytest.raises(ValueError, match="window should be a positive integer, but got window=0"):
         PartitionHeatmap(window=0)
 
@@ -228,7 +240,12 @@ def test_training_curves_stream_run_and_baseline():
     comp.update(snap)
     assert list(comp.source.data["loss"]) == [2.0, 1.5, 1.0, 0.5]
     assert len(comp.baseline.data["time"]) == 3
-    assert "vs uniform u" in comp.loss_figure.title.text
+    assert comp.loss_figure.title.text == "Training loss: projection run vs baseline u"
+    # a uniform run's baseline is another uniform run, whose name says "uniform" already
+    comp.update(snapshot_from_run(base, name="uniform-2", baseline=make_run("uniform"),
+                                  baseline_name="uniform-1"))
+    assert comp.loss_figure.title.text == "Training loss: uniform run vs baseline uniform-1"
+    assert comp.accuracy_figure.title.text == "Accuracy: uniform run vs baseline uniform-1"
     comp.update(snapshot_from_run(make_run(), name="other"))  # another run: start afresh
     assert len(comp.source.data["loss"]) == 0 and len(comp.baseline.data["loss"]) == 0
 

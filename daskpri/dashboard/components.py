@@ -151,9 +151,11 @@ class PartitionHeatmap(DashboardComponent):
             fill_color={"field": "value", "transform": self.mapper},
             line_color=None,
         )
+        # A column spans the steps since the previous one; its dots mark the
+        # partitions computed in its newest step, so they sit at that step.
         fig.scatter(
             source=self.source,
-            x="x",
+            x="step",
             y="partition",
             view=CDSView(filter=GroupFilter(column_name="chosen", group="yes")),
             marker="circle",

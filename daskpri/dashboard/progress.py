@@ -95,7 +95,10 @@ class TrainingCurves(DashboardComponent):
             self.baseline_run = name
         if base is not None:
             _stream_curves(base["metrics"], self.baseline, self.baseline_accuracy)
-        label = f"{snapshot['strategy']} run" + (f" vs uniform {name}" if name else "")
+        # The baseline's name says its strategy already ("uniform-1a2b3c4d"), and a
+        # uniform run's baseline is another uniform run: "vs uniform uniform-..."
+        # read as if the run were compared with itself.
+        label = f"{snapshot['strategy']} run" + (f" vs baseline {name}" if name else "")
         self.loss_figure.title.text = f"Training loss: {label}"
         self.accuracy_figure.title.text = f"Accuracy: {label}"
 
