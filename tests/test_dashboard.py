@@ -145,6 +145,16 @@ def test_histogram_goes_to_log10_bins_when_priorities_spread_widely():
     assert hist["scale"] == "log"
     assert hist["left"][0] == pytest.approx(-3.0) and hist["right"][-1] == pytest.approx(1.0)
     assert hist["current"].tolist() == [0.25, 0.25, 0.0, 0.5]
+    assert hist["label"][0] == "0.001 to 0.01"
+    # losses of exactly 0 keep the log axis: they have a bar of their own, one bin's
+    # gap left of the others, beside the start's zeros
+    start = {"step": 0, "n": 4, "sample": np.array([0.0, 0.0, 1e-3, 10.0])}
+    hist, _ = priority_histogram(np.array([0.0, 1e-3, 1e-2, 1.0, 10.0]), start, n_bins=4)
+    assert hist["scale"] == "log" and hist["label"][0] == "0"
+    assert hist["left"].tolist() == pytest.approx([-5.0, -3.0, -2.0, -1.0, 0.0])
+    assert hist["right"].tolist() == pytest.approx([-4.0, -2.0, -1.0, 0.0, 1.0])
+    assert hist["current"].tolist() == [0.2, 0.2, 0.2, 0.0, 0.4]
+    assert hist["start"].tolist() == [0.5, 0.25, 0.0, 0.0, 0.25]
     # a negative priority (projection) keeps a linear axis
     hist, _ = priority_histogram(np.array([-1.0, 1e-3, 100.0]), n_bins=4)
     assert hist["scale"] == "linear"
@@ -185,6 +195,11 @@ def test_priority_histogram_component_draws_and_changes():
     assert not np.array_equal(after["start"], after["current"])
     assert comp.root.xaxis[0].axis_label == "log10(priority)"
     assert "5 of 12 samples" in comp.root.title.text
+    add_step(run, 2, [5], [0.0])  # a loss of exactly 0
+    comp.update(snapshot_from_run(run, snap["start_histogram"], name="r"))
+    data = comp.source.data
+    assert data["label"][0] == "0" and data["current"][0] == pytest.approx(1 / 6)
+    assert comp.root.xaxis[0].axis_label == "log10(priority); the bar at the left: priority 0"
 
 
 def test_heatmap_streams_a_column_per_step_in_a_bounded_window():

@@ -58,12 +58,14 @@ class PriorityHistogram(DashboardComponent):
 
     Both are fractions of the samples computed then, on the same bins: on
     log10 of the priority when the spread calls for it (see
-    :data:`daskpri.dashboard.snapshot.LOG_SPREAD`).
+    :data:`daskpri.dashboard.measures.LOG_SPREAD`), priorities of exactly 0
+    then in a bar of their own at the left.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         self.source = ColumnDataSource(
-            {"left": [], "right": [], "current": [], "start": []}, name="daskpri-histogram"
+            {"left": [], "right": [], "current": [], "start": [], "label": []},
+            name="daskpri-histogram",
         )
         fig = new_figure("Priority distribution", **kwargs)
         fig.quad(
@@ -96,7 +98,7 @@ class PriorityHistogram(DashboardComponent):
         fig.add_tools(
             HoverTool(
                 tooltips=[
-                    ("bin", "@left{0.000g} to @right{0.000g}"),
+                    ("priority", "@label"),  # not the bin's edges: on log10 they read wrong
                     ("now", "@current{0.000}"),
                     ("start", "@start{0.000}"),
                 ]
@@ -113,10 +115,16 @@ class PriorityHistogram(DashboardComponent):
             "right": np.asarray(h["right"]),
             "current": np.asarray(h["current"]),
             "start": np.asarray(h["start"]),
+            "label": list(h["label"]),
         }
-        if h["scale"] != self.scale:
-            self.scale = h["scale"]
-            self.root.xaxis.axis_label = "log10(priority)" if self.scale == "log" else "priority"
+        scale = h["scale"] + (" with zeros" if h["label"][:1] == ["0"] else "")
+        if scale != self.scale:
+            self.scale = scale
+            self.root.xaxis.axis_label = {
+                "linear": "priority",
+                "log": "log10(priority)",
+                "log with zeros": "log10(priority); the bar at the left: priority 0",
+            }[scale]
         start = f", start: step {h['start_step']}" if h["start_step"] >= 0 else ""
         self.root.title.text = (
             f"Priority distribution: {h['n_seen']:,} of {snapshot['n_samples']:,} "

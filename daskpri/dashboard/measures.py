@@ -84,10 +84,18 @@ def priority_histogram(
     """The histogram of the computed priorities, with the start's on the same bins.
 
     ``priority`` holds NaN for samples never computed. The bins are on log10
-    of the priorities when all are positive and spread over more than
-    ``LOG_SPREAD``. Returns ``(histogram, start)``: ``start`` is the given
-    one, or when None a new one from these priorities (None if none is
-    computed yet).
+    of the priorities when none is negative and the positive ones spread
+    over more than ``LOG_SPREAD``; priorities of exactly 0 (a loss that
+    reached it) then have a bin of their own, left of the others with a
+    bin's gap, whose ``label`` is ``"0"``. Returns ``(histogram, start)``:
+    ``start`` is the given one, or when None a new one from these priorities
+    (None if none is computed yet).
+
+    Examples
+    --------
+    >>> hist, _ = priority_histogram(np.array([0.0, 0.01, 1.0, 10.0]), n_bins=3)
+    >>> hist["scale"], hist["label"][0], hist["current"].tolist()
+    ('log', '0', [0.25, 0.25, 0.0, 0.5])
     """
     values = np.asarray(priority, dtype=np.float64)
     values = values[np.isfinite(values)]
@@ -96,6 +104,7 @@ def priority_histogram(
         "right": np.empty(0),
         "current": np.empty(0),
         "start": np.empty(0),
+        "label": [],
         "scale": "linear",
         "n_seen": 0,
         "start_step": -1 if start is None else int(start["step"]),
@@ -104,22 +113,47 @@ def priority_histogram(
         return empty, start
     if start is None:
         start = _order_statistics(values, step)
-    lo, hi = float(values.min()), float(values.max())
-    log = lo > 0 and hi / lo >= LOG_SPREAD
-    shown = np.log10(values) if log else values
-    edges = _edges(shown, n_bins)
-    current = np.histogram(shown, edges)[0]
+    positive = values[values > 0]
+    # zeros do not rule out a log axis: they get a bin of their own (a loss of
+    # exactly 0 is common once samples are learnt)
+    log = (
+        positive.size > 0
+        and float(values.min()) >= 0
+        and float(positive.max()) / float(positive.min()) >= LOG_SPREAD
+    )
     sample = np.asarray(start["sample"], dtype=np.float64)
-    if log:
-        sample = np.log10(sample[sample > 0])
+    n_start = max(len(start["sample"]), 1)
     # Start mass outside the current range is off the plot; fractions stay of all samples.
-    start_counts = np.histogram(sample, edges)[0] / max(len(start["sample"]), 1)
+    if log:
+        shown = np.log10(positive)
+        edges = _edges(shown, n_bins)
+        current = np.histogram(shown, edges)[0] / values.size
+        start_counts = np.histogram(np.log10(sample[sample > 0]), edges)[0] / n_start
+        labels = [f"{10**a:.3g} to {10**b:.3g}" for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        n_zero = values.size - positive.size
+        if n_zero:
+            width = edges[1] - edges[0]
+            left = np.concatenate([[edges[0] - 2 * width], edges[:-1]])
+            right = np.concatenate([[edges[0] - width], edges[1:]])
+            current = np.concatenate([[n_zero / values.size], current])
+            start_counts = np.concatenate([[np.count_nonzero(sample == 0) / n_start],
+                                           start_counts])
+            labels = ["0", *labels]
+        else:
+            left, right = edges[:-1], edges[1:]
+    else:
+        edges = _edges(values, n_bins)
+        left, right = edges[:-1], edges[1:]
+        current = np.histogram(values, edges)[0] / values.size
+        start_counts = np.histogram(sample, edges)[0] / n_start
+        labels = [f"{a:.3g} to {b:.3g}" for a, b in zip(left, right, strict=True)]
     hist = dict(
         empty,
-        left=edges[:-1],
-        right=edges[1:],
-        current=current / values.size,
+        left=left,
+        right=right,
+        current=current,
         start=start_counts,
+        label=labels,
         scale="log" if log else "linear",
         n_seen=int(values.size),
         start_step=int(start["step"]),
