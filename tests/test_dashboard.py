@@ -303,6 +303,20 @@ def test_workers_component_shows_throughput_per_slot_and_time_split():
     assert list(comp.times.data["step"]) == [1.0, 2.0]
     assert list(comp.times.data["compute_time"]) == [0.5, 0.5]
     assert list(comp.times.data["communication_time"]) == [0.3, 0.3]
+    # worker 1 leaves: its partitions move to the one left, now the only slot; the page
+    # drops its bar at once, before the next step, not once its steps leave the window
+    dash = DaskpriDashboard()
+    assert refresh_from_runs(dash, {"r": run})
+    assert list(dash.workers.source.data["slot"]) == [0, 1]
+    run.set_owner(np.zeros(3, dtype=np.int64))
+    assert refresh_from_runs(dash, {"r": run})
+    assert list(dash.workers.source.data["slot"]) == [0]
+    add_step(run, 3, [3], [1.0], workers=(2,))
+    refresh_from_runs(dash, {"r": run})
+    assert list(dash.workers.source.data["samples_per_second"]) == [2.0]  # the one left's
+    later = Workers()  # a page opened since: the gone worker's steps are not its
+    later.update(snapshot_from_run(run, name="r"))
+    assert list(later.source.data["slot"]) == [0]
 
 
 def test_run_status_lists_the_run():

@@ -174,6 +174,7 @@ def refresh_from_runs(dash: DaskpriDashboard, runs: Mapping[str, TableRun]) -> b
         name,
         run.last_step,
         run.closed,  # a run closes without a step: the page must still say so
+        run.owner.tobytes(),  # so does a worker leave (its partitions move): drop its bar
         run.table.n_updates,
         len(run.metrics),
         args["baseline_name"],

@@ -185,7 +185,9 @@ def _collect(metrics: dict[str, Any], points: tuple[list[float], list[float]]) -
 class Workers(DashboardComponent):
     """Samples per second of each worker slot, and each step's time split.
 
-    ``source`` holds the throughput per slot over the last ``recent`` steps;
+    ``source`` holds the throughput per slot (a worker holding partitions
+    of the run now) over the last ``recent`` steps since the run's workers
+    last changed;
     ``times`` the compute / communication / selection / optimizer split of
     the last ``window`` steps.
     """
@@ -222,25 +224,37 @@ class Workers(DashboardComponent):
         self.times_figure.add_layout(self.times_figure.legend[0], "right")  # off the bars
         self.root = row(self.throughput_figure, self.times_figure)
         self.run: str | None = None
+        self._owner: np.ndarray | None = None  # the slot of each partition, at the last update
 
     @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
         if snapshot["run"] != self.run:
-            self.run = snapshot["run"]
+            self.run, self._owner = snapshot["run"], None
             self._recent.clear()
             self.times.data = empty(self.times)
             self.source.data = empty(self.source)
         m = snapshot["metrics"]
-        if not len(m["step"]):
+        if len(m["step"]):
+            self.times.stream(
+                {"step": m["step"], **{k: np.nan_to_num(m[k]) for k in TIME_PARTS}},
+                rollover=self.window,
+            )
+        # The slots are the workers holding the run's partitions now, numbered
+        # afresh when one leaves or joins: steps before that count other workers
+        # (or one gone), so the window starts again, and a row with more slots
+        # than there are now is from before.
+        owner = np.asarray(snapshot["partitions"]["owner"], dtype=np.int64)
+        n_now = int(owner.max()) + 1 if owner.size else None
+        moved = self._owner is not None and not np.array_equal(owner, self._owner)
+        self._owner = owner
+        if moved:
+            self._recent.clear()
+        elif not len(m["step"]):
             return
-        self.times.stream(
-            {"step": m["step"], **{k: np.nan_to_num(m[k]) for k in TIME_PARTS}},
-            rollover=self.window,
-        )
         for samples, seconds in zip(m["worker_samples"], m["step_time"], strict=True):
-            if samples and math.isfinite(seconds):
+            if samples and math.isfinite(seconds) and (n_now is None or len(samples) <= n_now):
                 self._recent.append((samples, seconds))
-        n_slots = max((len(s) for s, _ in self._recent), default=0)
+        n_slots = max((len(s) for s, _ in self._recent), default=0) if n_now is None else n_now
         total = np.zeros(n_slots)
         for samples, _ in self._recent:
             total[: len(samples)] += samples
