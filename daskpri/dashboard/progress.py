@@ -243,7 +243,8 @@ class Workers(DashboardComponent):
         # afresh when one leaves or joins: steps before that count other workers
         # (or one gone), so the window starts again, and a row with more slots
         # than there are now is from before.
-        owner = np.asarray(snapshot["partitions"]["owner"], dtype=np.int64)
+        # (a history's snapshot, drawn in a report, has no table, hence no owners)
+        owner = np.asarray(snapshot.get("partitions", {}).get("owner", ()), dtype=np.int64)
         n_now = int(owner.max()) + 1 if owner.size else None
         moved = self._owner is not None and not np.array_equal(owner, self._owner)
         self._owner = owner
