@@ -141,6 +141,47 @@ def test_rpc_snapshot_matches_the_in_process_one(trained):
     assert later["metrics"]["step"].size == 0
 
 
+def test_the_rpc_snapshot_asks_the_scheduler_for_no_per_sample_priorities(trained):
+    """The standalone page's refreshes: the histogram is made on the scheduler, and not
+    asked for again while the table is as it was."""
+    _, client, _, runs = trained
+    name = runs["projection"]
+
+    def hide(op, dask_scheduler):  # the handler ``op`` kept aside on the scheduler, or back
+        handlers = dask_scheduler.handlers
+        if op in handlers:
+            handlers[f"hidden-{op}"] = handlers.pop(op)
+        else:
+            handlers[op] = handlers.pop(f"hidden-{op}")
+
+    here = client.run_on_scheduler(
+        lambda dask_scheduler: snapshot_from_run(dask_scheduler.plugins["daskpri"].runs[name])
+    )
+    client.run_on_scheduler(hide, "daskpri_priorities")
+    try:  # every sample's priority is not needed: the page draws all the same
+        there = client.sync(snapshot_from_rpc, client.scheduler, name)
+        np.testing.assert_array_equal(there["histogram"]["current"], here["histogram"]["current"])
+        assert list(there["histogram"]["label"]) == here["histogram"]["label"]
+        np.testing.assert_array_equal(there["chosen"], here["chosen"])
+        assert there["table_step"] == here["table_step"]
+        client.run_on_scheduler(hide, "daskpri_view")
+        try:  # the run has moved no step since: its plots of the priorities are drawn again
+            again = client.sync(snapshot_from_rpc, client.scheduler, name, previous=there)
+            assert again["histogram"] is there["histogram"]
+            assert again["chosen"] is there["chosen"]
+            client.run_on_scheduler(hide, "daskpri_priorities")
+            # a scheduler of an older daskpri, without daskpri_view: its priorities, then
+            old = client.sync(snapshot_from_rpc, client.scheduler, name)
+            np.testing.assert_array_equal(old["histogram"]["current"],
+                                          here["histogram"]["current"])
+        finally:
+            client.run_on_scheduler(hide, "daskpri_view")
+    finally:
+        if "daskpri_priorities" not in client.run_on_scheduler(
+                lambda dask_scheduler: list(dask_scheduler.handlers)):
+            client.run_on_scheduler(hide, "daskpri_priorities")
+
+
 def _standalone(scheduler_address: str) -> contextlib.AbstractContextManager[Any]:
     """The standalone app's Bokeh server for ``scheduler_address``, serving in a thread."""
     return page_server(scheduler_address, port=0)

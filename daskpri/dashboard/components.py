@@ -117,7 +117,8 @@ class PriorityHistogram(DashboardComponent):
             "start": np.asarray(h["start"]),
             "label": list(h["label"]),
         }
-        scale = h["scale"] + (" with zeros" if h["label"][:1] == ["0"] else "")
+        # list(): through RPC, msgpack gives the labels as a tuple
+        scale = h["scale"] + (" with zeros" if list(h["label"][:1]) == ["0"] else "")
         if scale != self.scale:
             self.scale = scale
             self.root.xaxis.axis_label = {

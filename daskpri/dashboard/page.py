@@ -37,7 +37,7 @@ from daskpri.dashboard.components import (
     TrainingCurves,
     Workers,
 )
-from daskpri.dashboard.snapshot import choose_baseline, snapshot_from_run
+from daskpri.dashboard.snapshot import add_view_handler, choose_baseline, snapshot_from_run
 from daskpri.table.plugin import PLUGIN_NAME, TableRun
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ class DaskpriDashboard:
         self.baseline: str | None = None
         self.baseline_cursor: dict[str, Any] | None = None
         self.seen: tuple | None = None
+        self.last: dict[str, Any] | None = None  # the last snapshot drawn
 
     def _on_select(self, attr: str, old: str, new: str) -> None:
         if self._setting or not new or new == self.run:
@@ -134,7 +135,11 @@ class DaskpriDashboard:
         return self.run
 
     def request(self) -> dict[str, Any]:
-        """What to ask the next snapshot for: cursors, start histogram, baseline."""
+        """What to ask the next snapshot for: cursors, start histogram, baseline.
+
+        And the ``previous`` snapshot, whose priorities' plots a snapshot
+        through RPC draws again while the table has not changed.
+        """
         baseline = choose_baseline(self.strategies, self.run)
         if baseline != self.baseline:
             self.baseline, self.baseline_cursor = baseline, None
@@ -144,6 +149,7 @@ class DaskpriDashboard:
             "cursor": self.cursor,
             "baseline_name": self.baseline,
             "baseline_cursor": self.baseline_cursor,
+            "previous": self.last,
         }
 
     def show(self, snapshot: dict[str, Any]) -> None:
@@ -152,6 +158,7 @@ class DaskpriDashboard:
             return  # an answer to an older request
         self.cursor = snapshot["cursor"]
         self.start_histogram = snapshot["start_histogram"]
+        self.last = snapshot
         base = snapshot.get("baseline")
         if base is not None and base["run"] == self.baseline:
             self.baseline_cursor = base["cursor"]
@@ -233,7 +240,9 @@ def install(scheduler: Any) -> bool:
     Adds a Bokeh application for the page to the scheduler's running HTTP
     application, and ``daskpri`` to the navigation bar that distributed's
     pages share. Must run on the scheduler's event loop (as a plugin's
-    ``start`` does).
+    ``start`` does). It adds the ``daskpri_view`` handler that the
+    standalone page reads (:func:`~daskpri.dashboard.snapshot.add_view_handler`)
+    in any case.
 
     Returns
     -------
@@ -242,6 +251,8 @@ def install(scheduler: Any) -> bool:
         Bokeh dashboard (``dashboard=False``, no HTTP server, or no suitable
         Bokeh), which is not an error.
     """
+    # the standalone page's handler, first: it serves schedulers without a dashboard too
+    add_view_handler(scheduler)
     http_app = getattr(scheduler, "http_application", None)
     if http_app is None or getattr(scheduler, "http_server", None) is None:
         logger.debug("daskpri: the scheduler has no HTTP server; no /daskpri page")

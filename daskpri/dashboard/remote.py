@@ -111,6 +111,7 @@ def remote_doc(
                 cursor=args["cursor"],
                 baseline=args["baseline_name"],
                 baseline_cursor=args["baseline_cursor"],
+                previous=args["previous"],
             )
             await locked(partial(dash.show, snap))
             state["said"] = None

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from daskpri._wire import unpack_tree
+from daskpri._wire import pack_tree, unpack_tree
 from daskpri.dashboard.measures import N_BINS, priority_histogram
-from daskpri.table.plugin import TableRun
+from daskpri.table.plugin import PLUGIN_NAME, TableRun
 
 #: Per-step scalar metrics a snapshot carries (NaN where a step lacks one).
 METRIC_COLUMNS: tuple[str, ...] = (
@@ -134,13 +134,10 @@ def snapshot_from_run(
         n_updates=table.n_updates,
         selection_seconds=run.selection_seconds,
         summary=summary,
-        priority=table.priority,
-        version=table.version,
+        view=_run_view(run, start_histogram, n_bins),
         rows=_rows_since(run.metrics, cursor),
         cursor=cursor,
         n_metrics=len(run.metrics),
-        start_histogram=start_histogram if run.start is None else run.start,
-        n_bins=n_bins,
         closed=run.closed,
     )
     if baseline is not None:
@@ -163,13 +160,18 @@ async def snapshot_from_rpc(
     baseline: str | None = None,
     baseline_cursor: Mapping[str, Any] | None = None,
     n_bins: int = N_BINS,
+    previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """:func:`snapshot_from_run` through the scheduler's ``daskpri_*`` handlers.
 
-    Costs one RPC for the summary, one for the per-sample priorities (16
-    bytes a sample) and one for the new metrics (two more with a baseline).
-    Metrics are fetched from the cursor's ``index`` on; should the run's
-    metrics deque overflow (100,000 steps), some steps are skipped.
+    Costs one RPC for the summary, one for the new metrics (two more with a
+    baseline) and, where the table changed since ``previous``, one for what
+    the plots draw of the per-sample priorities (``daskpri_view``: the
+    histogram and the partitions just computed, a few kilobytes, computed on
+    the scheduler). A scheduler without that handler (an older daskpri)
+    sends the priorities themselves, 16 bytes a sample. Metrics are fetched
+    from the cursor's ``index`` on; should the run's metrics deque overflow
+    (100,000 steps), some steps are skipped.
 
     Parameters
     ----------
@@ -179,6 +181,10 @@ async def snapshot_from_rpc(
         Names of the run and of its baseline (optional).
     start_histogram, cursor, baseline_cursor, n_bins
         As in :func:`snapshot_from_run`.
+    previous : dict, optional
+        The previous snapshot of ``run``: while the table has taken no update
+        since (the same ``n_updates`` and ``step``), its histogram and chosen
+        partitions are drawn again, and the scheduler is not asked for them.
 
     Examples
     --------
@@ -186,7 +192,16 @@ async def snapshot_from_rpc(
     >>> snap = client.sync(snapshot_from_rpc, client.scheduler, run)  # doctest: +SKIP
     """
     summary = unpack_tree(await scheduler.daskpri_summary(run=run))
-    arrays = unpack_tree(await scheduler.daskpri_priorities(run=run))
+    start = summary.get("start") or start_histogram
+    if (
+        previous is not None
+        and previous["run"] == run
+        and previous["n_updates"] == int(summary["n_updates"])
+        and previous["step"] == int(summary["last_step"])
+    ):
+        view = {k: previous[k] for k in _VIEW}
+    else:
+        view = await _remote_view(scheduler, run, start, summary["count"], n_bins)
     rows, n_metrics = await _remote_rows(scheduler, run, cursor)
     snap = _assemble(
         name=run,
@@ -195,13 +210,10 @@ async def snapshot_from_rpc(
         n_updates=int(summary["n_updates"]),
         selection_seconds=float(summary["selection_seconds"]),
         summary=summary,
-        priority=arrays["priority"],
-        version=arrays["version"],
+        view=view,
         rows=rows,
         cursor=cursor,
         n_metrics=n_metrics,
-        start_histogram=summary.get("start") or start_histogram,
-        n_bins=n_bins,
         closed=bool(summary.get("closed", False)),
     )
     if baseline is not None:
@@ -209,6 +221,89 @@ async def snapshot_from_rpc(
         b_rows, b_n = await _remote_rows(scheduler, baseline, baseline_cursor)
         snap["baseline"] = _baseline(baseline, info, b_rows, baseline_cursor, b_n)
     return snap
+
+
+def priority_view(
+    priority: np.ndarray,
+    version: np.ndarray,
+    count: np.ndarray,
+    start_histogram: dict[str, Any] | None = None,
+    n_bins: int = N_BINS,
+) -> dict[str, Any]:
+    """What the plots draw of the per-sample priorities: small, whatever the table's size.
+
+    ``table_step`` (the newest version, -1 before any), ``chosen`` (the
+    partitions computed then; ``count`` holds each partition's samples),
+    ``histogram`` and ``start_histogram`` (see
+    :func:`~daskpri.dashboard.measures.priority_histogram`).
+
+    Examples
+    --------
+    >>> v = priority_view(np.array([1.0, np.nan, 2.0]), np.array([0, -1, 1]), np.array([2, 1]))
+    >>> v["table_step"], v["chosen"].tolist(), v["histogram"]["n_seen"]
+    (1, [1], 2)
+    """
+    version = np.asarray(version)
+    table_step = int(version.max()) if version.size else -1
+    if table_step >= 0:
+        offsets = np.concatenate([[0], np.cumsum(count)])
+        fresh = np.flatnonzero(version == table_step)
+        chosen = np.unique(np.searchsorted(offsets, fresh, side="right") - 1)
+    else:
+        chosen = np.empty(0, dtype=np.int64)
+    hist, start = priority_histogram(priority, start_histogram, step=table_step, n_bins=n_bins)
+    return {
+        "table_step": table_step,
+        "chosen": chosen.astype(np.int64),
+        "histogram": hist,
+        "start_histogram": start,
+    }
+
+
+#: A snapshot's entries that :func:`priority_view` makes.
+_VIEW = ("table_step", "chosen", "histogram", "start_histogram")
+
+
+def add_view_handler(scheduler: Any) -> None:
+    """Answer ``daskpri_view`` on ``scheduler``: :func:`priority_view` of a run, made there.
+
+    The standalone page (:mod:`daskpri.dashboard.remote`) asks it at each
+    refresh where the table changed, rather than for every sample's
+    priority. It reads the runs of the scheduler's table plugin; the page
+    module's :func:`~daskpri.dashboard.page.install` adds it as the plugin
+    starts, whether or not the scheduler serves a dashboard.
+    """
+
+    def view(run: str, start: Any = None, n_bins: int = N_BINS) -> dict:
+        plugin = scheduler.plugins.get(PLUGIN_NAME)
+        runs = getattr(plugin, "runs", {})
+        if run not in runs:
+            raise KeyError(f"no daskpri run {run!r} on this scheduler")
+        tr = runs[run]
+        given = None if start is None else unpack_tree(start)
+        return pack_tree(_run_view(tr, given, int(n_bins)))
+
+    scheduler.handlers["daskpri_view"] = view
+
+
+def _run_view(run: TableRun, start_histogram: dict[str, Any] | None, n_bins: int) -> dict:
+    """:func:`priority_view` of ``run``'s table, in the process that holds it."""
+    table = run.table
+    start = start_histogram if run.start is None else run.start
+    return priority_view(table.priority, table.version, np.diff(table.offsets), start, n_bins)
+
+
+async def _remote_view(
+    scheduler: Any, run: str, start: dict[str, Any] | None, count: np.ndarray, n_bins: int
+) -> dict[str, Any]:
+    answer = await scheduler.daskpri_view(
+        run=run, start=None if start is None else pack_tree(start), n_bins=n_bins
+    )
+    if answer is not None:
+        return dict(unpack_tree(answer))
+    # distributed answers None to a handler it lacks: an older daskpri's scheduler
+    arrays = unpack_tree(await scheduler.daskpri_priorities(run=run))
+    return priority_view(arrays["priority"], arrays["version"], count, start, n_bins)
 
 
 class NoPlugin(KeyError):
@@ -262,34 +357,22 @@ def _assemble(
     n_updates: int,
     selection_seconds: float,
     summary: Mapping[str, Any],
-    priority: np.ndarray,
-    version: np.ndarray,
+    view: Mapping[str, Any],
     rows: list[dict[str, Any]],
     cursor: Mapping[str, Any] | None,
     n_metrics: int,
-    start_histogram: dict[str, Any] | None,
-    n_bins: int,
     closed: bool,
 ) -> dict[str, Any]:
-    """The snapshot, from a run's summary, per-sample arrays and new metrics."""
+    """The snapshot, from a run's summary, :func:`priority_view` and new metrics."""
     count = np.asarray(summary["count"], dtype=np.int64)
     seen = np.asarray(summary["seen"], dtype=np.int64)
     staleness = np.asarray(summary["staleness"], dtype=np.float64)
-    version = np.asarray(version)
-    table_step = int(version.max()) if version.size else -1
-    if table_step >= 0:
-        offsets = np.concatenate([[0], np.cumsum(count)])
-        fresh = np.flatnonzero(version == table_step)
-        chosen = np.unique(np.searchsorted(offsets, fresh, side="right") - 1)
-    else:
-        chosen = np.empty(0, dtype=np.int64)
     owner = np.asarray(summary["owner"], dtype=np.int64)
     # the workers holding the run's partitions now: the count the run set out
     # with (info's) is stale once a worker leaves or joins and its partitions move
     n_workers = int(np.unique(owner).size) if owner.size else int(info.get("n_workers", 0))
     n_seen = int(seen.sum())
     weighted = np.where(seen > 0, np.nan_to_num(staleness) * seen, 0.0)
-    hist, start = priority_histogram(priority, start_histogram, step=table_step, n_bins=n_bins)
     metrics = _columns(rows)
     next_cursor = _advance(cursor, rows, n_metrics)
     return {
@@ -300,7 +383,7 @@ def _assemble(
         "n_workers": n_workers,
         "n_samples": int(info.get("n_samples", int(count.sum()))),
         "step": int(last_step),
-        "table_step": table_step,
+        "table_step": int(view["table_step"]),
         "n_updates": int(n_updates),
         "elapsed": next_cursor["time"],
         "epoch": next_cursor.get("samples", 0.0) / max(int(count.sum()), 1),
@@ -312,13 +395,13 @@ def _assemble(
             "staleness": staleness,
             "owner": owner,
         },
-        "chosen": chosen.astype(np.int64),
+        "chosen": np.asarray(view["chosen"], dtype=np.int64),
         "seen_fraction": n_seen / max(int(count.sum()), 1),
         "staleness_mean": float(weighted.sum() / n_seen) if n_seen else float("nan"),
         "staleness_max": float(np.nanmax(staleness)) if n_seen else float("nan"),
         "selection_seconds": float(selection_seconds),
-        "histogram": hist,
-        "start_histogram": start,
+        "histogram": view["histogram"],
+        "start_histogram": view["start_histogram"],
         "metrics": metrics,
         "cursor": next_cursor,
         "baseline": None,
