@@ -362,6 +362,22 @@ def test_a_scheduler_without_the_table_says_so_rather_than_fail_on_every_refresh
             assert seen == {"no daskpri run yet"}
 
 
+def test_daskpri_train_prints_the_pages_link_before_the_run_serves_it():
+    """``daskpri train`` prints where to watch before its trainer adds the page."""
+    from daskpri.cli._summary import _dashboard_lines
+    from daskpri.table.plugin import RemoteTable
+
+    with local_cluster(0, processes=False, host="127.0.0.1", protocol="tcp") as (cluster, client):
+        base = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
+        assert _dashboard_lines(client) == [f"dashboard: {base}/status",
+                                            f"daskpri page: {base}/daskpri (once the run starts)"]
+        RemoteTable.ensure_plugin(client)  # as the run starts
+        assert get(f"{base}/daskpri")[0] == 200  # the link printed is the page's
+        # a later run on the same scheduler: the page is there, said on one line
+        assert _dashboard_lines(client) == [f"dashboard: {base}/status (daskpri's page: "
+                                            f"{base}/daskpri)"]
+
+
 def test_a_trainers_dashboard_outside_jupyter_is_the_pages_address(trained, small_data, capsys):
     _, client, url, _ = trained
     train, _ = small_data

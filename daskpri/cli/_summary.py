@@ -35,6 +35,22 @@ def _dashboard(client: Client) -> str:
     return link
 
 
+def _dashboard_lines(client: Client) -> list[str]:
+    """What a run prints, before it starts, of where to watch it: a line each.
+
+    ``dashboard: `` and :func:`_dashboard`'s words; then, where the scheduler
+    serves Bokeh's pages but not ``/daskpri`` yet (its trainer adds the page
+    as the run starts, just after), ``daskpri page: `` and the page's link,
+    which is the one to open.
+    """
+    said = _dashboard(client)
+    lines = [f"dashboard: {said}"]
+    link = _link(client)
+    if link is not None and said.startswith(link) and "daskpri's page" not in said:
+        lines.append(f"daskpri page: {page_url(link)} (once the run starts)")
+    return lines
+
+
 #: what ``dashboard: `` says of a scheduler that serves no Bokeh pages
 _NONE = ("none (the scheduler serves no dashboard; watch the run with "
          "`daskpri dashboard --scheduler {address}{tls}`)")

@@ -17,7 +17,7 @@ from daskpri.cli._argtypes import _strategy_options
 from daskpri.cli._interrupt import StopAtOnce, _close, _heard_as_cluster_starts, _interruptible
 from daskpri.cli._paths import _check_destination, _free_sibling, _unreplaceable
 from daskpri.cli._prog import _PROG
-from daskpri.cli._summary import _dashboard, _summary
+from daskpri.cli._summary import _dashboard_lines, _summary
 from daskpri.cli._tls import client_security
 from daskpri.data.io import open_dataset, to_store
 from daskpri.data.store import PathTakenError
@@ -87,7 +87,7 @@ def _train(args: argparse.Namespace) -> int:
             # started here, not by trainer.client below, so that a Ctrl-C as it starts
             # is said at once (no other thread uses the trainer yet)
             start_own_cluster(trainer, on_interrupt=_heard_as_cluster_starts)
-        print(f"dashboard: {_dashboard(trainer.client)}", flush=True)
+        print("\n".join(_dashboard_lines(trainer.client)), flush=True)
         # a LocalCluster's workers have this machine's cores
         local = one_torch_thread() if client is None else contextlib.nullcontext()
         try:
