@@ -354,6 +354,30 @@ def test_dashboard_follows_the_newest_run_until_one_is_picked():
     assert dash.status.source.data["value"][0] == "p"
 
 
+def test_figures_have_ranges_before_their_data_comes():
+    """BokehJS cannot fit a data range to nothing, and warns at each draw (the browser
+    test reads its console): such figures get fixed ranges until their data comes."""
+    from bokeh.models import DataRange1d, Plot, Range1d
+
+    def ranges(dash):
+        return {p.title.text.split(":")[0].split(" (")[0]: (type(p.x_range), type(p.y_range))
+                for p in dash.root.select({"type": Plot})}
+
+    dash = DaskpriDashboard()
+    assert set(ranges(dash).values()) == {(Range1d, Range1d)}, ranges(dash)
+    runs = {"p": make_run("projection")}
+    add_step(runs["p"], 0, [0], [1.0])
+    refresh_from_runs(dash, runs)
+    drawn = ranges(dash)
+    assert drawn.pop("Speedup") == (Range1d, Range1d)  # no baseline: nothing to draw
+    assert drawn.pop("Accuracy") == (DataRange1d, Range1d)  # time shared with the loss's
+    assert set(drawn.values()) == {(DataRange1d, DataRange1d)}, drawn
+    assert dash.histogram.root.y_range.start == 0
+    runs["q"] = make_run("loss")  # the newest run, not a step yet: cleared, fixed again
+    refresh_from_runs(dash, runs)
+    assert set(ranges(dash).values()) == {(Range1d, Range1d)}, ranges(dash)
+
+
 def plugin_with(**runs: TableRun) -> TablePlugin:
     plugin = TablePlugin()
     plugin.runs.update(runs)

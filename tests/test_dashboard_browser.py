@@ -162,6 +162,8 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
             wait_until(chromium, lambda s: s["status"][:2] == [run.run_id, CLOSED], timeout=20)
             console = chromium.get_log("browser")  # read while the page is still served
             assert not [e for e in console if e["level"] == "SEVERE"], console  # no JS error
+            # nor BokehJS's warnings ("could not set initial ranges", a figure without data)
+            assert not [e for e in console if e["level"] == "WARNING"], console
         finally:
             baseline.close()
             run.close()

@@ -39,6 +39,7 @@ from distributed.dashboard.components import DashboardComponent
 from daskpri.dashboard._plotting import (
     RUN_COLOR,
     empty,
+    fit_ranges,
     new_figure,
 )
 from daskpri.dashboard.progress import Speedup, TrainingCurves, Workers
@@ -90,7 +91,6 @@ class PriorityHistogram(DashboardComponent):
             line_color=RUN_COLOR,
             legend_label="now",
         )
-        fig.y_range.start = 0
         fig.yaxis.axis_label = "fraction of computed samples"
         fig.xaxis.axis_label = "priority"
         fig.legend.location = "top_right"
@@ -106,6 +106,7 @@ class PriorityHistogram(DashboardComponent):
         )
         self.root = fig
         self.scale = "linear"
+        fit_ranges([fig], y_start=0)
 
     @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
@@ -131,6 +132,7 @@ class PriorityHistogram(DashboardComponent):
             f"Priority distribution: {h['n_seen']:,} of {snapshot['n_samples']:,} "
             f"samples computed (step {snapshot['table_step']}{start})"
         )
+        fit_ranges([self.root], y_start=0)
 
 
 class PartitionHeatmap(DashboardComponent):
@@ -189,9 +191,16 @@ class PartitionHeatmap(DashboardComponent):
         self.run: str | None = None
         self.last_step = -1
         self.n_partitions = 0
+        fit_ranges([fig])
 
     @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
+        try:
+            self._draw(snapshot)
+        finally:  # a new run may have cleared the plot, drawing nothing yet
+            fit_ranges([self.root])
+
+    def _draw(self, snapshot: dict[str, Any]) -> None:
         step = int(snapshot["table_step"])
         sums = np.asarray(snapshot["partitions"]["sum"], dtype=np.float64)
         if snapshot["run"] != self.run or sums.size != self.n_partitions:

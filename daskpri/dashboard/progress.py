@@ -21,6 +21,7 @@ from daskpri.dashboard._plotting import (
     RUN_COLOR,
     TIME_COLORS,
     empty,
+    fit_ranges,
     new_figure,
 )
 from daskpri.dashboard.measures import speedup_curve
@@ -79,6 +80,7 @@ class TrainingCurves(DashboardComponent):
         self.root = row(self.loss_figure, self.accuracy_figure)
         self.run: str | None = None
         self.baseline_run: str | None = None
+        fit_ranges([self.loss_figure, self.accuracy_figure])
 
     @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
@@ -101,6 +103,7 @@ class TrainingCurves(DashboardComponent):
         label = f"{snapshot['strategy']} run" + (f" vs baseline {name}" if name else "")
         self.loss_figure.title.text = f"Training loss: {label}"
         self.accuracy_figure.title.text = f"Accuracy: {label}"
+        fit_ranges([self.loss_figure, self.accuracy_figure])
 
 
 def _stream_curves(
@@ -144,6 +147,7 @@ class Speedup(DashboardComponent):
             )
         )
         self.root = fig
+        fit_ranges([fig])
         self.run: str | None = None
         self.baseline_run: str | None = None
         self._run_points: tuple[list[float], list[float]] = ([], [])
@@ -174,6 +178,7 @@ class Speedup(DashboardComponent):
             )
         else:
             self.root.title.text = f"Speedup over {name}: no common accuracy level yet"
+        fit_ranges([self.root])
 
 
 def _collect(metrics: dict[str, Any], points: tuple[list[float], list[float]]) -> None:
@@ -205,7 +210,6 @@ class Workers(DashboardComponent):
         self.throughput_figure.vbar(
             source=self.source, x="slot", top="samples_per_second", width=0.8, color=RUN_COLOR
         )
-        self.throughput_figure.y_range.start = 0
         self.throughput_figure.xaxis.axis_label = "worker slot"
         self.throughput_figure.xaxis.ticker = BasicTicker(min_interval=1, num_minor_ticks=0)
         self.throughput_figure.yaxis.axis_label = "samples / s"
@@ -218,16 +222,22 @@ class Workers(DashboardComponent):
             color=list(TIME_COLORS),
             legend_label=[k.replace("_time", "") for k in TIME_PARTS],
         )
-        self.times_figure.y_range.start = 0
         self.times_figure.xaxis.axis_label = "step"
         self.times_figure.yaxis.axis_label = "seconds"
         self.times_figure.add_layout(self.times_figure.legend[0], "right")  # off the bars
         self.root = row(self.throughput_figure, self.times_figure)
         self.run: str | None = None
         self._owner: np.ndarray | None = None  # the slot of each partition, at the last update
+        fit_ranges([self.throughput_figure, self.times_figure], y_start=0)
 
     @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
+        try:
+            self._draw(snapshot)
+        finally:  # a new run may have cleared the plots, drawing nothing yet
+            fit_ranges([self.throughput_figure, self.times_figure], y_start=0)
+
+    def _draw(self, snapshot: dict[str, Any]) -> None:
         if snapshot["run"] != self.run:
             self.run, self._owner = snapshot["run"], None
             self._recent.clear()
