@@ -48,7 +48,16 @@ const deep = (root, selector) => {
     }
     return found;
 };
+// the status table's cells that a figure covers (the table drawn over its neighbours)
+const covered = (() => {
+    const cells = deep(document, "td").map((e) => e.getBoundingClientRect());
+    const figures = deep(document, "canvas").map((e) => e.getBoundingClientRect());
+    const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
+        && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+    return cells.filter((c) => figures.some((f) => meet(c, f))).length;
+})();
 return JSON.stringify({
+    covered: covered,
     views: views,
     loss: data("daskpri-loss", "loss"),
     histogram: data("daskpri-histogram", "current"),
@@ -128,6 +137,7 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
                 ),
             )
             assert first["views"] and first["roots"] and first["canvases"] >= 6  # BokehJS drew
+            assert first["covered"] == 0  # the status table, rows wrapped, stays in its place
             assert first["status"][-1] == baseline.run_id  # the uniform run is the baseline
             later = wait_until(
                 chromium,

@@ -267,7 +267,7 @@ class RunStatus(DashboardComponent):
         )
         # A Div, not a DataTable: Bokeh 3.9.1-3.9.2's DataTable does not redraw
         # when its source changes (bokeh/bokeh#15328).
-        opts: dict[str, Any] = {"width": 560, "height": 345, "name": "daskpri-status-table"}
+        opts: dict[str, Any] = {"width": 560, "name": "daskpri-status-table"}
         opts.update(kwargs)
         self.root = Div(text=self._html(), **opts)
 
