@@ -378,6 +378,21 @@ def test_figures_have_ranges_before_their_data_comes():
     assert set(ranges(dash).values()) == {(Range1d, Range1d)}, ranges(dash)
 
 
+def test_drawing_leaves_bokehs_validation_on():
+    """Bokeh's switch for it is one for the process: a page drawing in one thread while
+    another draws (the scheduler's page, a standalone one) could leave it off for good."""
+    from bokeh.core.property.bases import validation_on
+
+    dash = DaskpriDashboard()
+    seen = []
+    for comp in dash.components:
+        comp.source.on_change("data", lambda attr, old, new: seen.append(validation_on()))
+    runs = {"p": make_run("projection")}
+    add_step(runs["p"], 0, [0], [1.0])
+    refresh_from_runs(dash, runs)
+    assert len(seen) >= 5 and all(seen), seen
+
+
 def plugin_with(**runs: TableRun) -> TablePlugin:
     plugin = TablePlugin()
     plugin.runs.update(runs)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from bokeh.models import ColumnDataSource, DataRange1d, Range1d
+from bokeh.models.annotations import Title
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
@@ -25,7 +26,9 @@ def new_figure(title: str, **kwargs: Any) -> Any:
         "toolbar_location": "above",
     }
     opts.update(kwargs)
-    fig = figure(title=title, **opts)
+    # a Title, not its text: distributed's pages turn Bokeh's validation off as they
+    # draw, for the whole process, and Bokeh makes a Title of a string only with it on
+    fig = figure(title=Title(text=title), **opts)
     fig.toolbar.logo = None
     return fig
 

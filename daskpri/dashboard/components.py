@@ -2,7 +2,13 @@
 
 Each component has a ``source`` (its main ``ColumnDataSource``), a ``root``
 (the Bokeh model to lay out) and ``update(snapshot)``, which draws a
-snapshot from :mod:`daskpri.dashboard.snapshot`. Snapshots carry only the
+snapshot from :mod:`daskpri.dashboard.snapshot`. Unlike distributed's,
+``update`` keeps Bokeh's property validation on: Bokeh's switch for it
+(``without_property_validation``) is one flag for the whole process, and
+two threads that draw pages (the scheduler's page and a standalone one in
+the same process) can leave it off for good, after which Bokeh no longer
+converts what it converts when validating (a figure's title, given as a
+string, stays one). Snapshots carry only the
 steps after the previous one, so components append (``stream``) what
 accumulates and replace what is small (a histogram, a status table). A
 snapshot of another run than the last one clears what was drawn.
@@ -22,7 +28,6 @@ import math
 from typing import Any
 
 import numpy as np
-from bokeh.core.properties import without_property_validation
 from bokeh.models import (
     BasicTicker,
     CDSView,
@@ -108,7 +113,6 @@ class PriorityHistogram(DashboardComponent):
         self.scale = "linear"
         fit_ranges([fig], y_start=0)
 
-    @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
         h = snapshot["histogram"]
         self.source.data = {
@@ -193,7 +197,6 @@ class PartitionHeatmap(DashboardComponent):
         self.n_partitions = 0
         fit_ranges([fig])
 
-    @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
         try:
             self._draw(snapshot)
@@ -300,7 +303,6 @@ class RunStatus(DashboardComponent):
             self.source.patch({"value": [(1, self.GONE)]})
             self.root.text = self._html()
 
-    @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
         self._run = snapshot["run"]
         base = snapshot.get("baseline")

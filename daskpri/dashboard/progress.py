@@ -10,7 +10,6 @@ import math
 from typing import Any
 
 import numpy as np
-from bokeh.core.properties import without_property_validation
 from bokeh.layouts import row
 from bokeh.models import BasicTicker, ColumnDataSource, HoverTool
 from bokeh.models.annotations import Span
@@ -82,7 +81,6 @@ class TrainingCurves(DashboardComponent):
         self.baseline_run: str | None = None
         fit_ranges([self.loss_figure, self.accuracy_figure])
 
-    @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
         if snapshot["run"] != self.run:
             for src in (self.source, self.accuracy):
@@ -153,7 +151,6 @@ class Speedup(DashboardComponent):
         self._run_points: tuple[list[float], list[float]] = ([], [])
         self._base_points: tuple[list[float], list[float]] = ([], [])
 
-    @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
         if snapshot["run"] != self.run:
             self.run, self._run_points = snapshot["run"], ([], [])
@@ -230,7 +227,6 @@ class Workers(DashboardComponent):
         self._owner: np.ndarray | None = None  # the slot of each partition, at the last update
         fit_ranges([self.throughput_figure, self.times_figure], y_start=0)
 
-    @without_property_validation
     def update(self, snapshot: dict[str, Any]) -> None:
         try:
             self._draw(snapshot)
