@@ -357,14 +357,29 @@ def test_dashboard_follows_the_newest_run_until_one_is_picked():
 def test_figures_have_ranges_before_their_data_comes():
     """BokehJS cannot fit a data range to nothing, and warns at each draw (the browser
     test reads its console): such figures get fixed ranges until their data comes."""
+    from bokeh.document import Document
     from bokeh.models import DataRange1d, Plot, Range1d
 
     def ranges(dash):
         return {p.title.text.split(":")[0].split(" (")[0]: (type(p.x_range), type(p.y_range))
                 for p in dash.root.select({"type": Plot})}
 
+    def unfit(plots) -> list[str]:  # figures with a data range and nothing to fit it to
+        def rows(p):
+            return sum(len(next(iter(r.data_source.data.values()), ())) for r in p.renderers)
+
+        return [f"{p.title.text} {dim}" for p in plots for dim in ("x_range", "y_range")
+                if isinstance(getattr(p, dim), DataRange1d)
+                and not sum(rows(q) for q in plots if getattr(q, dim) is getattr(p, dim))]
+
     dash = DaskpriDashboard()
     assert set(ranges(dash).values()) == {(Range1d, Range1d)}, ranges(dash)
+    # The server sends each change on its own, and the browser may draw between two:
+    # at none may a figure have a data range without data.
+    doc, seen = Document(), []
+    doc.add_root(dash.root)
+    plots = list(dash.root.select({"type": Plot}))
+    doc.on_change(lambda event: seen.extend(unfit(plots)))
     runs = {"p": make_run("projection")}
     add_step(runs["p"], 0, [0], [1.0])
     refresh_from_runs(dash, runs)
@@ -376,6 +391,7 @@ def test_figures_have_ranges_before_their_data_comes():
     runs["q"] = make_run("loss")  # the newest run, not a step yet: cleared, fixed again
     refresh_from_runs(dash, runs)
     assert set(ranges(dash).values()) == {(Range1d, Range1d)}, ranges(dash)
+    assert not seen, seen
 
 
 def test_drawing_leaves_bokehs_validation_on():

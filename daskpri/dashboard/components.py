@@ -46,6 +46,7 @@ from daskpri.dashboard._plotting import (
     empty,
     fit_ranges,
     new_figure,
+    replace_data,
 )
 from daskpri.dashboard.progress import Speedup, TrainingCurves, Workers
 
@@ -115,13 +116,14 @@ class PriorityHistogram(DashboardComponent):
 
     def update(self, snapshot: dict[str, Any]) -> None:
         h = snapshot["histogram"]
-        self.source.data = {
+        data = {
             "left": np.asarray(h["left"]),
             "right": np.asarray(h["right"]),
             "current": np.asarray(h["current"]),
             "start": np.asarray(h["start"]),
             "label": list(h["label"]),
         }
+        replace_data(self.source, data, [self.root], y_start=0)
         # list(): through RPC, msgpack gives the labels as a tuple
         scale = h["scale"] + (" with zeros" if list(h["label"][:1]) == ["0"] else "")
         if scale != self.scale:
@@ -207,7 +209,7 @@ class PartitionHeatmap(DashboardComponent):
         step = int(snapshot["table_step"])
         sums = np.asarray(snapshot["partitions"]["sum"], dtype=np.float64)
         if snapshot["run"] != self.run or sums.size != self.n_partitions:
-            self.source.data = empty(self.source)
+            replace_data(self.source, empty(self.source), [self.root])
             self.run, self.last_step, self.n_partitions = snapshot["run"], -1, sums.size
         if step <= self.last_step:
             return

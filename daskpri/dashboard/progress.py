@@ -22,6 +22,7 @@ from daskpri.dashboard._plotting import (
     empty,
     fit_ranges,
     new_figure,
+    replace_data,
 )
 from daskpri.dashboard.measures import speedup_curve
 from daskpri.training.history import TIME_PARTS
@@ -82,16 +83,17 @@ class TrainingCurves(DashboardComponent):
         fit_ranges([self.loss_figure, self.accuracy_figure])
 
     def update(self, snapshot: dict[str, Any]) -> None:
+        figs = [self.loss_figure, self.accuracy_figure]
         if snapshot["run"] != self.run:
             for src in (self.source, self.accuracy):
-                src.data = empty(src)
+                replace_data(src, empty(src), figs)
             self.run = snapshot["run"]
         _stream_curves(snapshot["metrics"], self.source, self.accuracy)
         base = snapshot.get("baseline")
         name = None if base is None else base["run"]
         if name != self.baseline_run:
             for src in (self.baseline, self.baseline_accuracy):
-                src.data = empty(src)
+                replace_data(src, empty(src), figs)
             self.baseline_run = name
         if base is not None:
             _stream_curves(base["metrics"], self.baseline, self.baseline_accuracy)
@@ -101,7 +103,7 @@ class TrainingCurves(DashboardComponent):
         label = f"{snapshot['strategy']} run" + (f" vs baseline {name}" if name else "")
         self.loss_figure.title.text = f"Training loss: {label}"
         self.accuracy_figure.title.text = f"Accuracy: {label}"
-        fit_ranges([self.loss_figure, self.accuracy_figure])
+        fit_ranges(figs)
 
 
 def _stream_curves(
@@ -165,7 +167,7 @@ class Speedup(DashboardComponent):
         if len(curve["level"]) != len(self.source.data["level"]) or not np.array_equal(
             curve["speedup"], self.source.data["speedup"]
         ):
-            self.source.data = curve
+            replace_data(self.source, curve, [self.root])
         if name is None:
             self.root.title.text = "Speedup: no other uniform run on this scheduler to compare with"
         elif len(curve["level"]):
@@ -237,8 +239,9 @@ class Workers(DashboardComponent):
         if snapshot["run"] != self.run:
             self.run, self._owner = snapshot["run"], None
             self._recent.clear()
-            self.times.data = empty(self.times)
-            self.source.data = empty(self.source)
+            figs = [self.throughput_figure, self.times_figure]
+            replace_data(self.times, empty(self.times), figs, y_start=0)
+            replace_data(self.source, empty(self.source), figs, y_start=0)
         m = snapshot["metrics"]
         if len(m["step"]):
             self.times.stream(
@@ -267,7 +270,8 @@ class Workers(DashboardComponent):
             total[: len(samples)] += samples
         seconds = sum(t for _, t in self._recent)
         rate = total / seconds if seconds > 0 else total
-        self.source.data = {"slot": np.arange(n_slots), "samples_per_second": rate}
+        replace_data(self.source, {"slot": np.arange(n_slots), "samples_per_second": rate},
+                     [self.throughput_figure, self.times_figure], y_start=0)
         self.throughput_figure.title.text = (
             f"Samples/s per worker slot (last {len(self._recent)} steps, "
             f"{float(rate.sum()):,.0f} in all)"
