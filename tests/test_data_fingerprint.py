@@ -7,7 +7,7 @@ import xarray as xr
 from _reads import opened_under
 
 from daskpri.data import open_dataset, to_store
-from daskpri.data._fingerprint import N_ROWS, data_fingerprint
+from daskpri.data._fingerprint import N_ROWS, UNREAD, data_fingerprint
 
 
 def test_the_same_data_in_any_format_has_the_same_fingerprint(small_data, tmp_path):
@@ -37,3 +37,15 @@ def test_a_store_is_read_at_a_few_chunks_only(tmp_path):
     # one chunk of x and one of y a sampled sample, of the 100 each holds
     assert 0 < len(chunks) <= 2 * N_ROWS, seen
     assert fp == data_fingerprint(ds.compute())
+
+
+def test_values_the_driver_cannot_read_are_left_to_the_workers_to_refuse(small_data, tmp_path):
+    train, _ = small_data
+    store = to_store(train.chunk({"sample": 400}), tmp_path / "train.zarr")
+    fp = data_fingerprint(open_dataset(store))
+    chunk = sorted(p for p in (tmp_path / "train.zarr" / "x").rglob("*") if p.is_file()
+                   and not p.name.startswith((".", "zarr")))[1]
+    chunk.write_bytes(chunk.read_bytes()[:20])  # cut short: the codec cannot decode it
+    damaged = data_fingerprint(open_dataset(store))
+    # no error here: the fit's workers refuse the store, naming its partition
+    assert damaged == dict(fp, x_rows=UNREAD, y_rows=UNREAD)

@@ -35,6 +35,11 @@ N_ROWS = 8
 #: the keys of a fingerprint, each a str
 KEYS = ("x", "y", "x_rows", "y_rows")
 
+#: the digest of values the driver could not read (a damaged chunk): the
+#: workers that read them refuse the store, naming the partition and the
+#: store, and a comparison leaves them out
+UNREAD = "unread"
+
 
 def sampled_rows(n: int) -> np.ndarray:
     """The samples, of ``n``, whose values a fingerprint digests: the first, the last, between.
@@ -95,13 +100,21 @@ def data_fingerprint(ds: xr.Dataset) -> dict[str, str]:
     picked = ds[["x", "y"]].isel(sample=rows)
     # read by the driver's threads (or the client of a cluster it is persisted on),
     # as the other checks of the data are
-    picked = picked.compute(scheduler=driver_scheduler(picked))
+    try:
+        values = picked.compute(scheduler=driver_scheduler(picked))
+    except Exception:
+        # a chunk the driver cannot read (damaged, cut short): not the fingerprint's to
+        # say, for the worker that reads its partition refuses the store at the fit's
+        # start, naming the partition, the samples and the store (UnreadableDataError)
+        values = None
     out: dict[str, str] = {}
     for name in ("x", "y"):
         var = ds[name]
         out[name] = f"{var.dtype} {tuple(int(s) for s in var.shape)}"
     for name in ("x", "y"):
-        out[f"{name}_rows"] = _digest(np.asarray(picked[name].values))
+        out[f"{name}_rows"] = (
+            UNREAD if values is None else _digest(np.asarray(values[name].values))
+        )
     return out
 
 
@@ -113,6 +126,8 @@ def fingerprint_differs(theirs: dict[str, Any], ours: dict[str, str]) -> str | N
     >>> a = {"x": "float32 (8, 2)", "y": "int64 (8,)", "x_rows": "1", "y_rows": "2"}
     >>> fingerprint_differs(a, dict(a)) is None
     True
+    >>> fingerprint_differs(a, dict(a, x_rows=UNREAD)) is None  # values not read: left out
+    True
     >>> fingerprint_differs(a, dict(a, x="float64 (8, 2)", y_rows="3"))
     "x is float64 (8, 2), where the run's was float32 (8, 2); the labels differ at the \
 sampled samples"
@@ -122,6 +137,6 @@ sampled samples"
         if theirs[name] != ours[name]:
             said.append(f"{name} is {ours[name]}, where the run's was {theirs[name]}")
     for name, what in (("x_rows", "the features"), ("y_rows", "the labels")):
-        if theirs[name] != ours[name]:
+        if UNREAD not in (theirs[name], ours[name]) and theirs[name] != ours[name]:
             said.append(f"{what} differ at the sampled samples")
     return "; ".join(said) or None
