@@ -348,8 +348,16 @@ def check_writable(
     Traceback (most recent call last):
     ...
     ValueError: --output should be a path this process may write, but got --output '/proc/...
+    >>> check_writable("run\\x00.nc", name="path")
+    Traceback (most recent call last):
+    ...
+    ValueError: path should be a path without NUL characters, but got path 'run\\x00.nc'
     """
     given = os.fspath(path)
+    if "\x00" in given:  # which os.open refuses without naming the path ("embedded null byte")
+        raise ValueError(
+            f"{name} should be a path without NUL characters, but got {name} {given!r}"
+        )
     target = os.path.abspath(given)
     parent = target if directory else os.path.dirname(target)
     while not os.path.lexists(parent):
