@@ -272,3 +272,31 @@ def test_resume_with_other_options_quotes_the_command_that_made_the_runs(tmp_pat
                        r"options it was made with \(`daskpri bench --out .*a --first-seed 0 "
                        r"--resume`\), or give another --out$"):
         previous_runs(path, _config(budget=20.0), SIZES)
+
+
+def test_a_merges_pool_resumed_keeps_its_parts_in_the_report(tmp_path: Path, capsys):
+    from daskpri.bench.runner import run_bench
+
+    global SIZES
+    small = {"datasets": ("synthetic",), "n_samples": 2000}
+    sizes, SIZES = SIZES, {"synthetic": 1600}  # what load("synthetic", n_samples=2000) gives
+    try:
+        a = _part(tmp_path / "a", _config(first_seed=0, **small))
+        b = _part(tmp_path / "b", _config(first_seed=2, **small))
+    finally:
+        SIZES = sizes
+    out = tmp_path / "merged"
+    merge_results([a, b], out, command="daskpri bench --merge a,b")
+    pooled = json.loads((out / "results.json").read_text())
+    # every run is made: the resume makes none (no cluster), and writes the report again
+    records = run_bench(_config(seeds=4, **small), out, resume=True, progress=False,
+                        command="daskpri bench --out merged --resume")
+    resumed = json.loads((out / "results.json").read_text())
+    assert len(records) == len(pooled["runs"]) and resumed["runs"] == pooled["runs"]
+    machine = resumed["machine"]
+    assert [e["merged"] for e in machine["earlier"]] == [pooled["machine"]["merged"]]
+    md = (out / "results.md").read_text()
+    assert (f"- `daskpri bench --merge a,b`: {len(records)} runs, 200.0 s, AMD EPYC, load "
+            "average (1/5/15 min) at start —, at end —; a `--merge` of seeds 0–1: "
+            f"`daskpri bench --out {a} --first-seed 0`; seeds 2–3: `daskpri bench --out {b} "
+            "--first-seed 2`") in md

@@ -162,7 +162,9 @@ def _invocation(machine: Mapping[str, Any], runs: int) -> dict[str, Any]:
     """What a resumed benchmark's report keeps of an earlier invocation.
 
     Its own command, CPU, load and seconds: ``machine["bench_seconds"]``
-    counts the invocations before it too (``machine["earlier"]``).
+    counts the invocations before it too (``machine["earlier"]``). A
+    ``--merge``'s pool keeps its parts (``machine["merged"]``): the report
+    of the benchmark that resumes it names them, as the pool's report did.
     """
     earlier = machine.get("earlier") or ()
     total = machine.get("bench_seconds")
@@ -171,7 +173,8 @@ def _invocation(machine: Mapping[str, Any], runs: int) -> dict[str, Any]:
     return {"command": machine.get("command"), "cpu": machine.get("cpu"),
             "bench_seconds": own, "runs": runs,
             "load_average_start": machine.get("load_average_start"),
-            "load_average_end": machine.get("load_average_end")}
+            "load_average_end": machine.get("load_average_end"),
+            **({"merged": machine["merged"]} if machine.get("merged") else {})}
 
 
 def report_only(out: str | os.PathLike[str]) -> dict[str, Any]:
