@@ -195,7 +195,10 @@ def test_report_of_a_missing_history_is_a_clear_error(tmp_path: Path, capsys) ->
 def test_demo_compares_prioritized_with_uniform(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--dataset", "synthetic", "--max-time", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status", lines[0])
+    link = re.fullmatch(r"dashboard: (http://127\.0\.0\.1:\d+)/status", lines[0])
+    # daskpri's page, which the runs add to the scheduler's dashboard, is the one to open
+    assert link is not None and lines[1] == f"daskpri page: {link[1]}/daskpri (once the run starts)"
+    lines = lines[1:]
     assert lines[1] == "selective-backprop against uniform, 1 local step per round, 1 s each"
     for name, line in (("selective-backprop", lines[2]), ("uniform", lines[3])):
         assert re.match(rf"{name}: \d+ steps, final accuracy 0\.\d{{4}}, ", line), line
@@ -212,7 +215,7 @@ def test_demo_takes_its_options(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["demo", "--dataset", "synthetic", "--max-time", "0.5", "--local-steps", "16",
             "--strategy-option", "fraction=0.25", "--strategy-option", "refresh=2"]
     assert main(argv) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()[1:]  # after the dashboard's two lines
     assert lines[1] == (
         "selective-backprop (fraction=0.25, refresh=2) against uniform, "
         "16 local steps per round, 0.5 s each"

@@ -13,7 +13,7 @@ import daskpri
 from daskpri import _config
 from daskpri.cli._argtypes import _strategy_options
 from daskpri.cli._interrupt import StopAtOnce, _close, _heard_as_cluster_starts, _interruptible
-from daskpri.cli._summary import _dashboard, _summary
+from daskpri.cli._summary import _dashboard_lines, _summary
 from daskpri.strategies import check_strategy_options, get_strategy
 from daskpri.training._checks import check_eval_every, check_float, check_int
 from daskpri.training._cleanup import close_cluster
@@ -50,7 +50,7 @@ def _demo(args: argparse.Namespace) -> int:
         # the block, the current one's close would leave Dask's config on a closed client
         client = Client(cluster, set_as_default=False)
         with one_torch_thread():  # the workers have the cores
-            print(f"dashboard: {_dashboard(client)}", flush=True)
+            print("\n".join(_dashboard_lines(client)), flush=True)
             given = ", ".join(f"{k}={v}" for k, v in options.items())
             print(f"{_DEMO_STRATEGY}" + (f" ({given})" if given else "")
                   + f" against uniform, {args.local_steps} local step"
