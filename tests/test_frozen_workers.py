@@ -132,9 +132,49 @@ def test_a_worker_that_freezes_after_the_probe_is_left_out_of_the_fit_and_its_cl
             assert (f"worker(s) {stops} did not answer as the run's replicas were dropped "
                     "(within 1 s; 1 s for those the run had left out): each keeps its "
                     "replica") in caplog.text
-        # continued, it gets the scheduler's messages that waited for it: no replica left
+        # continued, it gets the scheduler's messages that waited for it, in either order
+        # (the remove read before the add): no replica left, once they are handled
+        assert not held_after_thaw(client, trainer.run_id)
+
+
+def held_after_thaw(client: Client, part: str) -> list[str]:
+    """The workers' plugins whose name has ``part``, once none is left or 10 s passed."""
+    deadline = time.monotonic() + 10.0
+    while True:
         plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
-        assert not [p for ps in plugins.values() for p in ps if trainer.run_id in p]
+        held = [p for ps in plugins.values() for p in ps if part in p]
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.1)
+
+
+def test_a_replica_set_up_after_its_run_dropped_it_is_dropped_again(cluster, small_data):
+    # what a frozen worker does when it thaws and reads the plugin's remove before its add
+    from distributed.protocol import pickle
+
+    from daskpri.replicas.worker import ReplicaPlugin
+    from daskpri.table.plugin import PLUGIN_NAME, TablePlugin
+
+    train, _ = small_data
+    module = pickle.dumps(build_model("mlp", train))
+    gone, kept = ReplicaPlugin("gone-1", module, 10), ReplicaPlugin("kept-1", module, 10)
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        if not client.run_on_scheduler(lambda dask_scheduler: PLUGIN_NAME in
+                                       dask_scheduler.plugins):
+            client.register_plugin(TablePlugin())
+        client.register_plugin(kept)  # the scheduler holds it: each worker keeps its replica
+
+        async def add(plugin: bytes, dask_worker: Any = None) -> Any:
+            return await dask_worker.plugin_add(plugin=plugin, name=gone.name)
+
+        try:
+            assert all(r == {"status": "OK"} for r in client.run(add, pickle.dumps(gone))
+                       .values())  # set up: its replica built
+            assert not held_after_thaw(client, gone.name)
+            plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+            assert all(kept.name in ps for ps in plugins.values()), plugins
+        finally:
+            client.unregister_worker_plugin(kept.name)
 
 
 def test_a_registration_goes_on_without_a_worker_that_freezes_under_it_and_names_all_frozen(

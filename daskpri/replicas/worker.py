@@ -15,6 +15,7 @@ names are importable from here too.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from daskpri.replicas.shares import Share, Shares  # noqa: F401  (re-exported)
 from daskpri.replicas.step import StepResult, _train
 from daskpri.strategies.base import Batch, Strategy
 from daskpri.table.plugin import replicas_name
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,41 @@ class ReplicaPlugin(WorkerPlugin):
             self.ready = asyncio.Event()
             return self._set_up_spread(worker, kind)
         self._set_up(worker, lambda: worker_device(worker, self.device))
+        self._drop_if_unwanted(worker)
         return None
+
+    def _drop_if_unwanted(self, worker: Any) -> None:
+        """Ask the scheduler, after the set-up, whether the run still wants this replica.
+
+        A worker frozen while its run was set up and closed gets the
+        scheduler's ``plugin-add`` and ``plugin-remove`` once it thaws, on
+        two connections, read in either order: the remove first left the
+        replica (its model, its partitions) on the worker for good. Where
+        the scheduler no longer holds the plugin, it is removed here. A set-up
+        outside the worker's event loop (in-process use) has no such race,
+        nor a scheduler that lacks daskpri's table plugin, or does not answer.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+
+        async def check() -> None:
+            try:
+                wanted = await asyncio.wait_for(
+                    worker.scheduler.daskpri_replicas_wanted(name=self.name), 30)
+            except Exception as e:
+                logger.debug("daskpri: replica %s not checked with the scheduler: %r",
+                             self.name, e)
+                return
+            # (None: a scheduler without daskpri's table plugin, which has no such handler)
+            if wanted is False and worker.plugins.get(self.name) is self:
+                logger.warning("daskpri: the run of replica %s was closed before its set-up "
+                               "reached this worker: the replica is dropped", self.name)
+                await worker.plugin_remove(name=self.name)
+
+        #: held, so the check is not collected before it ends
+        self.checked = asyncio.ensure_future(check())
 
     async def _set_up_spread(self, worker: Any, kind: str) -> None:
         """Set up on one of the host's ``kind`` devices, shared out among its worker processes."""
@@ -177,6 +214,7 @@ class ReplicaPlugin(WorkerPlugin):
                 self.serves, self.unfit = False, f"{type(e).__name__}: {e}"
                 raise
             self._set_up(worker, lambda: device)
+            self._drop_if_unwanted(worker)
         finally:
             self.ready.set()
 

@@ -93,6 +93,7 @@ class TablePlugin(SchedulerPlugin):
             "metrics",
             "runs",
             "close",
+            "replicas_wanted",
         ):
             scheduler.handlers[f"daskpri_{op}"] = getattr(self, f"_{op}")
         try:  # the /daskpri dashboard page must never break training
@@ -335,6 +336,17 @@ class TablePlugin(SchedulerPlugin):
         """The runs' names, closed ones kept included, oldest first (the dashboard
         follows the newest)."""
         return list(self.runs)
+
+    def _replicas_wanted(self, name: str) -> bool:
+        """Whether the scheduler still holds the replica plugin ``name`` for its workers.
+
+        A worker that was frozen as a run was set up and closed may get the
+        plugin's ``plugin-add`` after its ``plugin-remove`` (two connections,
+        read in either order once it thaws): it asks here after the set-up,
+        and drops a replica whose run has dropped its plugin.
+        """
+        assert self.scheduler is not None
+        return name in self.scheduler.worker_plugins
 
     def _close(self, run: str) -> None:
         """Close a run: it stays, read-only, among the last ``daskpri.table.keep-closed``.

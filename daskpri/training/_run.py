@@ -285,6 +285,8 @@ class RunMixin:
         )
         # (a failure here, its setup failing on a worker, leaves the plugin in the
         # scheduler, which would set it up on each worker that joins: _prepare drops it)
+        # first: each replica's set-up asks the table's plugin whether its run still wants it
+        RemoteTable.ensure_plugin(client)
         silent = self._register_replicas(client, silent)
         if set(silent) & set(addrs):  # (named by the registration's warning)
             # a worker frozen (or gone) since it was planned on: a scatter or a task sent
@@ -295,7 +297,6 @@ class RunMixin:
                     f"none of the run's workers ({', '.join(silent)}) answered as its replicas "
                     "were set up: restart (or stop) the workers that are frozen, and fit again")
             owner = assign_owners(sizes, len(addrs))
-        RemoteTable.ensure_plugin(client)
         self._table = RemoteTable(client, self.run_id)
         self._deployment = Deployment(
             client,
