@@ -18,8 +18,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/daskpri demo
 
+# The suite's test files run on TEST_WORKERS processes (pytest-xdist), a file's tests on
+# one, so that a module's cluster fixture is made once; TEST_WORKERS=0 runs them in this one.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" --doctest-modules tests daskpri
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --doctest-modules tests daskpri
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
