@@ -178,9 +178,10 @@ class ReplicaPlugin(WorkerPlugin):
         scheduler's ``plugin-add`` and ``plugin-remove`` once it thaws, on
         two connections, read in either order: the remove first left the
         replica (its model, its partitions) on the worker for good. Where
-        the scheduler no longer holds the plugin, it is removed here. A set-up
-        outside the worker's event loop (in-process use) has no such race,
-        nor a scheduler that lacks daskpri's table plugin, or does not answer.
+        the scheduler no longer holds the plugin, it is removed here. Nothing
+        is asked for a set-up outside a worker's event loop (in-process use),
+        and the replica is kept where the scheduler lacks daskpri's table
+        plugin or does not answer within 30 s.
         """
         try:
             asyncio.get_running_loop()

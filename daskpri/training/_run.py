@@ -283,10 +283,10 @@ class RunMixin:
             self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device,
             resources=self.resources, label_smoothing=self.label_smoothing,
         )
-        # (a failure here, its setup failing on a worker, leaves the plugin in the
-        # scheduler, which would set it up on each worker that joins: _prepare drops it)
         # first: each replica's set-up asks the table's plugin whether its run still wants it
         RemoteTable.ensure_plugin(client)
+        # (a failure here, its setup failing on a worker, leaves the plugin in the
+        # scheduler, which would set it up on each worker that joins: _prepare drops it)
         silent = self._register_replicas(client, silent)
         if set(silent) & set(addrs):  # (named by the registration's warning)
             # a worker frozen (or gone) since it was planned on: a scatter or a task sent
