@@ -415,3 +415,34 @@ def test_a_write_removes_what_killed_writes_left_but_not_a_fresh_one(tmp_path, s
     to_store(small(n=10), tmp_path / name)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [name, fresh.name, other.name])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+def test_a_zarr_store_replaced_is_swapped_in_one_step_never_absent(tmp_path, monkeypatch):
+    from daskpri.data import store
+
+    path = tmp_path / "data.zarr"
+    to_store(small(n=20), path)
+    there: list[bool] = []  # whether a store stood at the path after each rename
+
+    def watching(real):
+        def watched(a, b, *args, **kwargs):
+            real(a, b, *args, **kwargs)
+            there.append((path / "zarr.json").exists() or (path / ".zgroup").exists())
+        return watched
+
+    monkeypatch.setattr(os, "rename", watching(os.rename))
+    monkeypatch.setattr(os, "replace", watching(os.replace))
+    new = small(n=30)
+    to_store(new, path)
+    assert all(there)
+    with open_dataset(path) as opened:
+        xr.testing.assert_identical(opened.load(), new)
+    assert os.listdir(tmp_path) == [path.name]  # the old store, swapped out, is deleted
+    # where the file system cannot swap, the old store is moved aside: an instant without
+    monkeypatch.setattr(store, "_exchange", lambda a, b: False)
+    there.clear()
+    to_store(small(n=40), path)
+    assert not all(there) and there[-1]
+    with open_dataset(path) as opened:
+        assert opened.sizes["sample"] == 40

@@ -33,8 +33,10 @@ def to_store(ds: xr.Dataset, path: str | os.PathLike[str]) -> str:
 
     The data is written to a temporary sibling of ``path`` first and then
     renamed into place, so readers see either the old store or the complete
-    new one, never a half-written file (a zarr store replaced is moved aside
-    first: for the instant between the two renames, there is none).
+    new one, never a half-written file. A zarr store replaced is swapped
+    with the new one in one step on Linux; elsewhere (or on a file system
+    without ``renameat2``'s ``RENAME_EXCHANGE``) it is moved aside first,
+    and for the instant between the two renames there is none.
 
     What stood at ``path`` as the write began is all it replaces: where
     another writer (another ``to_store`` on the same path) put a store or
@@ -497,6 +499,12 @@ def _put_in_place(tmp: str, target: str, seen: tuple[int, int] | None, given: st
     if not os.path.isdir(tmp):
         os.replace(tmp, target)
         return
+    if _exchange(tmp, target):  # the new store and the old swapped in one step
+        if _identity(tmp) != seen:  # another writer's, moved in between the look and here
+            _exchange(tmp, target)  # (back: the swap is its own inverse)
+            raise _taken(target, given)
+        _remove(tmp)  # the old store, now at the temporary path
+        return
     # os.replace cannot put a directory over a non-empty one: the old store is moved
     # aside, the new one moved in, and the old one deleted once the new one is there
     parent, base = os.path.split(target)
@@ -518,6 +526,36 @@ def _put_in_place(tmp: str, target: str, seen: tuple[int, int] | None, given: st
         os.rename(backup, target)
         raise
     _remove(backup)
+
+
+#: renameat2's flag that swaps two paths, and the directory file descriptor of the cwd
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap paths ``a`` and ``b`` in one step (Linux's ``renameat2``, ``RENAME_EXCHANGE``).
+
+    False, having changed nothing, where the system or the file system has
+    no such swap (not Linux, a libc without ``renameat2``, a file system
+    that refuses the flag): the caller moves one aside instead.
+    """
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), b)
 
 
 def _remove(path: str) -> None:
