@@ -25,6 +25,7 @@ from typing import Any
 
 import dask
 import pytest
+from _fits import wait_while_fitting
 from distributed import Client, LocalCluster
 
 import daskpri
@@ -134,18 +135,17 @@ def test_a_worker_that_freezes_after_the_probe_is_left_out_of_the_fit_and_its_cl
                     "replica") in caplog.text
         # continued, it gets the scheduler's messages that waited for it, in either order
         # (the remove read before the add): no replica left, once they are handled
-        assert not held_after_thaw(client, trainer.run_id)
+        gone_after_thaw(client, trainer.run_id)
 
 
-def held_after_thaw(client: Client, part: str) -> list[str]:
-    """The workers' plugins whose name has ``part``, once none is left or 10 s passed."""
-    deadline = time.monotonic() + 10.0
-    while True:
+def gone_after_thaw(client: Client, part: str) -> None:
+    """Wait (10 s at most) until no worker holds a plugin whose name has ``part``."""
+    def held() -> list[str]:
         plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
-        held = [p for ps in plugins.values() for p in ps if part in p]
-        if not held or time.monotonic() > deadline:
-            return held
-        time.sleep(0.1)
+        return [p for ps in plugins.values() for p in ps if part in p]
+
+    wait_while_fitting(lambda: not held(), f"a worker still holds a plugin of {part} after 10 s",
+                       None, timeout=10.0)
 
 
 def test_a_replica_set_up_after_its_run_dropped_it_is_dropped_again(cluster, small_data):
@@ -170,7 +170,7 @@ def test_a_replica_set_up_after_its_run_dropped_it_is_dropped_again(cluster, sma
         try:
             assert all(r == {"status": "OK"} for r in client.run(add, pickle.dumps(gone))
                        .values())  # set up: its replica built
-            assert not held_after_thaw(client, gone.name)
+            gone_after_thaw(client, gone.name)
             plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
             assert all(kept.name in ps for ps in plugins.values()), plugins
         finally:
