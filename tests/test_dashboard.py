@@ -211,6 +211,7 @@ def test_heatmap_streams_a_column_per_step_in_a_bounded_window():
     comp.update(snapshot_from_run(run, name="r"))  # nothing new: nothing streamed
     data = comp.source.data
     assert list(data["step"]) == [1, 1, 1, 2, 2, 2]  # step 0 rolled out of the window
+    assert list(data["steps"]) == ["1"] * 3 + ["2"] * 3
     assert list(data["partition"]) == [0, 1, 2] * 2
     assert list(data["value"]) == [2.0, 3.0, 0.0, 2.0, 3.0, 4.0]
     assert list(data["chosen"]) == ["no", "yes", "no", "no", "no", "yes"]
@@ -224,6 +225,9 @@ def test_heatmap_streams_a_column_per_step_in_a_bounded_window():
     [dot] = [r.glyph for r in comp.root.renderers if type(r.glyph).__name__ == "Scatter"]
     data = {k: list(v[-3:]) for k, v in comp.source.data.items()}
     assert data["chosen"] == ["no", "no", "yes"]  # partition 2, at step 5
+    assert data["steps"] == ["3\u20135"] * 3  # what the hover names
+    [hover] = [t for t in comp.root.tools if type(t).__name__ == "HoverTool"]
+    assert ("steps", "@steps") in hover.tooltips
     x, width = data[cell.x][2], data[cell.width][2]
     assert (x - width / 2, x + width / 2) == (2.5, 5.5)
     assert data[dot.x][2] == 5

@@ -145,8 +145,9 @@ class PartitionHeatmap(DashboardComponent):
     """Summed priority by partition and step, in a rolling window of steps.
 
     One column per snapshot whose table moved on; a column spans the steps
-    since the previous one. Partitions whose priorities were computed in the
-    newest step of a column (the ones chosen) carry a dot.
+    since the previous one, and its hover names them ("steps 3–5"); the sums
+    are those after its newest step. Partitions whose priorities were
+    computed in that newest step (the ones chosen) carry a dot.
     """
 
     def __init__(self, window: int = 150, **kwargs: Any) -> None:
@@ -154,7 +155,8 @@ class PartitionHeatmap(DashboardComponent):
             raise ValueError(f"window should be a positive integer, but got window={window!r}")
         self.window = window
         self.source = ColumnDataSource(
-            {"step": [], "x": [], "width": [], "partition": [], "value": [], "chosen": []},
+            {"step": [], "steps": [], "x": [], "width": [], "partition": [], "value": [],
+             "chosen": []},
             name="daskpri-heatmap",
         )
         self.mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=1.0)
@@ -186,10 +188,10 @@ class PartitionHeatmap(DashboardComponent):
         fig.add_tools(
             HoverTool(
                 tooltips=[
-                    ("step", "@step"),
+                    ("steps", "@steps"),
                     ("partition", "@partition"),
-                    ("sum", "@value{0.000g}"),
-                    ("chosen", "@chosen"),
+                    ("sum after the newest", "@value{0.000g}"),
+                    ("chosen in the newest", "@chosen"),
                 ]
             )
         )
@@ -217,9 +219,11 @@ class PartitionHeatmap(DashboardComponent):
         chosen = np.zeros(sums.size, dtype=bool)
         chosen[np.asarray(snapshot["chosen"], dtype=np.int64)] = True
         n = sums.size
+        steps = str(step) if width == 1 else f"{step - width + 1}\u2013{step}"
         self.source.stream(
             {
                 "step": np.full(n, step),
+                "steps": [steps] * n,
                 "x": np.full(n, step - (width - 1) / 2),
                 "width": np.full(n, width),
                 "partition": np.arange(n),
