@@ -31,6 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for :func:`spawned_workers`, and in every subprocess the suite starts.
     """
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    # the DDP and plain-loop baselines' processes too (test_bench_runs.py spawns one run's)
+    dask.config.set({"daskpri.bench.start-method": "forkserver"})
     # distributed sets its own preload on its first call, and never again
     get_mp_context().set_forkserver_preload(_PRELOAD)
 

@@ -93,6 +93,7 @@ def test_ddp_trains_on_two_processes():
 
 
 def test_ddp_processes_listen_on_loopback_only():
+    """Spawned, as daskpri's users' are by default (the suite's fork from a forkserver)."""
     import psutil
 
     data, model = _halves()
@@ -112,12 +113,28 @@ def test_ddp_processes_listen_on_loopback_only():
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        train_ddp(model, data, data, processes=2, batch_size=32, learning_rate=0.05,
-                  momentum=0.9, budget=1.0, eval_seconds=0.2, seed=0, timeout=120)
+        with dask.config.set({"daskpri.bench.start-method": "spawn"}):
+            train_ddp(model, data, data, processes=2, batch_size=32, learning_rate=0.05,
+                      momentum=0.9, budget=1.0, eval_seconds=0.2, seed=0, timeout=120)
     finally:
         done.set()
         watcher.join(5)
     assert listening and listening <= {"127.0.0.1", "::1"}, listening
+
+
+def test_a_start_method_the_baselines_do_not_take_is_refused_before_the_first_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    data, model = _halves()
+    with dask.config.set({"daskpri.bench.start-method": "fork"}):
+        assert main(["bench", "--quick", "--no-progress", "--out", str(tmp_path / "b")]) == 2
+        with pytest.raises(ValueError, match="start-method should be spawn or forkserver"):
+            train_plain_loops(model, data, data, processes=2, batch_size=32, learning_rate=0.05,
+                              momentum=0.9, budget=0.5, eval_seconds=0.1, seed=0)
+    assert capsys.readouterr().err == (
+        "daskpri: error: daskpri.bench.start-method should be spawn or forkserver, but got "
+        "'fork'\n")
+    assert not (tmp_path / "b").exists()
 
 
 def test_plain_loops_train_at_once_and_add_up_their_samples():

@@ -31,7 +31,12 @@ from torch import nn
 from daskpri.bench.records import Curve
 from daskpri.training.cluster import one_torch_thread
 
-__all__ = ["BaselineResult", "train_ddp", "train_plain", "train_plain_loops"]
+__all__ = ["BaselineResult", "start_method", "train_ddp", "train_plain", "train_plain_loops"]
+
+#: How :func:`train_ddp` and :func:`train_plain_loops` may start their processes
+#: (``fork`` is left out: a process forked from a parent whose torch has started
+#: threads can hang in them).
+START_METHODS = ("spawn", "forkserver")
 
 
 @dataclass
@@ -189,15 +194,44 @@ def train_plain(
         return _loop(job)
 
 
+def start_method() -> str:
+    """How the baselines of many processes start them: ``daskpri.bench.start-method``.
+
+    ``"spawn"`` (the default) starts fresh interpreters, as ``torchrun``
+    does; ``"forkserver"`` forks them from :mod:`multiprocessing`'s fork
+    server, at once where that server has imported torch
+    (:func:`multiprocessing.set_forkserver_preload`). The processes start
+    before their budgets do, either way.
+
+    >>> import dask
+    >>> with dask.config.set({"daskpri.bench.start-method": "spawn"}):
+    ...     start_method()
+    'spawn'
+    >>> with dask.config.set({"daskpri.bench.start-method": "fork"}):
+    ...     start_method()
+    Traceback (most recent call last):
+    ValueError: daskpri.bench.start-method should be spawn or forkserver, but got 'fork'
+    """
+    from daskpri import _config
+
+    method = _config.get("bench.start-method")
+    if method not in START_METHODS:
+        raise ValueError(f"daskpri.bench.start-method should be {' or '.join(START_METHODS)}, "
+                         f"but got {method!r}")
+    return str(method)
+
+
 def _process(rank: int, world: int, rendezvous: str, job: _Job, queue: Any, barrier: Any,
-             communicate: bool) -> None:
-    """One of ``world`` processes: under DDP (gloo on 127.0.0.1), or on its own.
+             communicate: bool, gloo_ifname: str) -> None:
+    """One of ``world`` processes: under DDP (gloo on ``gloo_ifname``), or on its own.
 
     Under DDP rank 0 sends the curve and every process's samples; on its own
     each process sends its samples (rank 0 its curve too), after starting
     with the others at ``barrier``.
     """
     try:
+        # set here, not inherited: a forkserver's process has the server's environment
+        os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
         torch.set_num_threads(1)
         # torch.multiprocessing hands a process the model's tensors in shared memory:
         # without a copy of its own every process would step the same parameters
@@ -240,7 +274,8 @@ def train_ddp(
     Parameters
     ----------
     processes : int
-        Processes (started by spawn, each with one torch thread).
+        Processes, each with one torch thread, started as
+        :func:`start_method` says (spawned by default).
     **options
         ``batch_size``, ``learning_rate``, ``momentum``, ``budget``,
         ``eval_seconds`` and ``seed`` as for :func:`train_plain`, and
@@ -299,7 +334,7 @@ def _spawn(
     what = "DDP" if communicate else "plain-loops"
     if processes < 2:
         raise ValueError(f"processes should be at least 2, but got processes={processes}")
-    ctx = mp.get_context("spawn")
+    ctx: Any = mp.get_context(start_method())  # a SpawnContext or a ForkServerContext
     queue = ctx.Queue()
     barrier = ctx.Barrier(processes)
     # The processes meet through a file: a tcp:// rendezvous starts torch's
@@ -309,24 +344,19 @@ def _spawn(
     x, y = train
     bounds = np.linspace(0, len(y), processes + 1).astype(int)
     procs = []
-    env = os.environ.get("GLOO_SOCKET_IFNAME")
-    # loopback only: the processes inherit it at spawn
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
-    try:
-        for rank in range(processes):
-            a, b = bounds[rank], bounds[rank + 1]
-            job = _Job(model, x[a:b], y[a:b], test[0] if rank == 0 else None,
-                       test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
-                       budget, eval_seconds, seed, max_grad_norm=max_grad_norm,
-                       label_smoothing=label_smoothing)
-            p = ctx.Process(target=_process,
-                            args=(rank, processes, rendezvous, job, queue, barrier,
-                                  communicate))
-            p.start()
-            procs.append(p)
-    finally:
-        if env is None:
-            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    # loopback only, unless the user's environment names another interface
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME") or ("lo0" if sys.platform == "darwin" else "lo")
+    for rank in range(processes):
+        a, b = bounds[rank], bounds[rank + 1]
+        job = _Job(model, x[a:b], y[a:b], test[0] if rank == 0 else None,
+                   test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
+                   budget, eval_seconds, seed, max_grad_norm=max_grad_norm,
+                   label_smoothing=label_smoothing)
+        p = ctx.Process(target=_process,
+                        args=(rank, processes, rendezvous, job, queue, barrier, communicate,
+                              ifname))
+        p.start()
+        procs.append(p)
     limit = 3 * budget + 120 if timeout is None else timeout
     deadline = time.monotonic() + limit
     curve, samples, finished = None, 0, False

@@ -204,6 +204,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def _config_from_args(args: argparse.Namespace) -> BenchConfig:
     from daskpri import _config
+    from daskpri.bench.baselines import start_method
+
+    start_method()  # a bad daskpri.bench.start-method, refused before the first run
 
     return BenchConfig.from_options(
         quick=args.quick,
