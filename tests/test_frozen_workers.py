@@ -13,6 +13,7 @@ and always continued after.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -175,6 +176,39 @@ def test_a_replica_set_up_after_its_run_dropped_it_is_dropped_again(cluster, sma
             assert all(kept.name in ps for ps in plugins.values()), plugins
         finally:
             client.unregister_worker_plugin(kept.name)
+
+
+def test_a_replica_its_run_dropped_waits_for_the_schedulers_remove_on_its_way(
+    cluster, small_data
+):
+    """The scheduler dropped the plugin after this set-up's add, its remove still on its way:
+    the remove finds the plugin, rather than a replica that removed itself (distributed's
+    'failed to teardown' and a KeyError in the worker's log)."""
+    from distributed.protocol import pickle
+
+    from daskpri.replicas.worker import DROP_GRACE, ReplicaPlugin
+    from daskpri.table.plugin import PLUGIN_NAME, TablePlugin
+
+    train, _ = small_data
+    gone = ReplicaPlugin("late-1", pickle.dumps(build_model("mlp", train)), 10)
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        if not client.run_on_scheduler(lambda dask_scheduler: PLUGIN_NAME in
+                                       dask_scheduler.plugins):
+            client.register_plugin(TablePlugin())
+
+        async def add_then_remove(plugin: bytes, dask_worker: Any = None) -> Any:
+            added = await dask_worker.plugin_add(plugin=plugin, name=gone.name)
+            await asyncio.sleep(DROP_GRACE / 4)  # the scheduler's answer is in by now
+            return added, await dask_worker.plugin_remove(name=gone.name)
+
+        answers = client.run(add_then_remove, pickle.dumps(gone))
+        assert all(a == ({"status": "OK"}, {"status": "OK"}) for a in answers.values()), answers
+        time.sleep(DROP_GRACE + 0.5)  # its check over: nothing else removed, nothing logged
+        logs = client.get_worker_logs()
+        assert not [line for ls in logs.values() for _, line in ls
+                    if gone.name in line and "teardown" in line], logs
+        plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+        assert not [p for ps in plugins.values() for p in ps if gone.name in p], plugins
 
 
 def test_a_registration_goes_on_without_a_worker_that_freezes_under_it_and_names_all_frozen(

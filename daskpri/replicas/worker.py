@@ -49,6 +49,10 @@ from daskpri.table.plugin import replicas_name
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a replica whose run has dropped it waits for the scheduler's own
+#: ``plugin-remove`` before it removes itself (see ``_drop_if_unwanted``)
+DROP_GRACE = 2.0
+
 
 @dataclass(frozen=True)
 class StoreRef:
@@ -178,10 +182,13 @@ class ReplicaPlugin(WorkerPlugin):
         scheduler's ``plugin-add`` and ``plugin-remove`` once it thaws, on
         two connections, read in either order: the remove first left the
         replica (its model, its partitions) on the worker for good. Where
-        the scheduler no longer holds the plugin, it is removed here. Nothing
-        is asked for a set-up outside a worker's event loop (in-process use),
-        and the replica is kept where the scheduler lacks daskpri's table
-        plugin or does not answer within 30 s.
+        the scheduler no longer holds the plugin, it is removed here, after
+        ``DROP_GRACE`` seconds: a remove that the scheduler sent after this
+        set-up's add may still be on its way, and would find the plugin gone
+        (distributed logs that as a failed teardown). Nothing is asked for a
+        set-up outside a worker's event loop (in-process use), and the
+        replica is kept where the scheduler lacks daskpri's table plugin or
+        does not answer within 30 s.
         """
         try:
             asyncio.get_running_loop()
@@ -197,7 +204,10 @@ class ReplicaPlugin(WorkerPlugin):
                              self.name, e)
                 return
             # (None: a scheduler without daskpri's table plugin, which has no such handler)
-            if wanted is False and worker.plugins.get(self.name) is self:
+            if wanted is not False:
+                return
+            await asyncio.sleep(DROP_GRACE)
+            if worker.plugins.get(self.name) is self:  # no remove came meanwhile
                 logger.warning("daskpri: the run of replica %s was closed before its set-up "
                                "reached this worker: the replica is dropped", self.name)
                 await worker.plugin_remove(name=self.name)
