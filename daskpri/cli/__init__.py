@@ -1,5 +1,5 @@
-"""The ``daskpri`` command line: ``train``, ``demo``, ``bench``, ``report``,
-``dashboard`` and ``strategies``.
+"""The ``daskpri`` command line: ``train``, ``demo``, ``bench``, ``evaluate``,
+``report``, ``dashboard`` and ``strategies``.
 
 Examples
 --------
@@ -11,6 +11,10 @@ Train on a LocalCluster of two workers and keep the history::
 Train on a running cluster, on workers started with ``--resources GPU=1``::
 
     daskpri train --scheduler tcp://HOST:8786 --resources GPU=1 --max-time 600
+
+Score a checkpoint's model on the test split it was evaluated on::
+
+    daskpri evaluate run.ckpt --dataset mnist1d
 
 Compare selective backprop with uniform sampling for the same time budget::
 

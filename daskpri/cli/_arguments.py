@@ -22,6 +22,7 @@ from daskpri.cli._tls import add_tls_arguments
 from daskpri.cli.bench import _bench
 from daskpri.cli.dashboard import _dashboard_command
 from daskpri.cli.demo import _DEMO_STRATEGY, _demo
+from daskpri.cli.evaluate import _evaluate
 from daskpri.cli.report import _report
 from daskpri.cli.strategies import _strategies
 from daskpri.cli.train import _DEFAULT_CHECKPOINT_EVERY, _DEFAULT_MAX_STEPS, _train
@@ -165,6 +166,29 @@ def _parser() -> argparse.ArgumentParser:
                              "an earlier report there is replaced, any other file refused)")
     report.add_argument("--baseline", metavar="PATH", help="another run's history to compare with")
     report.add_argument("--title", help="the page's title (default: names the run's strategy)")
+
+    evaluate = sub.add_parser(
+        "evaluate", help="a checkpoint's model: its accuracy and loss on held-out data")
+    evaluate.set_defaults(run=_evaluate)
+    evaluate.add_argument("checkpoint", metavar="CHECKPOINT",
+                          help="a checkpoint of `daskpri train --checkpoint` (read weights-only)")
+    held_out = evaluate.add_argument_group(
+        "data (default: the test split of mnist1d, as train's default)")
+    held_out.add_argument("--dataset", choices=DATASETS,
+                          help="a built-in dataset's test split, split by the run's seed as "
+                               "train split it (give train's --n-samples and --root too)")
+    held_out.add_argument("--n-samples", type=_count(1), metavar="N",
+                          help="samples of the dataset, train and test together, as given to "
+                               "train")
+    held_out.add_argument("--root", metavar="DIR", help="directory of the mnist or cifar10 files")
+    held_out.add_argument("--data", metavar="PATH",
+                          help="held-out data of your own instead: a zarr store or netCDF file "
+                               "with x and y along 'sample', as train's --eval-data")
+    evaluate.add_argument("--batch-size", type=_count(1), metavar="N",
+                          help="samples per forward pass (default 256 on a CPU, 4096 on a GPU)")
+    evaluate.add_argument("--json", action="store_true",
+                          help="print one JSON object (checkpoint, step, strategy, data, "
+                               "accuracy, loss, samples) rather than a line of text")
 
     strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
     strategies.set_defaults(run=_strategies)

@@ -1,0 +1,61 @@
+"""``daskpri evaluate``: a checkpoint's model scored on held-out data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import daskpri
+from daskpri.cli.train import _check_resumed_data
+from daskpri.training import checkpoint
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """Score the model of ``args.checkpoint`` on ``--data`` or the test split of ``--dataset``.
+
+    The test split is the one ``train`` evaluated on: the built-in dataset
+    split by the run's own seed, its training split checked against the run's
+    sample count (another ``--n-samples`` gives another split).
+    """
+    if args.data is not None:
+        given = [flag for flag, value in (("--dataset", args.dataset),
+                                          ("--n-samples", args.n_samples),
+                                          ("--root", args.root)) if value is not None]
+        if given:
+            raise ValueError(
+                f"--data names the held-out data to score, and {', '.join(given)} "
+                "choose(s) a built-in dataset's test split: give one or the other")
+    state = checkpoint.read(args.checkpoint)  # refuses what is no daskpri checkpoint
+    if state["model_spec"] is None:
+        raise ValueError(
+            f"the run in {args.checkpoint!r} trained a model of its own, not a built-in one: "
+            "score it from Python, with daskpri.Trainer.resume(path, model=...).evaluate(data)"
+        )
+    seed = state["trainer"]["seed"]
+    if args.data is None:
+        args.dataset = args.dataset or "mnist1d"
+        train, data = daskpri.datasets.load(args.dataset, root=args.root, seed=seed,
+                                            n_samples=args.n_samples)
+        try:  # (the checkpoint named as train --resume's)
+            _check_resumed_data(argparse.Namespace(**vars(args), resume=args.checkpoint),
+                                state, train)
+        except ValueError as e:
+            raise ValueError(str(e).replace("--resume: ", "")) from None
+        what: Any = data
+        where = f"the test split of {args.dataset}"
+    else:
+        what = where = args.data
+    trainer = daskpri.Trainer.resume(args.checkpoint)
+    try:
+        scores = trainer.evaluate(what, batch_size=args.batch_size)
+    finally:
+        trainer.close()
+    if args.json:
+        print(json.dumps({"checkpoint": args.checkpoint, "step": trainer.step_,
+                          "strategy": trainer.strategy.name, "data": where, **scores}))
+    else:
+        print(f"{args.checkpoint} (step {trainer.step_}, {trainer.strategy.name}): accuracy "
+              f"{scores['accuracy']:.4f}, loss {scores['loss']:.4f} on {scores['samples']:,} "
+              f"samples of {where}")
+    return 0

@@ -1,0 +1,112 @@
+"""``daskpri evaluate``: a checkpoint of ``daskpri train`` scored on held-out data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import xarray as xr
+from _fits import local_cluster
+
+import daskpri
+from daskpri.cli import main
+from daskpri.data.io import to_store
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, xr.Dataset]:
+    """A checkpoint of 20 steps of ``train`` (seed 3) and the history it wrote."""
+    where = tmp_path_factory.mktemp("evaluate")
+    ckpt, out = where / "run.ckpt", where / "run.nc"
+    assert main(["train", "--dataset", "synthetic", "--n-samples", "2000", "--seed", "3",
+                 "--max-steps", "20", "--eval-every", "10", "--workers", "1",
+                 "--checkpoint", str(ckpt), "--checkpoint-every", "10",
+                 "--output", str(out), "--no-progress"]) == 0
+    return ckpt, xr.open_dataset(out, engine="h5netcdf").load()
+
+
+def test_evaluate_scores_the_test_split_the_run_was_evaluated_on(
+    trained: tuple[Path, xr.Dataset], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, history = trained
+    capsys.readouterr()
+    assert main(["evaluate", str(ckpt), "--dataset", "synthetic", "--n-samples", "2000"]) == 0
+    line = capsys.readouterr().out.strip()
+    accuracy, loss = float(history["accuracy"][-1]), float(history["eval_loss"][-1])
+    assert line == (f"{ckpt} (step 20, selective-backprop): accuracy {accuracy:.4f}, loss "
+                    f"{loss:.4f} on 400 samples of the test split of synthetic")
+    assert main(["evaluate", str(ckpt), "--dataset", "synthetic", "--n-samples", "2000",
+                 "--json", "--batch-size", "7"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["accuracy"] == accuracy and doc["loss"] == pytest.approx(loss, rel=1e-5)
+    assert {k: doc[k] for k in ("checkpoint", "step", "strategy", "data", "samples")} == {
+        "checkpoint": str(ckpt), "step": 20, "strategy": "selective-backprop",
+        "data": "the test split of synthetic", "samples": 400}
+
+
+def test_evaluate_scores_held_out_data_of_a_store(
+    trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, history = trained
+    # the run's test split (its seed's), from a zarr store of the user's
+    _, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=3)
+    store = to_store(test.chunk({"sample": 100}), str(tmp_path / "held-out.zarr"))
+    capsys.readouterr()
+    assert main(["evaluate", str(ckpt), "--data", store, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["data"] == store and doc["samples"] == 400
+    assert doc["accuracy"] == float(history["accuracy"][-1])
+
+
+def test_evaluate_refuses_another_split_and_data_it_cannot_score(
+    trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, _ = trained
+    capsys.readouterr()
+    cases = [
+        # another --n-samples splits the data otherwise: refused, not scored on other samples
+        (["--dataset", "synthetic", "--n-samples", "1000"],
+         f"daskpri: error: the run in {str(ckpt)!r} trained on 1600 samples of shape (20,) in "
+         "10 classes, but --dataset synthetic --n-samples 1000 gives 800 samples of shape "
+         "(20,) in 10 classes; give the --dataset and --n-samples the run was started with"),
+        (["--data", "x.zarr", "--dataset", "synthetic"],
+         "daskpri: error: --data names the held-out data to score, and --dataset choose(s) a "
+         "built-in dataset's test split: give one or the other"),
+        (["--data", str(tmp_path / "none.zarr")],
+         f"daskpri: error: data names {str(tmp_path / 'none.zarr')!r}, but there is no such "
+         "file or directory"),
+    ]
+    for flags, message in cases:
+        assert main(["evaluate", str(ckpt), *flags]) == 2, flags
+        assert capsys.readouterr().err.strip() == message
+    assert main(["evaluate", str(tmp_path / "none.ckpt")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"daskpri: error: no checkpoint at {str(tmp_path / 'none.ckpt')!r}")
+    with pytest.raises(SystemExit) as exit_:  # argparse's own
+        main(["evaluate", str(ckpt), "--batch-size", "0"])
+    assert exit_.value.code == 2
+    assert "argument --batch-size: should be a positive integer" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_a_model_of_its_own_is_scored_from_python(
+    small_data: tuple[xr.Dataset, xr.Dataset], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    train, test = small_data
+    model = torch.nn.Sequential(torch.nn.Linear(20, 10))
+    path = tmp_path / "own.ckpt"
+    with local_cluster(1, processes=False) as (_, client), \
+            daskpri.Trainer(model, strategy="uniform", client=client, batch_size=32) as trainer:
+        trainer.fit(train, max_steps=2, progress=False)
+        trainer.save(path)
+        expected = trainer.evaluate(test)
+    assert main(["evaluate", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"daskpri: error: the run in {str(path)!r} trained a model of its own, not a built-in "
+        "one: score it from Python, with daskpri.Trainer.resume(path, model=...)"
+        ".evaluate(data)")
+    # as said
+    with daskpri.Trainer.resume(path, model=torch.nn.Sequential(torch.nn.Linear(20, 10))) as t:
+        assert t.evaluate(test) == expected
