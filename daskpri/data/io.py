@@ -46,7 +46,7 @@ __all__ = [
 
 def open_dataset(
     source: xr.Dataset | str | os.PathLike[str], *, name: str = "data", check_links: bool = True,
-    check_chunks: bool = True,
+    check_chunks: bool = True, labels: bool = True,
 ) -> xr.Dataset:
     """Open ``source`` lazily as a training dataset and check its layout.
 
@@ -69,6 +69,9 @@ def open_dataset(
         Refuse a zarr store that lacks chunks of ``x`` (see
         `check_chunks_present`). A worker reading a store the driver checked
         passes False.
+    labels : bool, default True
+        Whether ``y`` is needed; False opens data to predict on, whose ``y``,
+        if any, is left as it is (see `validate_dataset`).
 
     Returns
     -------
@@ -101,8 +104,8 @@ def open_dataset(
     True
     """
     if isinstance(source, xr.Dataset):
-        validate_dataset(source, name=name)
-        return as_training(source, name=name)
+        validate_dataset(source, name=name, labels=labels)
+        return as_training(source if labels else source[["x"]], name=name)
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(
             f"{name} should be an xarray.Dataset or the path of a zarr store or netCDF file, "
@@ -140,10 +143,10 @@ def open_dataset(
         ds = _open_netcdf(path, name=name)
     if not ds.data_vars:
         _check_not_in_groups(path, fmt, name=name)
-    validate_dataset(ds, name=name)
+    validate_dataset(ds, name=name, labels=labels)
     if fmt == "zarr" and check_chunks:
         check_chunks_present(path, name=name)
-    return as_training(ds, name=name)
+    return as_training(ds if labels else ds[["x"]], name=name)
 
 
 def check_chunks_present(path: str, *, name: str = "data") -> None:
@@ -352,7 +355,9 @@ def fingerprint(source: xr.Dataset | str | os.PathLike[str]) -> tuple[Any, ...]:
     return ("store", path, max(stamps))
 
 
-def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
+def validate_dataset(
+    ds: xr.Dataset, *, name: str = "data", labels: bool = True
+) -> dict[str, Any]:
     """Check that ``ds`` is laid out as a training dataset, from metadata only.
 
     Parameters
@@ -366,6 +371,9 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
         number where it is read).
     name : str, default "data"
         The parameter's name, used in error messages.
+    labels : bool, default True
+        Whether ``y`` is checked; False checks ``x`` alone (data to
+        predict on).
 
     Returns
     -------
@@ -400,13 +408,13 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
             f"{name} should have a 'sample' dimension, but got dimensions {tuple(ds.dims)}"
             + hint_sample(ds)
         )
-    for var in ("x", "y"):
+    for var in ("x", "y") if labels else ("x",):
         if var not in ds.data_vars:
             raise ValueError(
                 f"{name} should have a variable {var!r}, but got variables {tuple(ds.data_vars)}"
                 + hint_missing(ds, var)
             )
-    x, y = ds["x"], ds["y"]
+    x = ds["x"]
     n_samples = int(ds.sizes["sample"])
     if "sample" not in x.dims:
         raise ValueError(f"{name}.x should have a 'sample' dimension, but got dims {x.dims}")
@@ -417,6 +425,23 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
             f"{name}.x should have an integer or float dtype, but got {x.dtype}"
             + ("; ds['x'] = ds['x'].astype('float32')" if x.dtype.kind == "b" else "")
         )
+    if labels:
+        _validate_labels(ds["y"], x, n_samples, name)
+    if n_samples < 1:
+        raise ValueError(f"{name} should have at least one sample, but got {n_samples}")
+    n_classes = ds.attrs.get("n_classes")
+    if n_classes is not None:
+        n_classes = _positive_int(n_classes, f"{name}.attrs['n_classes']")
+    return {
+        "n_samples": n_samples,
+        "x_shape": tuple(int(s) for s in x.shape[1:]),
+        "x_dtype": str(x.dtype),
+        "n_classes": n_classes,
+    }
+
+
+def _validate_labels(y: xr.DataArray, x: xr.DataArray, n_samples: int, name: str) -> None:
+    """`validate_dataset`'s checks of ``y`` (``x`` with ``sample`` first)."""
     if y.dims != ("sample",):
         got = f"dims {y.dims}"
         if y.ndim == 1:
@@ -437,17 +462,6 @@ def validate_dataset(ds: xr.Dataset, *, name: str = "data") -> dict[str, Any]:
             f"{name}.x and {name}.y should have the same length along 'sample', "
             f"but got {x.shape[0]} and {y.shape[0]}"
         )
-    if n_samples < 1:
-        raise ValueError(f"{name} should have at least one sample, but got {n_samples}")
-    n_classes = ds.attrs.get("n_classes")
-    if n_classes is not None:
-        n_classes = _positive_int(n_classes, f"{name}.attrs['n_classes']")
-    return {
-        "n_samples": n_samples,
-        "x_shape": tuple(int(s) for s in x.shape[1:]),
-        "x_dtype": str(x.dtype),
-        "n_classes": n_classes,
-    }
 
 
 def check_values(

@@ -306,6 +306,35 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
     range); those of a store or a Dask array, by each worker as it loads
     its partitions.
     """
+    width = model_output_width(model, ds, info)
+    n_classes = info.get("n_classes")
+    if n_classes is not None and width != n_classes:
+        raise ValueError(
+            f"the model outputs {width} classes, but data has n_classes={n_classes}"
+        )
+    # a store's labels read here, as its two samples were: not by a default client's workers
+    scheduler = driver_scheduler(ds)
+    y = ds["y"]  # a store's read chunk by chunk
+    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler=scheduler))
+    if y_min < 0 or (n_classes is not None and y_max >= n_classes):  # read whole for the message
+        check_labels(y.compute(scheduler=scheduler).values, n_classes=n_classes, where="data")
+    if y_max >= width:
+        raise ValueError(
+            f"the model outputs {width} classes, but data.y holds label {y_max}; "
+            f"labels should lie in [0, {width})"
+        )
+    if isinstance(ds["x"].data, np.ndarray):
+        # in memory here: its values checked now, not by each worker as it loads a share
+        check_values(ds["x"].data, ds["y"].values, n_classes=n_classes or width, where="data")
+    return width
+
+
+def model_output_width(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
+    """The classes ``model`` outputs, found by running it on two samples of ``data.x``.
+
+    In evaluation mode, left as it was after; float32 parameters only, as
+    the data reaches the model as float32.
+    """
     other = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                     if p.is_floating_point() and p.dtype != torch.float32})
     if other:  # the data reaches the replicas as float32
@@ -314,7 +343,7 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             f"some are {', '.join(other)}; call model.float() (lower-precision scoring passes "
             "are a strategy's score_dtype option)"
         )
-    # a store's data read here, as below: not by the workers of a default client
+    # a store's data read here: not by the workers of a default client
     # (or through the client of a cluster it is persisted on)
     scheduler = driver_scheduler(ds)
     two = ds["x"].isel(sample=slice(0, 2)).compute(scheduler=scheduler).values
@@ -336,25 +365,7 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
             "the model should output (batch, n_classes) logits, but got shape "
             f"{tuple(out.shape)}"
         )
-    width = int(out.shape[1])
-    n_classes = info.get("n_classes")
-    if n_classes is not None and width != n_classes:
-        raise ValueError(
-            f"the model outputs {width} classes, but data has n_classes={n_classes}"
-        )
-    y = ds["y"]  # a store's read chunk by chunk
-    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler=scheduler))
-    if y_min < 0 or (n_classes is not None and y_max >= n_classes):  # read whole for the message
-        check_labels(y.compute(scheduler=scheduler).values, n_classes=n_classes, where="data")
-    if y_max >= width:
-        raise ValueError(
-            f"the model outputs {width} classes, but data.y holds label {y_max}; "
-            f"labels should lie in [0, {width})"
-        )
-    if isinstance(ds["x"].data, np.ndarray):
-        # in memory here: its values checked now, not by each worker as it loads a share
-        check_values(ds["x"].data, ds["y"].values, n_classes=n_classes or width, where="data")
-    return width
+    return int(out.shape[1])
 
 
 #: what a device that names no accelerator leaves to ask for

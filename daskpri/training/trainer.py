@@ -13,12 +13,14 @@ cluster and the fit loop; the work behind them is in private modules:
 and ``table_``, ``_cleanup`` starts its LocalCluster and closes a trainer
 never closed, ``_interrupts`` says what an interrupt (Jupyter's, Ctrl-C)
 does meanwhile, and its mixins ``_run.RunMixin``, ``_step.StepMixin``,
-``_persist.PersistMixin`` and ``_background.BackgroundMixin`` hold the run
+``_persist.PersistMixin``, ``_background.BackgroundMixin`` and
+``_inference.InferenceMixin`` hold the run
 in the cluster, each step, the checkpoints and results
 (:meth:`~Trainer.save`, :meth:`~Trainer.resume`, ``history_``, ``table_``),
-and a fit in a thread, its stop and the dashboard
+a fit in a thread, its stop and the dashboard
 (:meth:`~Trainer.fit_in_background`, :meth:`~Trainer.stop`,
-:meth:`~Trainer.dashboard`).
+:meth:`~Trainer.dashboard`), and the model scored and run on other data
+(:meth:`~Trainer.evaluate`, :meth:`~Trainer.predict`).
 The partitions and replicas on the workers, and re-planning after losing
 some, are a :class:`~daskpri.training.deployment.Deployment`; the
 workers' results of a step are combined in :mod:`~daskpri.training.rounds`;
@@ -53,6 +55,7 @@ from daskpri.training._cleanup import (
     start_own_cluster,
 )
 from daskpri.training._fit import FIT_RUNNING, FitRequest, check_fit, fit_loop
+from daskpri.training._inference import InferenceMixin
 from daskpri.training._interrupts import dropped_by_interrupts
 
 # LEARNING_RATES moved to _settings; it is still importable from here (daskpri.cli's is)
@@ -66,7 +69,7 @@ from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_
 # importable from here.
 __all__ = ["SchedulerLostError", "Trainer", "dask_timeout"]
 
-class Trainer(BackgroundMixin):
+class Trainer(InferenceMixin, BackgroundMixin):
     """Prioritized data-parallel SGD of a PyTorch module on a Dask cluster.
 
     Parameters
@@ -481,80 +484,6 @@ class Trainer(BackgroundMixin):
             return self._fit_holding(request)
         finally:
             self._fitting.release()
-
-    def evaluate(
-        self, data: xr.Dataset | str, *, batch_size: int | None = None
-    ) -> dict[str, float]:
-        """Accuracy and mean loss of the model on ``data``, scored as a fit scores ``eval_data``.
-
-        On the driver, where a fit evaluates: on its GPU where it has one,
-        else its CPU (``daskpri.trainer.eval-device``), the model in
-        evaluation mode and left as it was. No cluster is needed: a trainer
-        never fitted scores its model as given.
-
-        Parameters
-        ----------
-        data : xarray.Dataset or path
-            ``x`` and ``y`` along ``sample``, as ``fit`` takes them; read
-            whole on the driver. Its labels should lie within the model's
-            classes (the data's ``n_classes``, else the model's output width).
-        batch_size : int, optional
-            Samples per forward pass (256 on the CPU, 4096 on a GPU).
-
-        Returns
-        -------
-        dict
-            ``{"accuracy": ..., "loss": ..., "samples": ...}``: the fraction
-            of samples whose largest logit is their label, the mean
-            cross-entropy (without the fit's label smoothing, as the history's
-            ``eval_loss``) and the number of samples scored.
-
-        Raises
-        ------
-        ValueError
-            If ``data`` is refused (as ``fit`` refuses ``eval_data``), or
-            ``batch_size`` is not a positive integer.
-        FileNotFoundError
-            If ``data`` names a path where there is nothing.
-        RuntimeError
-            If a fit of this trainer is running: its model changes with
-            every step.
-
-        Examples
-        --------
-        >>> import daskpri
-        >>> from daskpri.models import build_model
-        >>> train, test = daskpri.datasets.load("synthetic", n_samples=1000)
-        >>> trainer = daskpri.Trainer(build_model("mlp", train, seed=0))
-        >>> scores = trainer.evaluate(test)
-        >>> sorted(scores), scores["samples"]
-        (['accuracy', 'loss', 'samples'], 200)
-        >>> trainer.close()
-        """
-        from daskpri.data._persisted import driver_scheduler
-        from daskpri.data.io import open_dataset, validate_dataset
-        from daskpri.training._checks import check_model
-        from daskpri.training.evaluation import EvalSet
-
-        if batch_size is not None and (isinstance(batch_size, bool)
-                                       or not isinstance(batch_size, int | np.integer)
-                                       or batch_size < 1):
-            raise ValueError(
-                f"batch_size should be a positive integer, but got batch_size={batch_size!r}")
-        if not self._fitting.acquire(blocking=False):
-            raise RuntimeError(FIT_RUNNING.replace("before fitting again",
-                                                   "before evaluating"))
-        try:
-            ds = open_dataset(data, name="data")
-            info = validate_dataset(ds, name="data")
-            n_classes = check_model(self.model, ds, info)
-            evalset = EvalSet(ds[["x", "y"]].compute(scheduler=driver_scheduler(ds)),
-                              batch_size=None if batch_size is None else int(batch_size))
-            evalset.check(n_classes)
-            accuracy, loss = evalset.evaluate(self.model)
-        finally:
-            self._fitting.release()
-        return {"accuracy": accuracy, "loss": loss, "samples": int(evalset.y.shape[0])}
 
     def _fit_holding(self, request: FitRequest) -> xr.Dataset:
         """:meth:`fit`, its caller holding ``_fitting`` (one fit at a time)."""

@@ -1,0 +1,201 @@
+"""The trainer's model scored and run on other data: :meth:`evaluate` and :meth:`predict`.
+
+A mixin of :class:`~daskpri.training.trainer.Trainer`. Both take data as
+``fit`` does (in memory or a path) and need no cluster: ``evaluate`` scores
+on the driver, as a fit scores its ``eval_data``; ``predict`` runs the
+model chunk by chunk where the result is computed, lazily where the data is.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from daskpri.data._persisted import driver_scheduler
+from daskpri.data.io import open_dataset, validate_dataset
+from daskpri.training._checks import check_model, model_output_width
+from daskpri.training._fit import FIT_RUNNING as _FIT_RUNNING
+from daskpri.training.evaluation import EvalSet
+
+#: Samples a forward pass of :meth:`InferenceMixin.predict` takes at most
+PREDICT_BATCH = 256
+
+
+def _batch_size(value: Any) -> int | None:
+    """``batch_size`` checked: None or a positive integer."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer)
+                              or value < 1):
+        raise ValueError(f"batch_size should be a positive integer, but got batch_size={value!r}")
+    return None if value is None else int(value)
+
+
+def _logits(x: np.ndarray, model: nn.Module, batch_size: int) -> np.ndarray:
+    """``model``'s logits for the samples ``x`` (samples first), in batches, float32."""
+    xs = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
+    with torch.no_grad():
+        out = [model(xs[i : i + batch_size]) for i in range(0, xs.shape[0], batch_size)]
+    return torch.cat(out).numpy() if out else np.empty((0, 0), np.float32)
+
+
+class InferenceMixin:
+    """:meth:`evaluate` and :meth:`predict`, for :class:`~daskpri.training.trainer.Trainer`."""
+
+    # set by Trainer.__init__
+    model: nn.Module
+    step_: int
+    _fitting: threading.Lock  # held from a fit's call to its end: one at a time
+
+    def evaluate(
+        self, data: xr.Dataset | str, *, batch_size: int | None = None
+    ) -> dict[str, float]:
+        """Accuracy and mean loss of the model on ``data``, scored as a fit scores ``eval_data``.
+
+        On the driver, where a fit evaluates: on its GPU where it has one,
+        else its CPU (``daskpri.trainer.eval-device``), the model in
+        evaluation mode and left as it was. No cluster is needed: a trainer
+        never fitted scores its model as given.
+
+        Parameters
+        ----------
+        data : xarray.Dataset or path
+            ``x`` and ``y`` along ``sample``, as ``fit`` takes them; read
+            whole on the driver. Its labels should lie within the model's
+            classes (the data's ``n_classes``, else the model's output width).
+        batch_size : int, optional
+            Samples per forward pass (256 on the CPU, 4096 on a GPU).
+
+        Returns
+        -------
+        dict
+            ``{"accuracy": ..., "loss": ..., "samples": ...}``: the fraction
+            of samples whose largest logit is their label, the mean
+            cross-entropy (without the fit's label smoothing, as the history's
+            ``eval_loss``) and the number of samples scored.
+
+        Raises
+        ------
+        ValueError
+            If ``data`` is refused (as ``fit`` refuses ``eval_data``), or
+            ``batch_size`` is not a positive integer.
+        FileNotFoundError
+            If ``data`` names a path where there is nothing.
+        RuntimeError
+            If a fit of this trainer is running: its model changes with
+            every step.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> from daskpri.models import build_model
+        >>> train, test = daskpri.datasets.load("synthetic", n_samples=1000)
+        >>> trainer = daskpri.Trainer(build_model("mlp", train, seed=0))
+        >>> scores = trainer.evaluate(test)
+        >>> sorted(scores), scores["samples"]
+        (['accuracy', 'loss', 'samples'], 200)
+        >>> trainer.close()
+        """
+        batch_size = _batch_size(batch_size)
+        if not self._fitting.acquire(blocking=False):
+            raise RuntimeError(_FIT_RUNNING.replace("before fitting again", "before evaluating"))
+        try:
+            ds = open_dataset(data, name="data")
+            info = validate_dataset(ds, name="data")
+            n_classes = check_model(self.model, ds, info)
+            evalset = EvalSet(ds[["x", "y"]].compute(scheduler=driver_scheduler(ds)),
+                              batch_size=batch_size)
+            evalset.check(n_classes)
+            accuracy, loss = evalset.evaluate(self.model)
+        finally:
+            self._fitting.release()
+        return {"accuracy": accuracy, "loss": loss, "samples": int(evalset.y.shape[0])}
+
+
+    def predict(self, data: xr.Dataset | str, *, batch_size: int | None = None) -> xr.DataArray:
+        """The model's logits for each sample of ``data``: a DataArray along (sample, class).
+
+        Lazy where ``data``'s ``x`` is (a zarr store or netCDF file given by
+        path, chunked data): a Dask array, one task per chunk of samples,
+        computed where you compute it (your client's cluster, or threads),
+        each worker receiving the model once. In memory where ``x`` is. The
+        model is a copy of the trainer's as it is at the call, run in
+        evaluation mode on the CPU: a later ``fit`` does not change the
+        result.
+
+        Parameters
+        ----------
+        data : xarray.Dataset or path
+            ``x`` along ``sample``, as ``fit`` takes it; ``y`` is not needed
+            (nor read).
+        batch_size : int, optional
+            Samples per forward pass (default 256).
+
+        Returns
+        -------
+        xarray.DataArray
+            ``logits``, float32, dimensions ``("sample", "class")``, with
+            ``data``'s coordinates along ``sample`` and ``class`` numbered
+            from 0; its ``step`` attribute is the trainer's step at the call.
+            ``.argmax("class")`` gives the predicted classes.
+
+        Raises
+        ------
+        ValueError
+            If ``data`` is refused (its layout, or a model that cannot run
+            on two of its samples), or ``batch_size`` is not a positive
+            integer.
+        FileNotFoundError
+            If ``data`` names a path where there is nothing.
+        RuntimeError
+            If a fit of this trainer is running: its model changes with
+            every step.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> from daskpri.models import build_model
+        >>> train, test = daskpri.datasets.load("synthetic", n_samples=1000)
+        >>> trainer = daskpri.Trainer(build_model("mlp", train, seed=0))
+        >>> logits = trainer.predict(test.chunk({"sample": 50}))
+        >>> logits.dims, logits.shape, logits.chunks[0][:2]
+        (('sample', 'class'), (200, 10), (50, 50))
+        >>> predicted = logits.argmax("class").compute(scheduler="threads")
+        >>> trainer.close()
+        """
+        batch = _batch_size(batch_size) or PREDICT_BATCH
+        if not self._fitting.acquire(blocking=False):
+            raise RuntimeError(_FIT_RUNNING.replace("before fitting again", "before predicting"))
+        try:
+            ds = open_dataset(data, name="data", labels=False)
+            info = validate_dataset(ds, name="data", labels=False)
+            width = model_output_width(self.model, ds, info)
+            with torch.no_grad():  # as it is now, apart from the trainer's
+                model = copy.deepcopy(self.model).cpu().eval()
+            step = self.step_
+        finally:
+            self._fitting.release()
+        x = ds["x"]
+        if isinstance(x.data, da.Array):
+            # each chunk of samples whole along the other dimensions
+            arr = x.data.rechunk({i: -1 for i in range(1, x.ndim)})
+            inner = "abcdefghij"[: x.ndim - 1]
+            values: Any = da.blockwise(
+                _logits, "sc", arr, "s" + inner, dask.delayed(model, pure=False), None,
+                batch, None, new_axes={"c": width}, concatenate=True, dtype=np.float32,
+                meta=np.empty((0, 0), np.float32),
+            )
+        else:
+            values = _logits(np.asarray(x.values), model, batch)
+        coords = {name: c for name, c in x.coords.items() if c.dims == ("sample",)}
+        return xr.DataArray(
+            values, dims=("sample", "class"), coords={**coords, "class": np.arange(width)},
+            name="logits",
+            attrs={"long_name": "the model's logits", "step": step},
+        )
