@@ -1,10 +1,11 @@
-"""``daskpri evaluate``: a checkpoint of ``daskpri train`` scored on held-out data."""
+"""``daskpri evaluate`` and ``predict``: a checkpoint of ``daskpri train`` on other data."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import xarray as xr
@@ -107,6 +108,87 @@ def test_a_checkpoint_of_a_model_of_its_own_is_scored_from_python(
         f"daskpri: error: the run in {str(path)!r} trained a model of its own, not a built-in "
         "one: score it from Python, with daskpri.Trainer.resume(path, model=...)"
         ".evaluate(data)")
+    assert main(["predict", str(path), "--data", "x.zarr", "--output",
+                 str(tmp_path / "p.zarr")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"daskpri: error: the run in {str(path)!r} trained a model of its own, not a built-in "
+        "one: predict from Python, with daskpri.Trainer.resume(path, model=...)"
+        ".predict(data)")
     # as said
     with daskpri.Trainer.resume(path, model=torch.nn.Sequential(torch.nn.Linear(20, 10))) as t:
         assert t.evaluate(test) == expected
+
+
+@pytest.fixture(scope="module")
+def unlabelled(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, xr.Dataset]:
+    """A zarr store of the run's test split without its labels, and the split."""
+    _, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=3)
+    path = str(tmp_path_factory.mktemp("predict") / "new.zarr")
+    test[["x"]].chunk({"sample": 128}).to_zarr(path, zarr_format=3, consolidated=False)
+    return path, test
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_predict_writes_the_logits_and_classes_of_a_store_without_labels(
+    trained: tuple[Path, xr.Dataset], unlabelled: tuple[str, xr.Dataset], tmp_path: Path,
+    suffix: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    ckpt, history = trained
+    data, test = unlabelled
+    out = tmp_path / f"predictions{suffix}"
+    capsys.readouterr()
+    assert main(["predict", str(ckpt), "--data", data, "--output", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"predictions of 400 samples written to {out} (step 20, selective-backprop)")
+    got = xr.open_dataset(out, engine="zarr" if suffix == ".zarr" else "h5netcdf").load()
+    with daskpri.Trainer.resume(ckpt) as trainer:
+        expected = trainer.predict(test)
+    assert got["logits"].dims == ("sample", "class") and got["predicted"].dtype == "int64"
+    np.testing.assert_allclose(got["logits"].values, expected.values, rtol=1e-5, atol=1e-6)
+    assert (got["predicted"] == expected.argmax("class")).all()
+    # the run's last evaluation was on these samples
+    assert float((got["predicted"] == test["y"]).mean()) == float(history["accuracy"][-1])
+    assert got.attrs["step"] == 20 and got.attrs["model"] == "mlp"
+    assert got.attrs["checkpoint"] == str(ckpt) and got.attrs["data"] == data
+
+
+def test_predict_computes_on_the_scheduler_given(
+    trained: tuple[Path, xr.Dataset], unlabelled: tuple[str, xr.Dataset], tmp_path: Path,
+) -> None:
+    ckpt, _ = trained
+    data, test = unlabelled
+    out = tmp_path / "on-cluster.zarr"
+    with local_cluster(1) as (cluster, client):
+        before = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.task_groups and
+                                         len(dask_scheduler.task_groups))
+        assert main(["predict", str(ckpt), "--data", data, "--output", str(out),
+                     "--scheduler", cluster.scheduler_address]) == 0
+        prefixes = client.run_on_scheduler(
+            lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    assert not before
+    # the store's chunks read and each one's forward pass made on the cluster
+    assert {"open_dataset-x", "logits"} <= set(prefixes), prefixes
+    got = xr.open_zarr(out, consolidated=False).load()
+    assert got.sizes["sample"] == 400 and got.chunks is not None
+
+
+def test_predict_replaces_nothing_and_refuses_what_it_cannot_read(
+    trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    ckpt, _ = trained
+    taken = tmp_path / "mine.zarr"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["predict", str(ckpt), "--data", "x.zarr", "--output", str(taken)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"daskpri: error: --output {str(taken)!r} exists: predictions replace no file or "
+        "store; remove it, or name another path")
+    assert (taken / "notes.txt").read_text() == "mine"
+    out = tmp_path / "p.nc"
+    assert main(["predict", str(ckpt), "--data", str(tmp_path / "none.zarr"),
+                 "--output", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"daskpri: error: data names {str(tmp_path / 'none.zarr')!r}, but there is no such "
+        "file or directory")
+    assert not out.exists()

@@ -1,5 +1,5 @@
 """The ``daskpri`` command line: ``train``, ``demo``, ``bench``, ``evaluate``,
-``report``, ``dashboard`` and ``strategies``.
+``predict``, ``report``, ``dashboard`` and ``strategies``.
 
 Examples
 --------
@@ -15,6 +15,10 @@ Train on a running cluster, on workers started with ``--resources GPU=1``::
 Score a checkpoint's model on the test split it was evaluated on::
 
     daskpri evaluate run.ckpt --dataset mnist1d
+
+and write its predictions on new data::
+
+    daskpri predict run.ckpt --data new.zarr --output predictions.zarr
 
 Compare selective backprop with uniform sampling for the same time budget::
 

@@ -22,7 +22,7 @@ from daskpri.cli._tls import add_tls_arguments
 from daskpri.cli.bench import _bench
 from daskpri.cli.dashboard import _dashboard_command
 from daskpri.cli.demo import _DEMO_STRATEGY, _demo
-from daskpri.cli.evaluate import _evaluate
+from daskpri.cli.evaluate import _evaluate, _predict
 from daskpri.cli.report import _report
 from daskpri.cli.strategies import _strategies
 from daskpri.cli.train import _DEFAULT_CHECKPOINT_EVERY, _DEFAULT_MAX_STEPS, _train
@@ -189,6 +189,24 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true",
                           help="print one JSON object (checkpoint, step, strategy, data, "
                                "accuracy, loss, samples) rather than a line of text")
+
+    predict = sub.add_parser(
+        "predict", help="a checkpoint's model: its logits and predicted classes on data")
+    predict.set_defaults(run=_predict)
+    predict.add_argument("checkpoint", metavar="CHECKPOINT",
+                         help="a checkpoint of `daskpri train --checkpoint` (read weights-only)")
+    predict.add_argument("--data", required=True, metavar="PATH",
+                         help="a zarr store or netCDF file with x along 'sample' (labels y, if "
+                              "any, are not read)")
+    predict.add_argument("--output", required=True, type=_output_path, metavar="PATH",
+                         help="where to write logits (sample, class) and predicted (sample): "
+                              ".zarr or .nc, a path where nothing is yet")
+    predict.add_argument("--batch-size", type=_count(1), metavar="N",
+                         help="samples per forward pass (default 256)")
+    predict.add_argument("--scheduler", metavar="ADDRESS",
+                         help="compute on a running cluster's workers, which read --data "
+                              "(default: this process's threads)")
+    add_tls_arguments(predict.add_argument_group("TLS (with a tls:// --scheduler)"))
 
     strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
     strategies.set_defaults(run=_strategies)

@@ -1,14 +1,20 @@
-"""``daskpri evaluate``: a checkpoint's model scored on held-out data."""
+"""``daskpri evaluate`` and ``daskpri predict``: a checkpoint's model on other data."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 import daskpri
+from daskpri.cli._paths import _check_destination
+from daskpri.cli._tls import client_security
 from daskpri.cli.train import _check_resumed_data
+from daskpri.data.store import to_store
 from daskpri.training import checkpoint
+from daskpri.training.cluster import connect
+from daskpri.training.recovery import close_client
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -59,3 +65,45 @@ def _evaluate(args: argparse.Namespace) -> int:
               f"{scores['accuracy']:.4f}, loss {scores['loss']:.4f} on {scores['samples']:,} "
               f"samples of {where}")
     return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """Write the logits and predicted classes of ``args.checkpoint``'s model on ``--data``.
+
+    Computed a task per chunk of samples: on the ``--scheduler`` cluster's
+    workers (which read ``--data``), or by this process's threads.
+    """
+    if os.path.lexists(args.output):
+        raise ValueError(f"--output {args.output!r} exists: predictions replace no file or "
+                         "store; remove it, or name another path")
+    _check_destination("--output", args.output)
+    security = client_security(args)
+    state = checkpoint.read(args.checkpoint)
+    if state["model_spec"] is None:
+        raise ValueError(
+            f"the run in {args.checkpoint!r} trained a model of its own, not a built-in one: "
+            "predict from Python, with daskpri.Trainer.resume(path, model=...).predict(data)"
+        )
+    client = None if args.scheduler is None else connect(args.scheduler, security)
+    try:
+        trainer = daskpri.Trainer.resume(args.checkpoint)
+        try:
+            logits = trainer.predict(args.data, batch_size=args.batch_size)
+        finally:
+            trainer.close()
+        out = logits.to_dataset().assign(predicted=logits.argmax("class").astype("int64"))
+        out["predicted"].attrs["long_name"] = "the class of the largest logit"
+        out.attrs.update(checkpoint=os.path.abspath(args.checkpoint), step=trainer.step_,
+                         strategy=trainer.strategy.name, model=state["model_spec"]["name"],
+                         data=os.path.abspath(args.data))
+        # computed by the client's cluster (to_store then fetches them chunk by chunk),
+        # else by this process's threads; the logits are small beside the data
+        out = out.persist(scheduler="threads") if client is None else client.persist(out)
+        to_store(out, args.output)
+    finally:
+        if client is not None:
+            close_client(client)
+    print(f"predictions of {out.sizes['sample']:,} samples written to {args.output} "
+          f"(step {trainer.step_}, {trainer.strategy.name})")
+    return 0
+
