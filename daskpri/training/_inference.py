@@ -117,7 +117,6 @@ class InferenceMixin:
             self._fitting.release()
         return {"accuracy": accuracy, "loss": loss, "samples": int(evalset.y.shape[0])}
 
-
     def predict(self, data: xr.Dataset | str, *, batch_size: int | None = None) -> xr.DataArray:
         """The model's logits for each sample of ``data``: a DataArray along (sample, class).
 
