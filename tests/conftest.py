@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import dask
@@ -36,15 +35,6 @@ def pytest_configure(config: pytest.Config) -> None:
     dask.config.set({"daskpri.bench.start-method": "forkserver"})
     # distributed sets its own preload on its first call, and never again
     get_mp_context().set_forkserver_preload(_PRELOAD)
-    if os.environ.get("DASKPRI_TEST_DASK_TIMERS") != "1":
-        # The suite's own LocalClusters idle at the cost daskpri's own do, with
-        # its daskpri.local-cluster timers (event-loop ticks, profiler, system
-        # monitor): 12% less time on a subset of the suite's cluster tests. The
-        # memory monitor keeps Dask's 100 ms: the tests of workers killed for
-        # memory need a nanny that sees a step's memory as it grows.
-        dask.config.set({k: v for k, v in dask.config.get("daskpri.local-cluster").items()
-                         if not k.startswith(("distributed.nanny.",
-                                              "distributed.worker.memory."))})
 
 
 @pytest.fixture

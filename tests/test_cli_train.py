@@ -56,20 +56,16 @@ def test_own_local_cluster_starts_under_daskpri_settings_which_a_user_can_drop(
 
     # as a LocalCluster with Dask's defaults leaves this process's environment
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
-    # a user's config: Dask's own timers (the suite's clusters take daskpri's: conftest.py)
-    dasks = dask.config.merge(*dask.config.defaults)
-    timers = ("distributed.admin.tick.interval", "distributed.worker.profile.interval")
-    with dask.config.set({key: dask.config.get(key, config=dasks) for key in timers}):
+    with local_cluster(1) as cluster, Client(cluster) as client:
+        [got] = client.run(_worker_settings).values()
+        assert cluster.scheduler._tick_interval == 0.5
+    assert got == {"malloc": None, "tick": 0.5, "profile": "100ms"}
+    # {} keeps Dask's own, nannies' MALLOC_TRIM_THRESHOLD_ included
+    with dask.config.set({"daskpri.local-cluster": {}}):
         with local_cluster(1) as cluster, Client(cluster) as client:
             [got] = client.run(_worker_settings).values()
-            assert cluster.scheduler._tick_interval == 0.5
-        assert got == {"malloc": None, "tick": 0.5, "profile": "100ms"}
-        # {} keeps Dask's own, nannies' MALLOC_TRIM_THRESHOLD_ included
-        with dask.config.set({"daskpri.local-cluster": {}}):
-            with local_cluster(1) as cluster, Client(cluster) as client:
-                [got] = client.run(_worker_settings).values()
-                assert cluster.scheduler._tick_interval == 0.02
-        assert got == {"malloc": "65536", "tick": 0.02, "profile": "10ms"}
+            assert cluster.scheduler._tick_interval == 0.02
+    assert got == {"malloc": "65536", "tick": 0.02, "profile": "10ms"}
     with dask.config.set({"daskpri.local-cluster": "fast"}):
         with pytest.raises(ValueError, match="should be a mapping of Dask settings.*'fast'"):
             local_cluster(1)
