@@ -108,10 +108,10 @@ class InferenceMixin:
         try:
             ds = open_dataset(data, name="data")
             info = validate_dataset(ds, name="data")
-            n_classes = check_model(self.model, ds, info)
-            evalset = EvalSet(ds[["x", "y"]].compute(scheduler=driver_scheduler(ds)),
-                              batch_size=batch_size)
-            evalset.check(n_classes)
+            # read once, whole: the checks (labels, finite values) then read memory
+            ds = ds[["x", "y"]].compute(scheduler=driver_scheduler(ds))
+            check_model(self.model, ds, info)
+            evalset = EvalSet(ds, batch_size=batch_size)
             accuracy, loss = evalset.evaluate(self.model)
         finally:
             self._fitting.release()
