@@ -112,10 +112,24 @@ class Kernel:
                     time.sleep(0.3)  # the first one handled: a second interrupt, not a lost one
                     self.km.interrupt_kernel()
                 interrupted = True
-        cell.status = self.kc.get_shell_msg(timeout=30)["content"]["status"]
+        cell.status = self.reply(msg_id)["content"]["status"]
         if interrupt_on is not None:
             assert interrupted, f"no output to interrupt on: {cell}"
         return cell
+
+    def reply(self, msg_id: str) -> dict[str, Any]:
+        """The shell's reply to request ``msg_id``, the replies to others before it skipped.
+
+        ``wait_for_ready`` sends ``kernel_info_request`` again each second a reply
+        is late (a kernel slow to start, on a loaded machine): the replies to the
+        repeats stay queued, and read in order each cell would take the reply of
+        the cell before it.
+        """
+        deadline = time.monotonic() + 30
+        while True:
+            msg = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg  # type: ignore[no-any-return]
 
     def ok(self, code: str, **kwargs: Any) -> Cell:
         """Run ``code``, which should end without an error."""
@@ -139,6 +153,8 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
         km.start_kernel(cwd=str(scratch), env=env)
     try:
         k = Kernel(km)
+        # as wait_for_ready leaves where the kernel starts slowly: a reply no cell asked for
+        k.kc.kernel_info()
         k.ok(_SETUP)
         yield k
         k.kc.stop_channels()

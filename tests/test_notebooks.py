@@ -8,6 +8,7 @@ kernel (nor whichever ``python`` is first on ``PATH``) is picked by mistake.
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from importlib.util import find_spec
@@ -30,6 +31,14 @@ _WHICH_PYTHON = "import sys\nprint(sys.executable)"
 # runs train for 1 s rather than the 10-12 a reader's notebook does (every cell
 # still runs, on fewer steps).
 _SHORT_RUNS = "seconds = 1"
+
+
+# Put after the cell of the fits that keep their histories in ``histories``: each's
+# steps and evaluations, printed.
+_FITTED = (
+    'print({name: (h.sizes["step"], int(h.accuracy.notnull().sum()))'
+    " for name, h in histories.items()})"
+)
 
 
 def parameters_cell(nb: Any) -> int:
@@ -75,6 +84,9 @@ def test_notebook_runs_top_to_bottom(name: str, kernel_env: Path) -> None:
     nb = nbformat.read(EXAMPLES / name, as_version=4)
     injected = nbformat.v4.new_code_cell(_SHORT_RUNS, metadata={"tags": ["injected-parameters"]})
     nb.cells.insert(parameters_cell(nb) + 1, injected)
+    fits = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and ".fit(" in c.source]
+    if "histories" in nb.cells[fits[-1]].source:  # what the fits made, for the cells after
+        nb.cells.insert(fits[-1] + 1, nbformat.v4.new_code_cell(_FITTED))
     nb.cells.append(nbformat.v4.new_code_cell(_WHICH_PYTHON))
     client = nbclient.NotebookClient(
         nb,
@@ -82,7 +94,19 @@ def test_notebook_runs_top_to_bottom(name: str, kernel_env: Path) -> None:
         kernel_name="python3",
         resources={"metadata": {"path": str(kernel_env)}},
     )
-    client.execute()  # raises CellExecutionError, with the cell and traceback, on an error
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as e:  # the cell and its traceback
+        printed = "".join(out.text for _, out in outputs(nb)
+                          if out.output_type == "stream" and out.name == "stdout")
+        raise AssertionError(f"{e}\n\nthe cells before it printed:\n{printed[-3000:]}") from None
+    fitted = [out.text for src, out in outputs(nb)
+              if src == _FITTED and out.output_type == "stream" and out.name == "stdout"]
+    if "histories" in nb.cells[fits[-1]].source:
+        # each fit took steps and was evaluated (at its end at least), in the history plotted
+        [line] = "".join(fitted).splitlines()
+        counts = ast.literal_eval(line).values()
+        assert all(steps > 0 and evaluated > 0 for steps, evaluated in counts), line
 
     streams = [(src, out.name, out.text) for src, out in outputs(nb) if out.output_type == "stream"]
     last = nb.cells[-1].outputs
