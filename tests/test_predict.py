@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import dask.array as da
 import numpy as np
 import pytest
 import torch
@@ -57,6 +58,14 @@ def test_predict_on_a_store_without_labels_is_lazy_and_computes_on_the_cluster(
         assert trainer.step_ == 5
         computed = logits.compute()  # on the cluster: the client is the default
         after = trainer.predict(path).compute()
+        # the README's recipe for held-out data too large for the driver: the accuracy
+        # of a labelled store, a task per chunk on the cluster, is evaluate()'s
+        labelled = str(tmp_path / "labelled.zarr")
+        test.chunk({"sample": 150}).to_zarr(labelled, zarr_format=3, consolidated=False)
+        held = xr.open_zarr(labelled, consolidated=False)
+        hits = (trainer.predict(held).argmax("class") == held.y).mean()
+        assert isinstance(hits.data, da.Array)
+        assert float(hits.compute()) == trainer.evaluate(labelled)["accuracy"]
     np.testing.assert_allclose(computed.values, before, rtol=1e-5, atol=1e-6)
     assert not np.allclose(after.values, before)  # 5 steps later, another model
     assert after.attrs["step"] == 5
