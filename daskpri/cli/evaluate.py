@@ -10,7 +10,7 @@ from typing import Any
 import daskpri
 from daskpri.cli._paths import _check_destination
 from daskpri.cli._tls import client_security
-from daskpri.cli.train import _check_resumed_data
+from daskpri.cli.train import _builtin_flags, _check_resumed_data
 from daskpri.data.store import to_store
 from daskpri.training import checkpoint
 from daskpri.training.cluster import connect
@@ -25,9 +25,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     sample count (another ``--n-samples`` gives another split).
     """
     if args.data is not None:
-        given = [flag for flag, value in (("--dataset", args.dataset),
-                                          ("--n-samples", args.n_samples),
-                                          ("--root", args.root)) if value is not None]
+        given = _builtin_flags(args)
         if given:
             raise ValueError(
                 f"--data names the held-out data to score, and {', '.join(given)} "

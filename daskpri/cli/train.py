@@ -135,11 +135,16 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _builtin_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given of those that choose a built-in dataset (``--data`` excludes them)."""
+    return [flag for flag, value in (("--dataset", args.dataset), ("--n-samples", args.n_samples),
+                                     ("--root", args.root)) if value is not None]
+
+
 def _check_data_flags(args: argparse.Namespace) -> None:
     """``--data`` (the user's own) or a built-in ``--dataset``, not both; mnist1d by default."""
     if args.data is not None:
-        given = [flag for flag, value in (("--dataset", args.dataset), ("--n-samples",
-                 args.n_samples), ("--root", args.root)) if value is not None]
+        given = _builtin_flags(args)
         if given:
             raise ValueError(
                 f"--data {args.data} trains on your own data, and {', '.join(given)} "
