@@ -136,10 +136,15 @@ def test_predict_writes_the_logits_and_classes_of_a_store_without_labels(
     ckpt, history = trained
     data, test = unlabelled
     out = tmp_path / f"predictions{suffix}"
+    quiet = suffix == ".nc"  # (and the progress bar hidden on asking)
     capsys.readouterr()
-    assert main(["predict", str(ckpt), "--data", data, "--output", str(out)]) == 0
-    assert capsys.readouterr().out.strip() == (
+    assert main(["predict", str(ckpt), "--data", data, "--output", str(out),
+                 *(["--no-progress"] if quiet else [])]) == 0
+    said = capsys.readouterr()
+    assert said.out.strip() == (
         f"predictions of 400 samples written to {out} (step 20, selective-backprop)")
+    # tqdm's bar on stderr, over the threads' tasks
+    assert ("predict: 100%" in said.err) is not quiet and ("task/s" in said.err) is not quiet
     got = xr.open_dataset(out, engine="zarr" if suffix == ".zarr" else "h5netcdf").load()
     with daskpri.Trainer.resume(ckpt) as trainer:
         expected = trainer.predict(test)
@@ -154,6 +159,7 @@ def test_predict_writes_the_logits_and_classes_of_a_store_without_labels(
 
 def test_predict_computes_on_the_scheduler_given(
     trained: tuple[Path, xr.Dataset], unlabelled: tuple[str, xr.Dataset], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     ckpt, _ = trained
     data, test = unlabelled
@@ -166,6 +172,9 @@ def test_predict_computes_on_the_scheduler_given(
         prefixes = client.run_on_scheduler(
             lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
     assert not before
+    # the bar counts the result's chunks on the cluster: logits and predicted, 4 each
+    err = capsys.readouterr().err
+    assert "predict: 100%" in err and " 8/8 " in err, err
     # the store's chunks read and each one's forward pass made on the cluster
     assert {"open_dataset-x", "logits"} <= set(prefixes), prefixes
     got = xr.open_zarr(out, consolidated=False).load()

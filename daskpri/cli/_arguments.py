@@ -206,6 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--scheduler", metavar="ADDRESS",
                          help="compute on a running cluster's workers, which read --data "
                               "(default: this process's threads)")
+    predict.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_tls_arguments(predict.add_argument_group("TLS (with a tls:// --scheduler)"))
 
     strategies = sub.add_parser("strategies", help="list the strategies and their defaults")

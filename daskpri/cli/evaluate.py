@@ -7,6 +7,11 @@ import json
 import os
 from typing import Any
 
+import xarray as xr
+from distributed import Client, as_completed, futures_of
+from tqdm.auto import tqdm
+from tqdm.dask import TqdmCallback
+
 import daskpri
 from daskpri.cli._paths import _check_destination
 from daskpri.cli._tls import client_security
@@ -96,7 +101,7 @@ def _predict(args: argparse.Namespace) -> int:
                          data=os.path.abspath(args.data))
         # computed by the client's cluster (to_store then fetches them chunk by chunk),
         # else by this process's threads; the logits are small beside the data
-        out = out.persist(scheduler="threads") if client is None else client.persist(out)
+        out = _computed(out, client, progress=not args.no_progress)
         to_store(out, args.output)
     finally:
         if client is not None:
@@ -105,3 +110,19 @@ def _predict(args: argparse.Namespace) -> int:
           f"(step {trainer.step_}, {trainer.strategy.name})")
     return 0
 
+
+def _computed(out: xr.Dataset, client: Client | None, *, progress: bool) -> xr.Dataset:
+    """``out`` persisted by ``client``'s cluster, else by threads; a tqdm bar on stderr.
+
+    The bar counts the threads' tasks (``tqdm.dask``), or the cluster's
+    chunks of the result as they are done, as ``train``'s bar counts steps.
+    """
+    if client is None:
+        with TqdmCallback(desc="predict", unit="task", disable=not progress):
+            return out.persist(scheduler="threads")
+    out = client.persist(out)
+    futures = futures_of(out)
+    with tqdm(total=len(futures), desc="predict", unit="chunk", disable=not progress) as bar:
+        for _ in as_completed(futures):
+            bar.update()
+    return out
