@@ -61,6 +61,26 @@ def test_evaluate_scores_held_out_data_of_a_store(
     assert doc["accuracy"] == float(history["accuracy"][-1])
 
 
+def test_evaluate_on_a_scheduler_scores_a_task_per_chunk_on_its_workers(
+    trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, history = trained
+    _, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=3)
+    store = to_store(test.chunk({"sample": 100}), str(tmp_path / "held-out.zarr"))
+    with local_cluster(1) as (cluster, client):
+        capsys.readouterr()
+        assert main(["evaluate", str(ckpt), "--data", store, "--json",
+                     "--scheduler", cluster.scheduler_address]) == 0
+        prefixes = client.run_on_scheduler(
+            lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["samples"] == 400 and doc["accuracy"] == float(history["accuracy"][-1])
+    assert doc["loss"] == pytest.approx(float(history["eval_loss"][-1]), rel=1e-5)
+    # the store's 4 chunks read and scored by the workers
+    assert "open_dataset-x" in prefixes and any(p.startswith("scored") for p in prefixes), \
+        prefixes
+
+
 def test_evaluate_refuses_another_split_and_data_it_cannot_score(
     trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

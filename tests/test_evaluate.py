@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 from _fits import fit_until_step, local_cluster, mlp_trainer
 
 import daskpri
@@ -30,6 +31,14 @@ def test_evaluate_gives_the_fits_last_evaluation_from_memory_and_from_a_store(
         from_store = trainer.evaluate(path, batch_size=7)
         assert from_store["accuracy"] == scores["accuracy"]
         assert from_store["loss"] == pytest.approx(scores["loss"], rel=1e-5)
+        # chunked: a task per chunk of the store, on the cluster (the client is the default)
+        chunked = trainer.evaluate(path, batch_size=7, chunked=True)
+        assert chunked["accuracy"] == scores["accuracy"] and chunked["samples"] == 400
+        assert chunked["loss"] == pytest.approx(scores["loss"], rel=1e-5)
+        prefixes = client.run_on_scheduler(lambda dask_scheduler: set(dask_scheduler.task_prefixes))
+        # the store's chunks read, and scored (the task fused with the sum), there
+        assert "open_dataset-x" in prefixes and any(p.startswith("scored") for p in prefixes), \
+            prefixes
         # the model is left in the mode it was in
         assert trainer.model.training
 
@@ -60,6 +69,17 @@ def test_evaluate_refuses_data_and_batch_sizes_it_cannot_score(small_data):
         with pytest.raises(ValueError, match="x in data should hold finite numbers, but got 1 NaN "
                                              "or infinite value, the first at sample 5"):
             trainer.evaluate(nan)
+        # chunked, each chunk's values are checked by its task, which names the sample
+        nan["x"].values[5, 2] = 0.0
+        nan["x"].values[123, 2] = np.inf
+        with pytest.raises(ValueError, match="x in data should hold finite numbers, but got 1 NaN "
+                                             "or infinite value, the first at sample 123"):
+            trainer.evaluate(nan.chunk({"sample": 50}), chunked=True)
+        with pytest.raises(ValueError, match=r"y in data should be in \[0, 10\), but got 10"):
+            trainer.evaluate(bad.chunk({"sample": 50}), chunked=True)
+        with pytest.raises(TypeError, match="chunked should be True or False, but got "
+                                            "chunked='yes'"):
+            trainer.evaluate(test, chunked="yes")
         wide = test[["y"]].assign(x=test["x"].pad(feature=(0, 3), constant_values=0.0))
         with pytest.raises(ValueError, match="the model could not run on two samples of data.x"):
             trainer.evaluate(wide)
@@ -70,6 +90,19 @@ def test_evaluate_refuses_data_and_batch_sizes_it_cannot_score(small_data):
         with pytest.raises(FileNotFoundError, match="data names 'missing-dir/test.zarr', but "
                                                     "there is no such file or directory"):
             trainer.evaluate("missing-dir/test.zarr")
+
+
+def test_evaluate_chunked_scores_data_in_memory_in_chunks_alike(small_data):
+    """Data in memory, not chunked, is cut into chunks of 10,000; chunked data keeps its own."""
+    train, test = small_data
+    big = xr.concat([test] * 30, "sample")  # 12,000 samples: two chunks
+    with daskpri.Trainer(build_model("mlp", train, seed=0)) as trainer:
+        whole = trainer.evaluate(big)
+        for data in (big, big.chunk({"sample": 999})):
+            scores = trainer.evaluate(data, chunked=True)
+            assert scores["accuracy"] == whole["accuracy"] and scores["samples"] == 12_000
+            assert scores["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+        assert trainer._client is None  # threads: no cluster started for it
 
 
 def test_evaluate_is_refused_while_a_fit_runs(small_data):

@@ -189,6 +189,10 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true",
                           help="print one JSON object (checkpoint, step, strategy, data, "
                                "accuracy, loss, samples) rather than a line of text")
+    evaluate.add_argument("--scheduler", metavar="ADDRESS",
+                          help="score a task per chunk of samples on a running cluster's "
+                               "workers, which read --data (default: here, whole)")
+    add_tls_arguments(evaluate.add_argument_group("TLS (with a tls:// --scheduler)"))
 
     predict = sub.add_parser(
         "predict", help="a checkpoint's model: its logits and predicted classes on data")

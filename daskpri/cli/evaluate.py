@@ -27,7 +27,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     The test split is the one ``train`` evaluated on: the built-in dataset
     split by the run's own seed, its training split checked against the run's
-    sample count (another ``--n-samples`` gives another split).
+    sample count (another ``--n-samples`` gives another split). On the
+    driver, or with ``--scheduler`` a task per chunk on the cluster's workers.
     """
     if args.data is not None:
         given = _builtin_flags(args)
@@ -35,6 +36,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--data names the held-out data to score, and {', '.join(given)} "
                 "choose(s) a built-in dataset's test split: give one or the other")
+    security = client_security(args)
     state = checkpoint.read(args.checkpoint)  # refuses what is no daskpri checkpoint
     if state["model_spec"] is None:
         raise ValueError(
@@ -55,11 +57,18 @@ def _evaluate(args: argparse.Namespace) -> int:
         where = f"the test split of {args.dataset}"
     else:
         what = where = args.data
-    trainer = daskpri.Trainer.resume(args.checkpoint)
+    # on a cluster: scored a task per chunk by its workers (the default client's)
+    client = None if args.scheduler is None else connect(args.scheduler, security)
     try:
-        scores = trainer.evaluate(what, batch_size=args.batch_size)
+        trainer = daskpri.Trainer.resume(args.checkpoint)
+        try:
+            scores = trainer.evaluate(what, batch_size=args.batch_size,
+                                      chunked=client is not None)
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        if client is not None:
+            close_client(client)
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "step": trainer.step_,
                           "strategy": trainer.strategy.name, "data": where, **scores}))

@@ -2,8 +2,9 @@
 
 A mixin of :class:`~daskpri.training.trainer.Trainer`. Both take data as
 ``fit`` does (in memory or a path) and need no cluster: ``evaluate`` scores
-on the driver, as a fit scores its ``eval_data``; ``predict`` runs the
-model chunk by chunk where the result is computed, lazily where the data is.
+on the driver, as a fit scores its ``eval_data`` (or, ``chunked``, a task
+per chunk where Dask computes); ``predict`` runs the model chunk by chunk
+where the result is computed, lazily where the data is.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ import dask
 import dask.array as da
 import numpy as np
 import torch
+import torch.nn.functional as F
 import xarray as xr
 from torch import nn
 
 from daskpri.data._persisted import driver_scheduler
-from daskpri.data.io import open_dataset, validate_dataset
+from daskpri.data.io import check_values, open_dataset, validate_dataset
 from daskpri.training._checks import check_model, model_output_width
 from daskpri.training._fit import FIT_RUNNING as _FIT_RUNNING
 from daskpri.training.evaluation import EvalSet
 
 #: Samples a forward pass of :meth:`InferenceMixin.predict` takes at most
 PREDICT_BATCH = 256
+#: Samples a task of ``evaluate(chunked=True)`` takes of data in memory, not chunked
+EVALUATE_CHUNK = 10_000
 
 
 def _batch_size(value: Any) -> int | None:
@@ -45,6 +49,50 @@ def _logits(x: np.ndarray, model: nn.Module, batch_size: int) -> np.ndarray:
     return torch.cat(out).numpy() if out else np.empty((0, 0), np.float32)
 
 
+def _scored(
+    x: np.ndarray, y: np.ndarray, start: np.ndarray, model: nn.Module, batch_size: int,
+    n_classes: int,
+) -> np.ndarray:
+    """``[[correct, loss_sum, samples]]`` of ``model`` on one chunk, its values checked.
+
+    ``start`` holds the index of the chunk's first sample, for the message of
+    a bad value. Scored as :class:`~daskpri.training.evaluation.EvalSet`
+    scores: each batch's summed cross-entropy in float32, added up in float64.
+    """
+    check_values(x, y, n_classes=n_classes, where="data", offset=int(start[0]))
+    xs = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
+    ys = torch.as_tensor(np.asarray(y, dtype=np.int64))
+    correct, loss = 0, torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(0, xs.shape[0], batch_size):
+            out, yb = model(xs[i : i + batch_size]), ys[i : i + batch_size]
+            loss += F.cross_entropy(out, yb, reduction="sum").double()
+            correct += int((out.argmax(1) == yb).sum())
+    return np.array([[correct, float(loss), xs.shape[0]]], dtype=np.float64)
+
+
+def _chunk_scores(
+    ds: xr.Dataset, model: nn.Module, batch_size: int, n_classes: int
+) -> dict[str, float]:
+    """:meth:`InferenceMixin.evaluate`'s figures, scored a task per chunk of ``ds``'s samples."""
+    x, y = ds["x"].data, ds["y"].data
+    if not isinstance(x, da.Array):
+        x = da.from_array(x, chunks=(EVALUATE_CHUNK,) + x.shape[1:])
+    x = x.rechunk({i: -1 for i in range(1, x.ndim)})  # each chunk of samples whole
+    y = da.asarray(y).rechunk((x.chunks[0],))
+    # each chunk's first sample, a chunk of one each: blocks aligned by their order
+    starts = da.from_array(np.cumsum((0, *x.chunks[0][:-1])), chunks=1)
+    inner = "abcdefghij"[: x.ndim - 1]
+    parts = da.blockwise(
+        _scored, "sk", x, "s" + inner, y, "s", starts, "s", dask.delayed(model, pure=False),
+        None, batch_size, None, n_classes, None, new_axes={"k": 3}, adjust_chunks={"s": 1},
+        align_arrays=False, concatenate=True, dtype=np.float64,
+        meta=np.empty((0, 0), np.float64),
+    )
+    correct, loss, n = (float(v) for v in parts.sum(axis=0).compute())
+    return {"accuracy": correct / max(n, 1.0), "loss": loss / max(n, 1.0), "samples": int(n)}
+
+
 class InferenceMixin:
     """:meth:`evaluate` and :meth:`predict`, for :class:`~daskpri.training.trainer.Trainer`."""
 
@@ -54,23 +102,34 @@ class InferenceMixin:
     _fitting: threading.Lock  # held from a fit's call to its end: one at a time
 
     def evaluate(
-        self, data: xr.Dataset | str, *, batch_size: int | None = None
+        self, data: xr.Dataset | str, *, batch_size: int | None = None, chunked: bool = False,
     ) -> dict[str, float]:
         """Accuracy and mean loss of the model on ``data``, scored as a fit scores ``eval_data``.
 
         On the driver, where a fit evaluates: on its GPU where it has one,
         else its CPU (``daskpri.trainer.eval-device``), the model in
         evaluation mode and left as it was. No cluster is needed: a trainer
-        never fitted scores its model as given.
+        never fitted scores its model as given. With ``chunked=True``, data
+        too large for the driver is scored a task per chunk of samples, as
+        :meth:`predict` runs: on the default client's workers (or threads
+        where there is none), a copy of the model on their CPU.
 
         Parameters
         ----------
         data : xarray.Dataset or path
             ``x`` and ``y`` along ``sample``, as ``fit`` takes them; read
-            whole on the driver. Its labels should lie within the model's
-            classes (the data's ``n_classes``, else the model's output width).
+            whole on the driver (but with ``chunked``). Its labels should lie
+            within the model's classes (the data's ``n_classes``, else the
+            model's output width).
         batch_size : int, optional
-            Samples per forward pass (256 on the CPU, 4096 on a GPU).
+            Samples per forward pass (256 on the CPU, 4096 on a GPU; 256
+            with ``chunked``).
+        chunked : bool, default False
+            Score chunk by chunk through Dask rather than whole on the
+            driver (only the labels are read there, for their check). Where
+            ``data`` is in memory and not chunked, its samples are taken in
+            chunks of 10,000. The figures are those of the driver's scoring:
+            the accuracy exactly, the loss to float32's rounding.
 
         Returns
         -------
@@ -84,7 +143,11 @@ class InferenceMixin:
         ------
         ValueError
             If ``data`` is refused (as ``fit`` refuses ``eval_data``), or
-            ``batch_size`` is not a positive integer.
+            ``batch_size`` is not a positive integer. With ``chunked``, a
+            value of ``x`` that is not finite is found by its chunk's task,
+            and raised from there, naming its sample.
+        TypeError
+            If ``chunked`` is not a bool.
         FileNotFoundError
             If ``data`` names a path where there is nothing.
         RuntimeError
@@ -100,22 +163,33 @@ class InferenceMixin:
         >>> scores = trainer.evaluate(test)
         >>> sorted(scores), scores["samples"]
         (['accuracy', 'loss', 'samples'], 200)
+        >>> chunked = trainer.evaluate(test.chunk({"sample": 50}), chunked=True)
+        >>> chunked["accuracy"] == scores["accuracy"], chunked["samples"]
+        (True, 200)
         >>> trainer.close()
         """
         batch_size = _batch_size(batch_size)
+        if not isinstance(chunked, bool):
+            raise TypeError(f"chunked should be True or False, but got chunked={chunked!r}")
         if not self._fitting.acquire(blocking=False):
             raise RuntimeError(_FIT_RUNNING.replace("before fitting again", "before evaluating"))
         try:
             ds = open_dataset(data, name="data")
             info = validate_dataset(ds, name="data")
-            # read once, whole: the checks (labels, finite values) then read memory
-            ds = ds[["x", "y"]].compute(scheduler=driver_scheduler(ds))
-            check_model(self.model, ds, info)
-            evalset = EvalSet(ds, batch_size=batch_size)
-            accuracy, loss = evalset.evaluate(self.model)
+            if not chunked:
+                # read once, whole: the checks (labels, finite values) then read memory
+                ds = ds[["x", "y"]].compute(scheduler=driver_scheduler(ds))
+                check_model(self.model, ds, info)
+                evalset = EvalSet(ds, batch_size=batch_size)
+                accuracy, loss = evalset.evaluate(self.model)
+                return {"accuracy": accuracy, "loss": loss, "samples": int(evalset.y.shape[0])}
+            width = check_model(self.model, ds, info)  # the labels read here, not x
+            with torch.no_grad():  # as it is now, apart from the trainer's
+                model = copy.deepcopy(self.model).cpu().eval()
         finally:
             self._fitting.release()
-        return {"accuracy": accuracy, "loss": loss, "samples": int(evalset.y.shape[0])}
+        # the copy scored where Dask computes: the trainer may fit meanwhile
+        return _chunk_scores(ds, model, batch_size or PREDICT_BATCH, width)
 
     def predict(self, data: xr.Dataset | str, *, batch_size: int | None = None) -> xr.DataArray:
         """The model's logits for each sample of ``data``: a DataArray along (sample, class).
