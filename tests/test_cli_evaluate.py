@@ -47,13 +47,19 @@ def test_evaluate_scores_the_test_split_the_run_was_evaluated_on(
         "data": "the test split of synthetic", "samples": 400}
 
 
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The run's test split (its seed's), in a zarr store of the user's, in chunks of 100."""
+    _, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=3)
+    where = tmp_path_factory.mktemp("held-out") / "held-out.zarr"
+    return to_store(test.chunk({"sample": 100}), str(where))
+
+
 def test_evaluate_scores_held_out_data_of_a_store(
-    trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: tuple[Path, xr.Dataset], held_out: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ckpt, history = trained
-    # the run's test split (its seed's), from a zarr store of the user's
-    _, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=3)
-    store = to_store(test.chunk({"sample": 100}), str(tmp_path / "held-out.zarr"))
+    store = held_out
     capsys.readouterr()
     assert main(["evaluate", str(ckpt), "--data", store, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -62,14 +68,12 @@ def test_evaluate_scores_held_out_data_of_a_store(
 
 
 def test_evaluate_on_a_scheduler_scores_a_task_per_chunk_on_its_workers(
-    trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: tuple[Path, xr.Dataset], held_out: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ckpt, history = trained
-    _, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=3)
-    store = to_store(test.chunk({"sample": 100}), str(tmp_path / "held-out.zarr"))
     with local_cluster(1) as (cluster, client):
         capsys.readouterr()
-        assert main(["evaluate", str(ckpt), "--data", store, "--json",
+        assert main(["evaluate", str(ckpt), "--data", held_out, "--json",
                      "--scheduler", cluster.scheduler_address]) == 0
         prefixes = client.run_on_scheduler(
             lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
