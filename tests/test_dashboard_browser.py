@@ -76,10 +76,15 @@ def read(driver) -> dict | None:
 
 def wait_until(driver, predicate, timeout: float = 60.0) -> dict:
     """Poll the page's document until ``predicate(state)`` holds."""
+    from selenium.common.exceptions import TimeoutException
+
     deadline = time.monotonic() + timeout
     state = None
     while time.monotonic() < deadline:
-        state = read(driver)
+        try:
+            state = read(driver)
+        except TimeoutException:  # the page busy past the script timeout (a loaded machine)
+            continue  # a missed look, not a failed page: look again while time is left
         if state is not None and all(state[k] is not None for k in ("loss", "histogram")):
             if predicate(state):
                 return state
