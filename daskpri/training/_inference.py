@@ -17,7 +17,6 @@ import dask
 import dask.array as da
 import numpy as np
 import torch
-import torch.nn.functional as F
 import xarray as xr
 from torch import nn
 
@@ -56,19 +55,19 @@ def _scored(
     """``[[correct, loss_sum, samples]]`` of ``model`` on one chunk, its values checked.
 
     ``start`` holds the index of the chunk's first sample, for the message of
-    a bad value. Scored as :class:`~daskpri.training.evaluation.EvalSet`
-    scores: each batch's summed cross-entropy in float32, added up in float64.
+    a bad value. Scored by :meth:`~daskpri.training.evaluation.EvalSet.totals`
+    on the CPU, as the driver scores a whole set.
     """
     check_values(x, y, n_classes=n_classes, where="data", offset=int(start[0]))
-    xs = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
-    ys = torch.as_tensor(np.asarray(y, dtype=np.int64))
-    correct, loss = 0, torch.zeros((), dtype=torch.float64)
-    with torch.no_grad():
-        for i in range(0, xs.shape[0], batch_size):
-            out, yb = model(xs[i : i + batch_size]), ys[i : i + batch_size]
-            loss += F.cross_entropy(out, yb, reduction="sum").double()
-            correct += int((out.argmax(1) == yb).sum())
-    return np.array([[correct, float(loss), xs.shape[0]]], dtype=np.float64)
+    dims = ("sample", *(f"dim_{i}" for i in range(1, x.ndim)))
+    chunk = xr.Dataset({"x": (dims, x), "y": ("sample", y)})
+    correct, loss, n = EvalSet(chunk, batch_size=batch_size, device="cpu").totals(model)
+    return np.array([[correct, loss, n]], dtype=np.float64)
+
+
+def _whole_samples(x: da.Array) -> tuple[da.Array, str]:
+    """``x`` in chunks of samples whole along its other dimensions, and their blockwise index."""
+    return x.rechunk({i: -1 for i in range(1, x.ndim)}), "abcdefghij"[: x.ndim - 1]
 
 
 def _chunk_scores(
@@ -78,11 +77,10 @@ def _chunk_scores(
     x, y = ds["x"].data, ds["y"].data
     if not isinstance(x, da.Array):
         x = da.from_array(x, chunks=(EVALUATE_CHUNK,) + x.shape[1:])
-    x = x.rechunk({i: -1 for i in range(1, x.ndim)})  # each chunk of samples whole
+    x, inner = _whole_samples(x)
     y = da.asarray(y).rechunk((x.chunks[0],))
     # each chunk's first sample, a chunk of one each: blocks aligned by their order
     starts = da.from_array(np.cumsum((0, *x.chunks[0][:-1])), chunks=1)
-    inner = "abcdefghij"[: x.ndim - 1]
     parts = da.blockwise(
         _scored, "sk", x, "s" + inner, y, "s", starts, "s", dask.delayed(model, pure=False),
         None, batch_size, None, n_classes, None, new_axes={"k": 3}, adjust_chunks={"s": 1},
@@ -256,9 +254,7 @@ class InferenceMixin:
             self._fitting.release()
         x = ds["x"]
         if isinstance(x.data, da.Array):
-            # each chunk of samples whole along the other dimensions
-            arr = x.data.rechunk({i: -1 for i in range(1, x.ndim)})
-            inner = "abcdefghij"[: x.ndim - 1]
+            arr, inner = _whole_samples(x.data)
             values: Any = da.blockwise(
                 _logits, "sc", arr, "s" + inner, dask.delayed(model, pure=False), None,
                 batch, None, new_axes={"c": width}, concatenate=True, dtype=np.float32,

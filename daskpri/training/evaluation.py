@@ -67,6 +67,15 @@ class EvalSet:
 
     def evaluate(self, model: nn.Module) -> tuple[float, float]:
         """Accuracy and mean loss of ``model``."""
+        correct, loss, n = self.totals(model)
+        return correct / max(n, 1), loss / max(n, 1)
+
+    def totals(self, model: nn.Module) -> tuple[int, float, int]:
+        """``model``'s correct predictions, summed loss and samples: sums that add up.
+
+        Each batch's cross-entropy is summed in its dtype, the batches in
+        float64 (``evaluate(chunked=True)`` adds up a set's per chunk).
+        """
         scored = self._on_device(model)
         was_training = scored.training
         scored.eval()
@@ -80,8 +89,7 @@ class EvalSet:
                 loss += F.cross_entropy(out, yb, reduction="sum").double()
                 correct += (out.argmax(1) == yb).sum()
         scored.train(was_training)
-        n = max(n, 1)
-        return int(correct) / n, float(loss) / n
+        return int(correct), float(loss), n
 
 
 def eval_device(device: str | torch.device | None = None) -> torch.device:
