@@ -28,6 +28,7 @@ from _servers import page_server
 from bokeh.client import pull_session
 from bokeh.models import Plot
 from bokeh.server.server import BokehTornado
+from distributed import Client
 
 from daskpri.dashboard.page import install
 from daskpri.dashboard.snapshot import snapshot_from_rpc, snapshot_from_run
@@ -335,6 +336,13 @@ def test_preloaded_scheduler_serves_the_page(tmp_path):
             with pull_session(url=f"{url}/daskpri") as session:
                 assert status_of(session.document)["run"] == "no daskpri run yet"
             assert "no /daskpri dashboard page" not in log.read_text()  # no warning logged
+
+            def torch_modules() -> list[str]:  # (by value: the scheduler cannot import this file)
+                return sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+
+            # the table's plugin and the page, without torch (the workers' and the driver's)
+            with Client(scheduler_file=str(scheduler_file), timeout=30) as client:
+                assert client.run_on_scheduler(torch_modules) == []
         finally:
             proc.terminate()
             proc.wait(30)

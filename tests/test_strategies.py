@@ -11,7 +11,7 @@ from daskpri.models import CNN
 from daskpri.replicas.replica import Replica, sample_entropies
 from daskpri.strategies import STRATEGIES, SelectContext, get_strategy, register_strategy
 from daskpri.strategies._selective import keep_top_fraction
-from daskpri.strategies.base import SCORE_DTYPES, concat_selections
+from daskpri.strategies.base import concat_selections, score_dtype_of
 from daskpri.strategies.loss import importance_sample, sampling_probabilities
 from daskpri.table.table import PriorityTable
 
@@ -215,7 +215,7 @@ def test_selective_backprop_scores_in_a_lower_precision_and_trains_in_float32(dt
     replica = Replica(CNN((40,), 10, seed=0), "cpu")
     x, y = torch.randn(64, 40), torch.randint(0, 10, (64,))
     full, _ = replica.losses(x, y)
-    low, logits = replica.losses(x, y, SCORE_DTYPES[dtype])
+    low, logits = replica.losses(x, y, score_dtype_of(dtype))
     assert logits.dtype == torch.float32
     assert not torch.equal(low, full)  # the layers ran in the lower precision
     torch.testing.assert_close(low, full, rtol=0.05, atol=0.02)

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from distributed.comm.addressing import get_address_host
 from distributed.core import clean_exception
 from distributed.protocol import pickle
+
+if TYPE_CHECKING:  # torch is the workers': the scheduler keeps their devices without it
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +144,8 @@ def _address_order(address: str) -> tuple[str, int, str]:
 
 def device_count(kind: str) -> int:
     """How many devices of accelerator ``kind`` this process sees (0 where torch has none)."""
+    import torch
+
     module = getattr(torch, kind, None)
     if module is None or not module.is_available():
         return 0
@@ -158,6 +162,8 @@ def spread_kind(worker: Any, requested: str | None) -> str | None:
     ``None`` where there is nothing to choose (:func:`worker_device` then
     decides).
     """
+    import torch
+
     if requested is None:
         kind = "cuda" if _has_gpu_resource(worker) else None
     else:
@@ -217,6 +223,8 @@ async def choose_device(
     RuntimeError
         If the scheduler fails to keep the choice (it cannot import daskpri, say).
     """
+    import torch
+
     me, peers = await host_workers(worker, resources, gpu=gpu)
     # the scheduler's metadata: what a process that joins later finds its peers hold
     host = get_address_host(worker.address)
@@ -289,6 +297,8 @@ def worker_device(worker: Any, requested: str | None = None) -> torch.device:
     CUDA is available, else the CPU. (Where the process sees several GPUs,
     :func:`spread_kind` names the kind and :func:`spread_device` the GPU.)
     """
+    import torch
+
     if requested is not None:
         device = torch.device(requested)
         if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():

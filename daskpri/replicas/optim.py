@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from daskpri._wire import TensorsAsNumpy
+from daskpri.replicas._numpy_tensors import TensorsAsNumpy
 from daskpri.replicas.replica import flat_views
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from daskpri._wire import TensorsAsNumpy
+from daskpri.replicas._numpy_tensors import TensorsAsNumpy
 
 #: the largest layer output that a chunk of a CPU scoring pass should hold (:meth:`Replica.logits`)
 SCORE_CHUNK_BYTES = 4 * 2**20

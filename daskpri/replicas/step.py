@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from daskpri._wire import TensorsAsNumpy
+from daskpri.replicas._numpy_tensors import TensorsAsNumpy
 from daskpri.replicas.errors import ReplicaStateLost
 from daskpri.replicas.optim import LocalSteps, make_optimizer, set_flat_grad
 from daskpri.replicas.replica import Replica, Weights, flat_params, sample_losses

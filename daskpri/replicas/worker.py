@@ -18,7 +18,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dask.config
@@ -44,6 +43,7 @@ from daskpri.replicas.optim import make_optimizer
 from daskpri.replicas.replica import Replica, Weights
 from daskpri.replicas.shares import Share, Shares  # noqa: F401  (re-exported)
 from daskpri.replicas.step import StepResult, _train
+from daskpri.replicas.tasks import ArrayPart, PartitionRef, StoreRef  # noqa: F401  (re-exported)
 from daskpri.strategies.base import Batch, Strategy
 from daskpri.table.plugin import replicas_name
 
@@ -54,25 +54,6 @@ logger = logging.getLogger(__name__)
 DROP_GRACE = 2.0
 
 
-@dataclass(frozen=True)
-class StoreRef:
-    """A partition read from a zarr store or netCDF file by the worker."""
-
-    path: str
-    start: int
-    stop: int
-
-
-@dataclass
-class ArrayPart:
-    """A partition scattered from the driver's memory once."""
-
-    x: np.ndarray
-    y: np.ndarray
-    start: int
-
-
-PartitionRef = StoreRef | ArrayPart
 
 
 class ReplicaPlugin(WorkerPlugin):
@@ -410,7 +391,7 @@ async def why_no_replica(name: str, dask_worker: Worker) -> str | None:
     return None
 
 
-def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
+def load(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
     """Load and check a partition on this worker (run once per partition).
 
     Data that the checks refuse, or a store this worker cannot read, is
@@ -432,11 +413,11 @@ def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
     }
 
 
-#: rows of the partition that :func:`warmup_task` runs the strategy on
+#: rows of the partition that :func:`warm_up` runs the strategy on
 _WARMUP_ROWS = 32
 
 
-def warmup_task(
+def warm_up(
     name: str,
     weights: Weights,
     strategy: Strategy,
@@ -493,7 +474,7 @@ def _warm_up(
         opt.step()
 
 
-def train_task(name: str, *args: Any) -> StepResult | dict[str, Any]:
+def train(name: str, *args: Any) -> StepResult | dict[str, Any]:
     """One worker's share of a step, as a Dask task (the ``tasks`` transport).
 
     ``args`` are those of :func:`_train` after the plugin, which is looked

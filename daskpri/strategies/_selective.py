@@ -10,11 +10,14 @@ table's losses.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from daskpri.strategies.selection import SelectContext
+
+if TYPE_CHECKING:  # torch is the workers' (compute's): the scheduler selects without it
+    import torch
 
 
 def keep_top_fraction(
@@ -70,9 +73,12 @@ def top_rows(losses: torch.Tensor, fraction: float) -> torch.Tensor:
 
     Examples
     --------
+    >>> import torch
     >>> top_rows(torch.tensor([0.1, 0.9, 0.5, 0.2]), 0.5).tolist()
     [1, 2]
     """
+    import torch  # (on the workers: the scheduler selects without it)
+
     n = losses.numel()
     keep = min(n, max(1, math.ceil(fraction * n)))
     return torch.topk(losses, keep, sorted=False).indices.sort().values

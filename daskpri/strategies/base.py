@@ -24,12 +24,9 @@ import abc
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-
-from daskpri.replicas.replica import Replica
 
 # Re-exported: defined here before the module was split, and imported from here
 # by the trainer, the table, the workers and strategies written outside daskpri.
@@ -50,6 +47,11 @@ from daskpri.strategies.selection import SelectContext as SelectContext
 from daskpri.strategies.selection import Selection as Selection
 from daskpri.strategies.selection import TrainRound as TrainRound
 from daskpri.strategies.selection import concat_selections as concat_selections
+
+if TYPE_CHECKING:  # torch is the workers' (compute's): the scheduler selects without it
+    import torch
+
+    from daskpri.replicas.replica import Replica
 
 
 @dataclass
@@ -250,7 +252,7 @@ class Strategy(abc.ABC):
     #: this round's priorities reach the table.
     reads_table: bool = True
     #: precision of the forward-only passes that score samples without
-    #: training on them (a key of :data:`SCORE_DTYPES`); the strategies
+    #: training on them (one of :data:`SCORE_DTYPES`); the strategies
     #: that score a presample take it as an option
     score_dtype: str = "float32"
     #: :meth:`select` reads the table, but may still select the next round
@@ -414,12 +416,14 @@ class Strategy(abc.ABC):
         >>> out.grad.shape, out.n_grad, out.priorities.shape
         (torch.Size([67]), 3, torch.Size([5]))
         """
+        import torch
+
         n, rows = batch.n_train, batch.x.shape[0]
         x, y = (batch.x, batch.y) if n == rows else (batch.x[:n], batch.y[:n])
         if batch.defer and batch.weights is None:
             grad, logits = replica.grad_and_logits(x, y)
             if rows > n:
-                scored = replica.logits(batch.x[n:], SCORE_DTYPES[self.score_dtype])
+                scored = replica.logits(batch.x[n:], score_dtype_of(self.score_dtype))
                 logits = torch.cat([logits, scored])
             return Computed(
                 grad=grad,
@@ -436,7 +440,7 @@ class Strategy(abc.ABC):
         priorities = self.priority(losses, logits)
         if rows > n:
             score_losses, score_logits = replica.losses(
-                batch.x[n:], batch.y[n:], SCORE_DTYPES[self.score_dtype]
+                batch.x[n:], batch.y[n:], score_dtype_of(self.score_dtype)
             )
             priorities = torch.cat([priorities, self.priority(score_losses, score_logits)])
         return Computed(
@@ -512,8 +516,21 @@ class Strategy(abc.ABC):
         return f"{type(self).__name__}({params})"
 
 
-#: The precisions a strategy's forward-only scoring passes may run in.
-SCORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The precisions a strategy's forward-only scoring passes may run in (torch's names).
+SCORE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def score_dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of ``name``, one of :data:`SCORE_DTYPES`.
+
+    Examples
+    --------
+    >>> score_dtype_of("bfloat16")
+    torch.bfloat16
+    """
+    import torch  # (on the workers, which compute; the scheduler only checks the name)
+
+    return getattr(torch, check_score_dtype(name))
 
 
 def check_score_dtype(value: Any) -> str:
@@ -532,7 +549,7 @@ def check_score_dtype(value: Any) -> str:
     Raises
     ------
     ValueError
-        If ``value`` is not a key of :data:`SCORE_DTYPES`.
+        If ``value`` is not one of :data:`SCORE_DTYPES`.
 
     Examples
     --------

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from daskpri.strategies.projection import Projection
+
+if TYPE_CHECKING:  # torch is the workers' (compute's): the scheduler selects without it
+    import torch
 
 
 class Length(Projection):
@@ -51,6 +54,7 @@ class Length(Projection):
 
         Examples
         --------
+        >>> import torch
         >>> grads = torch.tensor([[1.0, 0.0], [3.0, 4.0]])
         >>> Length().priorities(grads, torch.zeros(2))
         tensor([ 1., 25.])

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from daskpri.replicas.replica import Replica
 from daskpri.strategies._checks import check_bool, check_fraction, check_positive_int
 from daskpri.strategies._walk import round_robin
 from daskpri.strategies.base import Batch, Computed, Strategy
 from daskpri.strategies.selection import SelectContext, Selection
+
+if TYPE_CHECKING:  # torch is the workers' (compute's): the scheduler selects without it
+    import torch
+
+    from daskpri.replicas.replica import Replica
 
 
 class Projection(Strategy):
@@ -138,6 +142,7 @@ class Projection(Strategy):
 
         Examples
         --------
+        >>> import torch
         >>> grads = torch.tensor([[1.0, 0.0], [3.0, 4.0]])
         >>> Projection().priorities(grads, torch.tensor([1.0, 1.0]))
         tensor([1., 7.])

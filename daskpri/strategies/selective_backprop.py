@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from daskpri.replicas.replica import Replica, sample_entropies
+import numpy as np
+
 from daskpri.strategies._checks import (
     check_bool,
     check_fraction,
@@ -20,7 +20,18 @@ from daskpri.strategies._selective import (
     top_rows,
 )
 from daskpri.strategies._selective_steps import SelectiveSteps
-from daskpri.strategies.base import SCORE_DTYPES, Batch, Computed, Strategy, check_score_dtype
+from daskpri.strategies.base import (
+    Batch,
+    Computed,
+    Strategy,
+    check_score_dtype,
+    score_dtype_of,
+)
+
+if TYPE_CHECKING:  # torch is the workers' (compute's): the scheduler selects without it
+    import torch
+
+    from daskpri.replicas.replica import Replica
 
 #: what a step ranks its candidates by, and the table keeps (``score``)
 SCORES = ("loss", "entropy")
@@ -46,6 +57,8 @@ def scale_grad(replica: Replica, computed: Computed, scale: float) -> None:
 
     Examples
     --------
+    >>> import torch
+    >>> from daskpri.replicas.replica import Replica
     >>> replica = Replica(torch.nn.Linear(4, 2), "cpu")
     >>> x, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
     >>> grad, _ = replica.grad_and_logits(x, y)
@@ -400,12 +413,15 @@ class SelectiveBackprop(SelectiveSteps, Strategy):
 
         Examples
         --------
+        >>> import torch
         >>> losses, logits = torch.tensor([0.5, 2.0]), torch.tensor([[0.0, 0.0], [5.0, 0.0]])
         >>> SelectiveBackprop().priority(losses, logits)
         tensor([0.5000, 2.0000])
         >>> SelectiveBackprop(score="entropy").priority(losses, logits)  # log 2: a coin toss
         tensor([0.6931, 0.0402])
         """
+        from daskpri.replicas.replica import sample_entropies  # (torch's: the workers')
+
         return sample_entropies(logits) if self.score == "entropy" else losses
 
     @property  # a property, not a parameter: get_params() gives __init__'s only
@@ -451,7 +467,9 @@ class SelectiveBackprop(SelectiveSteps, Strategy):
 
         Examples
         --------
+        >>> import torch
         >>> from daskpri.models import MLP
+        >>> from daskpri.replicas.replica import Replica
         >>> from daskpri.strategies import Batch
         >>> replica = Replica(MLP((4,), 3, hidden=8), "cpu")
         >>> batch = Batch(x=torch.linspace(-1, 1, 32).reshape(8, 4),
@@ -464,12 +482,14 @@ class SelectiveBackprop(SelectiveSteps, Strategy):
         >>> SelectiveBackprop().compute(replica, batch).n_grad  # a plain step: all 8
         8
         """
+        import torch  # (on the workers: the scheduler selects without it)
+
         if "stale" in batch.extra:
             c = super().compute(replica, batch)
             if "scaled" in batch.extra:
                 scale_grad(replica, c, self.grad_scale)
             return c
-        losses, logits = replica.losses(batch.x, batch.y, SCORE_DTYPES[self.score_dtype])
+        losses, logits = replica.losses(batch.x, batch.y, score_dtype_of(self.score_dtype))
         priorities = self.priority(losses, logits)
         if self.beta is None:
             # chosen where the losses are, and the step's numbers left as tensors that the

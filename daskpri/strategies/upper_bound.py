@@ -9,17 +9,26 @@ constant, and costs a forward pass only.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from daskpri.replicas.replica import Replica
 from daskpri.strategies._checks import check_fraction, check_number, check_positive_int
 from daskpri.strategies._walk import epoch_batches
-from daskpri.strategies.base import SCORE_DTYPES, Batch, Computed, Strategy, check_score_dtype
+from daskpri.strategies.base import (
+    Batch,
+    Computed,
+    Strategy,
+    check_score_dtype,
+    score_dtype_of,
+)
 from daskpri.strategies.loss import importance_sample
 from daskpri.strategies.selection import SelectContext, Selection
+
+if TYPE_CHECKING:  # torch is the workers' (compute's): the scheduler selects without it
+    import torch
+
+    from daskpri.replicas.replica import Replica
 
 #: Steps a batch's scores are awaited before it is left out of ``tau``.
 _PATIENCE = 64
@@ -42,10 +51,14 @@ def logit_gradient_norms(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
     Examples
     --------
+    >>> import torch
     >>> z = torch.tensor([[0.0, 0.0], [10.0, -10.0]])
     >>> [round(v, 4) for v in logit_gradient_norms(z, torch.tensor([0, 1])).tolist()]
     [0.7071, 1.4142]
     """
+    import torch  # (on the workers: the scheduler selects without it)
+    import torch.nn.functional as F
+
     p = torch.softmax(logits.detach().float(), dim=1)
     return torch.linalg.vector_norm(p - F.one_hot(y, p.shape[1]).to(p.dtype), dim=1)
 
@@ -376,9 +389,11 @@ class UpperBound(Strategy):
         >>> UpperBound().compute(replica, batch).n_grad
         2
         """
+        import torch  # (on the workers: the scheduler selects without it)
+
         if "draws" not in batch.extra:
             return self._compute_plain(replica, batch)
-        losses, logits = replica.losses(batch.x, batch.y, SCORE_DTYPES[self.score_dtype])
+        losses, logits = replica.losses(batch.x, batch.y, score_dtype_of(self.score_dtype))
         scores = logit_gradient_norms(logits, batch.y).cpu().numpy().astype(np.float64)
         pos, w = draw_by_scores(scores, int(batch.extra["draws"][0]), batch.rng)
         sel = torch.as_tensor(pos, device=batch.x.device)
@@ -396,12 +411,14 @@ class UpperBound(Strategy):
 
     def _compute_plain(self, replica: Replica, batch: Batch) -> Computed:
         """The train rows with their weights; scores of all rows from the forward pass."""
+        import torch
+
         n = batch.n_train
         grad, losses, logits = replica.weighted_grad(batch.x[:n], batch.y[:n], batch.weights)
         scores = logit_gradient_norms(logits, batch.y[:n])
         if batch.x.shape[0] > n:
             _, score_logits = replica.losses(
-                batch.x[n:], batch.y[n:], SCORE_DTYPES[self.score_dtype]
+                batch.x[n:], batch.y[n:], score_dtype_of(self.score_dtype)
             )
             scores = torch.cat([scores, logit_gradient_norms(score_logits, batch.y[n:])])
         return Computed(

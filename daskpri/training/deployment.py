@@ -20,22 +20,22 @@ import dask
 import numpy as np
 import xarray as xr
 from distributed import Client, Future
+from distributed.protocol import pickle
 
 from daskpri import _config
 from daskpri.data._persisted import driver_scheduler
 from daskpri.replicas.errors import PartitionsLost, raise_data_refused
 from daskpri.replicas.optim import LocalSteps
 from daskpri.replicas.replica import Weights
-from daskpri.replicas.worker import (
+from daskpri.replicas.tasks import (
     ArrayPart,
-    Shares,
-    StepResult,
     StoreRef,
     load_task,
+    release_keys,
     train_task,
     warmup_task,
-    why_no_replica,
 )
+from daskpri.replicas.worker import Shares, StepResult, why_no_replica
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
 from daskpri.training._memory import check_memory
@@ -153,7 +153,7 @@ class Deployment:
             # workers, which logs an ERROR that their scattered data is lost
             # (a trainer never closed, at exit: see _cleanup._close_at_exit).
             with contextlib.suppress(Exception):  # the cluster may be gone already
-                self.client.run_on_scheduler(_release_keys, keys, self.client.id)
+                self.client.run_on_scheduler(release_keys, keys, self.client.id)
 
     def set_up(
         self,
@@ -298,11 +298,12 @@ class Deployment:
         for pid, addr in enumerate(self.owner_addr):
             first.setdefault(addr, pid)
         tag = uuid.uuid4().hex[:6]  # (as the checks' in place)
+        pickled = pickle.dumps(weights)  # (bytes: the scheduler unpickles tasks without torch)
         futures = [
             self.client.submit(
                 warmup_task,
                 self.plugin,
-                weights,
+                pickled,
                 strategy,
                 pid,
                 self.parts[pid],
@@ -585,8 +586,3 @@ class Deployment:
             self.place(moved, resources)
         self.table.set_owner(np.array([slot_of[a] for a in self.owner_addr], dtype=np.int64),
                              workers=self.slots)
-
-
-def _release_keys(keys: list[Any], client: str, dask_scheduler: Any) -> None:
-    """On the scheduler: ``client`` no longer wants ``keys`` (forgotten if none does)."""
-    dask_scheduler.client_releases_keys(keys=keys, client=client)

@@ -26,7 +26,7 @@ from distributed.scheduler import KilledWorker
 
 from daskpri import _config
 from daskpri.data.io import FILE_ERRORS as FILE_ERRORS
-from daskpri.replicas.worker import StoreRef
+from daskpri.replicas.tasks import StoreRef
 from daskpri.training import checkpoint
 from daskpri.training.transport import ask_workers
 
