@@ -54,8 +54,6 @@ logger = logging.getLogger(__name__)
 DROP_GRACE = 2.0
 
 
-
-
 class ReplicaPlugin(WorkerPlugin):
     """Builds and holds one replica of a run's module on each worker.
 
