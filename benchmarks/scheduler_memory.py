@@ -47,6 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="steps of each run")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps should be 1 or more, but got {args.steps}")
     print(f"import daskpri.table.plugin: {plugin_import_seconds():.2f} s")
     directory = tempfile.mkdtemp()
     scheduler_file = os.path.join(directory, "scheduler.json")
