@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from daskpri.data import datasets
     from daskpri.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
     from daskpri.table.table import PriorityTable
-    from daskpri.training.errors import WorkersLostError
+    from daskpri.training.errors import SchedulerLostError, WorkersLostError
     from daskpri.training.history import time_to_accuracy
-    from daskpri.training.trainer import SchedulerLostError, Trainer
+    from daskpri.training.trainer import Trainer
 
 __version__ = "0.1.0"
 
@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "STRATEGIES": "daskpri.strategies",
     "PriorityTable": "daskpri.table.table",
-    "SchedulerLostError": "daskpri.training.trainer",
+    "SchedulerLostError": "daskpri.training.errors",
     "Strategy": "daskpri.strategies",
     "Trainer": "daskpri.training.trainer",
     "WorkersLostError": "daskpri.training.errors",

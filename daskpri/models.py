@@ -26,13 +26,12 @@ import torch
 import xarray as xr
 from torch import nn
 
+# the names :func:`build_model` takes
+from daskpri._choices import MODELS as MODELS
 from daskpri.data._persisted import driver_scheduler
 from daskpri.data.io import open_dataset, validate_dataset
 
 __all__ = ["CNN", "MLP", "MaxPool1d", "MODELS", "build_model", "cnn", "from_spec", "mlp"]
-
-#: The names :func:`build_model` takes.
-MODELS = ("mlp", "cnn")
 
 DatasetOrInfo = xr.Dataset | dict[str, Any]
 

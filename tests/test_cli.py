@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +98,11 @@ def test_an_error_raised_inside_another_library_says_where(
 ) -> None:
     import json
 
-    from daskpri.cli import _arguments
+    from daskpri.cli import strategies
 
-    # a command failing inside another library, as a torch or xarray error would
-    monkeypatch.setattr(_arguments, "_strategies", lambda args: json.loads("{"))
+    # a command failing inside another library, as a torch or xarray error would (the
+    # parser imports the command's module as it runs, and finds it there)
+    monkeypatch.setattr(strategies, "_strategies", lambda args: json.loads("{"))
     assert main(["strategies"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("daskpri: error: Expecting property name enclosed in double quotes")
@@ -228,6 +231,50 @@ def test_dashboard_on_a_port_in_use_is_a_one_line_error(
 )
 def test_strategy_option_value_is_int_float_bool_none_or_string(text: str, value: object) -> None:
     assert _parse_value(text) == value and type(_parse_value(text)) is type(value)
+
+
+# -- help, a refused argument and `strategies`: answered without torch ----------------
+
+#: what a command's own work imports, and its help and a refused argument need not
+#: (torch alone took 3-6 s, most of what `daskpri --help` took)
+_HEAVY = ("torch", "xarray", "distributed", "bokeh")
+#: the command line as the `daskpri` script runs it, and the heavy modules imported
+_AS_THE_SCRIPT = """
+import runpy, sys
+sys.argv = ["daskpri", *sys.argv[1:]]
+try:
+    runpy.run_module("daskpri", run_name="__main__")
+except SystemExit as e:
+    print("exit", e.code)
+print("imported", sorted(m for m in %r if m in sys.modules))
+""" % (_HEAVY,)
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [
+        (["--help"], 0),
+        *[([command, "--help"], 0) for command in ("train", "demo", "dashboard", "report",
+                                                   "evaluate", "predict", "strategies", "bench")],
+        (["train", "--workers", "0"], 2),
+        (["train", "--resources", "GPU"], 2),  # (parsed by the trainer's own parser)
+        (["bench", "--out", "o", "--workers", "1,,2"], 2),
+        (["evaluate"], 2),
+        (["strategies"], 0),
+    ],
+)
+def test_help_a_refused_argument_and_strategies_import_no_torch(
+    argv: list[str], status: int
+) -> None:
+    done = subprocess.run([sys.executable, "-c", _AS_THE_SCRIPT, *argv], capture_output=True,
+                          text=True, timeout=120)
+    *printed, exit_line, imported = done.stdout.splitlines()
+    assert exit_line == f"exit {status}", done.stderr
+    assert imported == "imported []", done.stderr
+    if status == 0:
+        assert printed and done.stderr == ""
+    else:
+        assert "daskpri" in done.stderr and "error:" in done.stderr
 
 
 def test_strategies_lists_names_with_defaults(capsys: pytest.CaptureFixture[str]) -> None:

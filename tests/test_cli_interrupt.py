@@ -27,9 +27,9 @@ from _cli_runs import SMALL, _open
 from _procs import SPAWNED, _stop
 
 import daskpri
-from daskpri.cli import _run
+from daskpri.cli import _exiting, _run
 from daskpri.cli._arguments import _parser
-from daskpri.cli._interrupt import _exiting, _interruptible
+from daskpri.cli._interrupt import _interruptible
 from daskpri.models import build_model
 from daskpri.training import checkpoint
 from daskpri.training._interrupts import Interrupts, _fit_says

@@ -32,10 +32,29 @@ Examples
 
 from __future__ import annotations
 
-from daskpri.bench.config import BenchConfig
-from daskpri.bench.protocol import count_runs, next_runs, pick_learning_rates, targets
-from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
-from daskpri.bench.runner import run_bench
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from daskpri.bench.config import BenchConfig
+    from daskpri.bench.protocol import count_runs, next_runs, pick_learning_rates, targets
+    from daskpri.bench.records import Arm, Curve, RunRecord, RunSpec
+    from daskpri.bench.runner import run_bench
+
+#: each public name's module, imported when the name is first read (the command
+#: line's parser imports daskpri.bench.command, which must not import torch)
+_LAZY = {
+    "Arm": "daskpri.bench.records",
+    "BenchConfig": "daskpri.bench.config",
+    "Curve": "daskpri.bench.records",
+    "RunRecord": "daskpri.bench.records",
+    "RunSpec": "daskpri.bench.records",
+    "count_runs": "daskpri.bench.protocol",
+    "next_runs": "daskpri.bench.protocol",
+    "pick_learning_rates": "daskpri.bench.protocol",
+    "run_bench": "daskpri.bench.runner",
+    "targets": "daskpri.bench.protocol",
+}
 
 __all__ = [
     "Arm",
@@ -50,3 +69,14 @@ __all__ = [
     "targets",
 ]
 
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'daskpri.bench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # read once: the next read is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

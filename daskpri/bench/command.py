@@ -19,11 +19,15 @@ import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from daskpri.bench.config import FULL_DEFAULTS, QUICK_DEFAULTS, BenchConfig, StrategyOptionError
-from daskpri.bench.report import check_report_files
+# only what the parser needs, none of which imports torch: `daskpri --help` stays quick
+from daskpri.bench._defaults import FULL_DEFAULTS, QUICK_DEFAULTS
+from daskpri.bench._options import StrategyOptionError
 from daskpri.table.staleness import STALENESS_MODELS
+
+if TYPE_CHECKING:
+    from daskpri.bench.config import BenchConfig
 
 __all__ = ["add_arguments", "run"]
 
@@ -205,6 +209,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def _config_from_args(args: argparse.Namespace) -> BenchConfig:
     from daskpri import _config
     from daskpri.bench.baselines import start_method
+    from daskpri.bench.config import BenchConfig
 
     start_method()  # a bad daskpri.bench.start-method, refused before the first run
 
@@ -342,6 +347,7 @@ def check_root(datasets: tuple[str, ...], root: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``daskpri bench`` as parsed into ``args``; return the exit status."""
+    from daskpri.bench.report import check_report_files
     from daskpri.bench.runner import merge_results, report_only, run_bench
     from daskpri.cli._interrupt import _heard_as_cluster_starts
     from daskpri.cli._tls import client_security

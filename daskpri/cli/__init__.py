@@ -31,7 +31,10 @@ or with rounds of 16 local steps, keeping a third of the candidates::
 
 from __future__ import annotations
 
+import multiprocessing
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -39,13 +42,16 @@ from typing import Any, TextIO
 
 from daskpri._warnings import DaskpriWarning, in_package
 from daskpri.cli._arguments import _parser
-from daskpri.cli._paths import _PATH_ERRORS
 from daskpri.cli._prog import _PROG
-from daskpri.training.cluster import SchedulerUnreachable
-from daskpri.training.errors import WorkersLostError
-from daskpri.training.recovery import SchedulerLostError
+from daskpri.training.errors import SchedulerLostError, SchedulerUnreachable, WorkersLostError
 
 __all__ = ["main"]
+
+#: The file system's refusals of a path the user gave (for example a file
+#: where a directory should be), told in one line rather than a traceback.
+_PATH_ERRORS = (
+    FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,14 +86,41 @@ def _command() -> int:
     """The ``daskpri`` script's (and ``python -m daskpri``'s) entry: :func:`main`, then exit.
 
     A Ctrl-C once :func:`main` has returned changes no exit status
-    (:func:`~daskpri.cli._interrupt._exiting`); :func:`main` itself, called
-    from Python, leaves the caller's ``SIGINT`` as it was.
+    (:func:`_exiting`); :func:`main` itself, called from Python, leaves the
+    caller's ``SIGINT`` as it was.
     """
-    from daskpri.cli._interrupt import _exiting
-
     status = main()
     _exiting()
     return status
+
+
+def _exiting() -> None:
+    """Ignore Ctrl-C from here on: the command has its exit status and only exits.
+
+    Once :func:`~daskpri.cli.main` has returned, the interpreter still
+    collects its garbage and tears its modules (torch's among them) down,
+    for a second or so after a run: with ``SIGINT``'s handler put back to
+    the system's by then, a Ctrl-C meanwhile killed the process (exit status
+    -2, 130 no more). Nothing then needs one to stop: the command has closed
+    its clusters and clients, bounded, before it returned. Where something
+    it started is still running (a cluster open, a child process), whose
+    close at exit could wait on it, Ctrl-C is left as it is; and one in the
+    main thread only, where Python's own handler has it (a caller's or an
+    ignored one stays).
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return
+    if multiprocessing.active_children():
+        return
+    if "distributed" in sys.modules:  # (else the command started no cluster)
+        from distributed import SpecCluster
+        from distributed.core import Status
+
+        if any(c.status not in (Status.closing, Status.closed)
+               for c in list(SpecCluster._instances)):
+            return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run(args: Any) -> int:

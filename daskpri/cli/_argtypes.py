@@ -8,8 +8,6 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from daskpri.training.placement import parse_resources
-
 _OUTPUT_SUFFIXES = (".nc", ".zarr")
 
 
@@ -45,6 +43,8 @@ def _parse_value(text: str) -> Any:
 
 
 def _resources(text: str) -> dict[str, float] | None:
+    from daskpri.training.placement import parse_resources
+
     try:
         return parse_resources(text)
     except (ValueError, TypeError) as e:

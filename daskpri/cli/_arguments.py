@@ -1,9 +1,17 @@
-"""The command line's argparse parser: its subcommands and their arguments."""
+"""The command line's argparse parser: its subcommands and their arguments.
+
+It imports none of the commands, nor torch, xarray or distributed: each
+command's module is imported as it runs (:func:`_later`), so that ``daskpri
+--help`` and an argument refused are answered at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 
+from daskpri._choices import DATASETS, LEARNING_RATES, MODELS
 from daskpri.bench import command as bench_command
 from daskpri.cli._argtypes import (
     _accuracy,
@@ -17,23 +25,32 @@ from daskpri.cli._argtypes import (
     _smoothing,
     _strategy_option,
 )
-from daskpri.cli._prog import _PROG
+from daskpri.cli._prog import _DEFAULT_CHECKPOINT_EVERY, _DEFAULT_MAX_STEPS, _DEMO_STRATEGY, _PROG
 from daskpri.cli._tls import add_tls_arguments
-from daskpri.cli.bench import _bench
-from daskpri.cli.dashboard import _dashboard_command
-from daskpri.cli.demo import _DEMO_STRATEGY, _demo
-from daskpri.cli.evaluate import _evaluate, _predict
-from daskpri.cli.report import _report
-from daskpri.cli.strategies import _strategies
-from daskpri.cli.train import _DEFAULT_CHECKPOINT_EVERY, _DEFAULT_MAX_STEPS, _train
-from daskpri.data.datasets import DATASETS
-from daskpri.models import MODELS
 from daskpri.strategies import STRATEGIES
 from daskpri.table.staleness import STALENESS_MODELS
 from daskpri.training.schedule import SCHEDULES
-from daskpri.training.trainer import LEARNING_RATES
 
 _TRACEBACK_HELP = "on an error, show Python's full traceback, not one line (for a bug report)"
+
+
+def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command ``name`` of ``module``, imported when it runs rather than when parsing.
+
+    Examples
+    --------
+    >>> run = _later("daskpri.cli.strategies", "_strategies")
+    >>> run.__qualname__
+    'daskpri.cli.strategies._strategies'
+    """
+
+    def run(args: argparse.Namespace) -> int:
+        command: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(module), name)
+        return command(args)
+
+    run.__qualname__ = f"{module}.{name}"
+    return run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="train a model and report its history")
-    train.set_defaults(run=_train)
+    train.set_defaults(run=_later("daskpri.cli.train", "_train"))
     data = train.add_argument_group("data and model")
     data.add_argument("--dataset", choices=DATASETS,
                       help="a built-in dataset (default mnist1d; mnist and cifar10 read --root)")
@@ -129,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help=f"{_DEMO_STRATEGY} against uniform sampling for the same time budget"
     )
-    demo.set_defaults(run=_demo)
+    demo.set_defaults(run=_later("daskpri.cli.demo", "_demo"))
     demo.add_argument("--workers", type=_count(1), default=2, metavar="N",
                       help="LocalCluster workers (default 2)")
     demo.add_argument("--max-time", type=_seconds, default=45.0, metavar="S",
@@ -148,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"a {_DEMO_STRATEGY} parameter, e.g. fraction=0.25 (repeatable)")
 
     dash = sub.add_parser("dashboard", help="serve the live /daskpri page of a scheduler")
-    dash.set_defaults(run=_dashboard_command)
+    dash.set_defaults(run=_later("daskpri.cli.dashboard", "_dashboard_command"))
     dash.add_argument("--scheduler", required=True, metavar="ADDRESS",
                       help="the scheduler whose runs to show, e.g. tcp://127.0.0.1:8786")
     dash.add_argument("--port", type=int, default=5006,
@@ -159,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     add_tls_arguments(dash.add_argument_group("TLS (with a tls:// --scheduler)"))
 
     report = sub.add_parser("report", help="a static HTML report of a run's history")
-    report.set_defaults(run=_report)
+    report.set_defaults(run=_later("daskpri.cli.report", "_report"))
     report.add_argument("history", help="history from `daskpri train --output` (.nc or .zarr)")
     report.add_argument("-o", "--output", required=True, metavar="HTML",
                         help="the page to write, e.g. report.html (a self-contained HTML file; "
@@ -169,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser(
         "evaluate", help="a checkpoint's model: its accuracy and loss on held-out data")
-    evaluate.set_defaults(run=_evaluate)
+    evaluate.set_defaults(run=_later("daskpri.cli.evaluate", "_evaluate"))
     evaluate.add_argument("checkpoint", metavar="CHECKPOINT",
                           help="a checkpoint of `daskpri train --checkpoint` (read weights-only)")
     held_out = evaluate.add_argument_group(
@@ -196,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
 
     predict = sub.add_parser(
         "predict", help="a checkpoint's model: its logits and predicted classes on data")
-    predict.set_defaults(run=_predict)
+    predict.set_defaults(run=_later("daskpri.cli.evaluate", "_predict"))
     predict.add_argument("checkpoint", metavar="CHECKPOINT",
                          help="a checkpoint of `daskpri train --checkpoint` (read weights-only)")
     predict.add_argument("--data", required=True, metavar="PATH",
@@ -214,13 +231,13 @@ def _parser() -> argparse.ArgumentParser:
     add_tls_arguments(predict.add_argument_group("TLS (with a tls:// --scheduler)"))
 
     strategies = sub.add_parser("strategies", help="list the strategies and their defaults")
-    strategies.set_defaults(run=_strategies)
+    strategies.set_defaults(run=_later("daskpri.cli.strategies", "_strategies"))
 
     bench = sub.add_parser(
         "bench", help="the strategies against uniform, scaling and overhead, side by side"
     )
     bench_command.add_arguments(bench)
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run=_later("daskpri.cli.bench", "_bench"))
     for command in sub.choices.values():
         # also after the command, where it is as likely typed; SUPPRESS: left out there, it
         # leaves the value given before the command as it is

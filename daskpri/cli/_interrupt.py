@@ -87,33 +87,3 @@ def _close(trainer: daskpri.Trainer, *, at_once: bool, ours: bool = False) -> No
         return
     with dask.config.set({"daskpri.trainer.scheduler-timeout": "1s"}):
         trainer._close(kill_workers=ours or trainer._own_cluster is not None)
-
-
-def _exiting() -> None:
-    """Ignore Ctrl-C from here on: the command has its exit status and only exits.
-
-    Once :func:`~daskpri.cli.main` has returned, the interpreter still
-    collects its garbage and tears its modules (torch's among them) down,
-    for a second or so after a run: with ``SIGINT``'s handler put back to
-    the system's by then, a Ctrl-C meanwhile killed the process (exit status
-    -2, 130 no more). Nothing then needs one to stop: the command has closed
-    its clusters and clients, bounded, before it returned. Where something
-    it started is still running (a cluster open, a child process), whose
-    close at exit could wait on it, Ctrl-C is left as it is; and one in the
-    main thread only, where Python's own handler has it (a caller's or an
-    ignored one stays).
-    """
-    import multiprocessing
-    import signal
-    import threading
-
-    from distributed import SpecCluster
-    from distributed.core import Status
-
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        return
-    if (any(c.status not in (Status.closing, Status.closed) for c in list(SpecCluster._instances))
-            or multiprocessing.active_children()):
-        return
-    signal.signal(signal.SIGINT, signal.SIG_IGN)

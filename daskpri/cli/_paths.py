@@ -10,12 +10,6 @@ import xarray as xr
 from daskpri.data.io import format_of
 from daskpri.data.store import check_destination, check_writable
 
-#: The file system's refusals of a path the user gave (for example a file
-#: where a directory should be), told in one line rather than a traceback.
-_PATH_ERRORS = (
-    FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError
-)
-
 
 def _check_destination(flag: str, path: str, *, kind: str = "file") -> None:
     """Refuse ``path`` (a ``"file"``, ``"store"`` or ``"directory"``) before the work it is for.

@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distributed.security import Security
-
-from daskpri.training.cluster import lacks_tls_credentials
+if TYPE_CHECKING:
+    from distributed.security import Security
 
 
 def add_tls_arguments(group: Any) -> None:
@@ -44,6 +43,10 @@ def client_security(args: argparse.Namespace, *, local_tls: str | None = None) -
         one is missing, unreadable or not one ssl can load, or if a
         ``tls://`` scheduler has neither the files nor Dask's TLS config.
     """
+    from distributed.security import Security
+
+    from daskpri.training.cluster import lacks_tls_credentials
+
     scheduler = args.scheduler
     flags = {"--tls-ca-file": args.tls_ca_file, "--tls-cert": args.tls_cert,
              "--tls-key": args.tls_key}

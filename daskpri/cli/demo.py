@@ -13,6 +13,7 @@ import daskpri
 from daskpri import _config
 from daskpri.cli._argtypes import _strategy_options
 from daskpri.cli._interrupt import StopAtOnce, _close, _heard_as_cluster_starts, _interruptible
+from daskpri.cli._prog import _DEMO_STRATEGY
 from daskpri.cli._summary import _dashboard_lines, _summary
 from daskpri.strategies import check_strategy_options, get_strategy
 from daskpri.training._checks import check_eval_every, check_float, check_int
@@ -21,7 +22,6 @@ from daskpri.training._interrupts import interrupts_held
 from daskpri.training.cluster import local_cluster, one_torch_thread
 from daskpri.training.history import time_to_accuracy
 
-_DEMO_STRATEGY = "selective-backprop"
 _DEMO_TARGET_FRACTION = 0.97  # of the best accuracy the uniform baseline reached
 
 

@@ -16,7 +16,7 @@ import daskpri
 from daskpri.cli._argtypes import _strategy_options
 from daskpri.cli._interrupt import StopAtOnce, _close, _heard_as_cluster_starts, _interruptible
 from daskpri.cli._paths import _check_destination, _free_sibling, _unreplaceable
-from daskpri.cli._prog import _PROG
+from daskpri.cli._prog import _DEFAULT_CHECKPOINT_EVERY, _DEFAULT_MAX_STEPS, _PROG
 from daskpri.cli._summary import _dashboard_lines, _summary
 from daskpri.cli._tls import client_security
 from daskpri.data.io import open_dataset, to_store
@@ -30,9 +30,6 @@ from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import assign_owners
 from daskpri.training.recovery import SchedulerLostError, close_client
 from daskpri.training.schedule import SCHEDULES
-
-_DEFAULT_CHECKPOINT_EVERY = 100
-_DEFAULT_MAX_STEPS = 2000  # when neither --max-steps nor --max-time is given
 
 
 def _train(args: argparse.Namespace) -> int:

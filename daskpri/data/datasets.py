@@ -32,6 +32,9 @@ from typing import Any, cast
 import numpy as np
 import xarray as xr
 
+# the names :func:`load` takes, and those read from files in ``root``
+from daskpri._choices import DATASETS as DATASETS
+from daskpri._choices import TAKES_ROOT as TAKES_ROOT
 from daskpri._config import cache_dir
 from daskpri._warnings import warn
 from daskpri.data import _readers
@@ -40,11 +43,6 @@ from daskpri.data.store import PathTakenError
 
 __all__ = ["DATASETS", "load"]
 
-#: The names :func:`load` takes.
-DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "cifar10", "synthetic")
-
-#: The datasets read from files in a directory the user names (``root``).
-TAKES_ROOT = ("mnist", "cifar10")
 _TRAIN_FRACTION = 0.8
 _FLAT = ("sample", "feature")
 _GRAY = ("sample", "height", "width")

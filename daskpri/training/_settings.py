@@ -18,6 +18,9 @@ from distributed.security import Security
 from torch import nn
 
 from daskpri import _config
+
+# each optimizer's default learning rate
+from daskpri._choices import LEARNING_RATES as LEARNING_RATES
 from daskpri.strategies import STRATEGIES, Strategy, get_strategy, unknown_options
 from daskpri.table.staleness import validate_staleness
 from daskpri.training._checks import (
@@ -38,13 +41,6 @@ from daskpri.training.schedule import validate_schedule
 
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
-
-#: Each optimizer's learning rate where neither the argument nor the config
-#: (``daskpri.trainer.learning-rate``, null by default) gives one. SGD's
-#: (with the default momentum 0.9) from ``daskpri bench``: every arm's best
-#: rate on its four models lay in 0.075-0.3, uniform's in 0.1-0.3; Adam's is
-#: torch's own.
-LEARNING_RATES = {"sgd": 0.1, "adam": 0.001}
 
 #: the largest seed: it travels to the scheduler and workers in msgpack
 #: messages, and the command line and the datasets take no larger one

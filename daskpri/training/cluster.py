@@ -19,6 +19,9 @@ from distributed.security import Security
 from daskpri import _config
 from daskpri._warnings import warn
 
+# defined with the other errors (the command line names them without importing torch)
+from daskpri.training.errors import SchedulerUnreachable as SchedulerUnreachable
+
 
 def local_cluster(
     n_workers: int,
@@ -225,10 +228,6 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[st
 #: seconds for a scheduler to answer before it is taken as down
 CONNECT_TIMEOUT = 10.0
 _CONNECT_GRACE = 2.0  # seconds past it for distributed to say why itself, before it is cut off
-
-
-class SchedulerUnreachable(ConnectionError):
-    """The scheduler at an address could not be reached (see :func:`connect`)."""
 
 
 class _ClosableClient(Client):

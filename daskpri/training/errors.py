@@ -1,8 +1,12 @@
-"""The error of a run that cannot go on for want of workers."""
+"""The errors of a run that cannot go on: no workers, no scheduler, none reached.
+
+They import nothing, so that the command line can name them without
+importing torch.
+"""
 
 from __future__ import annotations
 
-__all__ = ["WorkersLostError"]
+__all__ = ["SchedulerLostError", "SchedulerUnreachable", "WorkersLostError"]
 
 
 class WorkersLostError(RuntimeError):
@@ -21,4 +25,33 @@ class WorkersLostError(RuntimeError):
     >>> import daskpri
     >>> issubclass(daskpri.WorkersLostError, RuntimeError)
     True
+    """
+
+
+class SchedulerLostError(RuntimeError):
+    """The scheduler stopped answering: the run cannot go on in this cluster.
+
+    Raised by a :class:`~daskpri.Trainer`'s :meth:`~daskpri.Trainer.fit`
+    where a failure of the cluster turns out to be the scheduler's loss. The
+    message names the last checkpoint, if one was written: resume from it
+    on a new cluster.
+
+    Examples
+    --------
+    >>> import daskpri
+    >>> issubclass(daskpri.SchedulerLostError, RuntimeError)
+    True
+    >>> try:  # doctest: +SKIP
+    ...     history = trainer.fit(train, max_steps=5000)
+    ... except daskpri.SchedulerLostError:
+    ...     trainer = daskpri.Trainer.resume("run.ckpt", client=new_client)
+    ...     history = trainer.fit(train, max_steps=5000)
+    """
+
+
+class SchedulerUnreachable(ConnectionError):
+    """The scheduler at an address could not be reached.
+
+    Raised by :func:`daskpri.training.cluster.connect`; the message names the
+    address and why (no answer in time, or the connection's error).
     """

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
 from daskpri import _config
 
 if TYPE_CHECKING:
+    import xarray as xr
     from distributed import Client
 
 

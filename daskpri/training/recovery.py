@@ -28,6 +28,9 @@ from daskpri import _config
 from daskpri.data.io import FILE_ERRORS as FILE_ERRORS
 from daskpri.replicas.tasks import StoreRef
 from daskpri.training import checkpoint
+
+# defined with the other errors (the command line names them without importing torch)
+from daskpri.training.errors import SchedulerLostError as SchedulerLostError
 from daskpri.training.transport import ask_workers
 
 if TYPE_CHECKING:
@@ -42,27 +45,6 @@ LOST = (CancelledError, KilledWorker, CommClosedError, OSError)
 # A live worker's OSErrors about the data's files (FILE_ERRORS) are the user's
 # to mend, not a worker lost: every handler of LOST lets them through first;
 # retried, they failed only after the no-workers timeout or eleven attempts.
-
-
-class SchedulerLostError(RuntimeError):
-    """The scheduler stopped answering: the run cannot go on in this cluster.
-
-    Raised by a :class:`~daskpri.Trainer`'s :meth:`~daskpri.Trainer.fit`
-    where a failure of the cluster turns out to be the scheduler's loss. The
-    message names the last checkpoint, if one was written: resume from it
-    on a new cluster.
-
-    Examples
-    --------
-    >>> import daskpri
-    >>> issubclass(daskpri.SchedulerLostError, RuntimeError)
-    True
-    >>> try:  # doctest: +SKIP
-    ...     history = trainer.fit(train, max_steps=5000)
-    ... except daskpri.SchedulerLostError:
-    ...     trainer = daskpri.Trainer.resume("run.ckpt", client=new_client)
-    ...     history = trainer.fit(train, max_steps=5000)
-    """
 
 
 def step_timeout() -> float:
