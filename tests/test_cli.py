@@ -239,15 +239,15 @@ def test_strategy_option_value_is_int_float_bool_none_or_string(text: str, value
 #: (torch alone took 3-6 s, most of what `daskpri --help` took)
 _HEAVY = ("torch", "xarray", "distributed", "bokeh")
 #: the command line as the `daskpri` script runs it, and the heavy modules imported
-_AS_THE_SCRIPT = """
+_AS_THE_SCRIPT = f"""
 import runpy, sys
 sys.argv = ["daskpri", *sys.argv[1:]]
 try:
     runpy.run_module("daskpri", run_name="__main__")
 except SystemExit as e:
     print("exit", e.code)
-print("imported", sorted(m for m in %r if m in sys.modules))
-""" % (_HEAVY,)
+print("imported", sorted(m for m in {_HEAVY!r} if m in sys.modules))
+"""
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,11 @@ small memory limits where a test needs them.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -305,6 +307,80 @@ def test_a_worker_that_joins_unable_to_build_the_model_is_left_out_of_the_run(
             _stop([joiner])
 
 
+#: a model's module whose import on a worker waits (while the file ``hold`` is there), as a
+#: module that imports a large library does; each worker's import says it has begun
+SLOW_MODULE = """
+import os
+import pathlib
+import time
+
+import torch
+
+HERE = pathlib.Path(__file__).parent
+if (HERE / "hold").exists():  # (a worker's import: the driver's came before the hold)
+    (HERE / f"importing-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while (HERE / "hold").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+class Net(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x.flatten(1))
+"""
+
+
+def test_the_workers_import_the_models_module_off_their_event_loops(
+    cluster, models_dir, small_data, monkeypatch
+):
+    # A worker imports torch and the model's modules as a run's replicas are set up:
+    # done on its event loop, where the replica plugin arrives, it answered nothing
+    # meanwhile (heartbeats, another run's probe; "Event loop was unresponsive in
+    # Worker for 3.3s" where it only imported torch). Here the import waits for the test.
+    (models_dir / "slowclustermodel.py").write_text(SLOW_MODULE)
+    monkeypatch.syspath_prepend(str(models_dir))
+    import slowclustermodel
+
+    train, _ = small_data
+    hold = models_dir / "hold"
+    model = slowclustermodel.Net(int(train["x"].shape[1]), int(train["y"].max()) + 1)
+    with Client(cluster, timeout=60) as client:
+        client.run(importlib.invalidate_caches)  # (the module was written after their start)
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        assert not any(client.run(lambda: "slowclustermodel" in sys.modules).values())
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, partition_size=100)
+        errors: list[BaseException] = []
+
+        def fit() -> None:
+            try:
+                trainer.fit(train, max_steps=3, progress=False)
+            except BaseException as e:  # re-raised in the test's thread
+                errors.append(e)
+
+        hold.touch()
+        fitting = threading.Thread(target=fit)
+        fitting.start()
+        answered: dict[str, Any] = {}
+        asking = threading.Thread(target=lambda: answered.update(client.run(os.getpid)))
+        try:
+            _wait_for(lambda: len(list(models_dir.glob("importing-*"))) == len(workers),
+                      timeout=120)
+            # every worker is importing the module, and answers: its event loop is free
+            asking.start()
+            asking.join(30)
+            answered_while_importing = sorted(answered)
+            assert fitting.is_alive()  # (still held by the imports)
+        finally:
+            hold.unlink(missing_ok=True)
+            fitting.join(120)
+            if asking.ident is not None:
+                asking.join(30)
+        assert answered_while_importing == workers
+        assert not fitting.is_alive() and not errors, errors
+        assert trainer.step_ == 3
+        trainer.close()
+
+
 def test_dask_worker_nworkers_processes_are_given_distinct_devices_by_the_scheduler(cluster):
     from daskpri.replicas.devices import _address_order, choose_device
 
@@ -366,9 +442,10 @@ def test_the_workers_are_asked_once_before_the_set_up(
         trainer.close()
         asked = {a: names[len(before[a]):] for a, names in _out_of_band(client).items()}
     # one probe of the run's worker before its set-up (and _memory once its replica is built);
-    # every worker, which the replicas' plugin goes to, is asked whether it answers (getpid)
-    assert asked == {a: ["probe", "getpid", "_memory"] if a == foo else ["getpid"]
-                     for a in workers}
+    # every worker, which the replicas' plugin goes to, is asked whether it answers (getpid),
+    # then to import what the plugin's set-up would import on its event loop
+    assert asked == {a: ["probe", "getpid", "import_worker_side", "_memory"] if a == foo
+                     else ["getpid", "import_worker_side"] for a in workers}
 
 
 def test_the_scheduler_holds_every_strategys_table_without_importing_torch(cluster, small_data):

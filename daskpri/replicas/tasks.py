@@ -12,6 +12,9 @@ pickled, as bytes (torch's tensors, unpickled, need torch).
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +74,47 @@ def train_task(name: str, *args: Any) -> StepResult | dict[str, Any]:
     from daskpri.replicas import worker
 
     return worker.train(name, *args)
+
+
+#: the module a run's replica plugin is unpickled from, with torch and the model's code
+WORKER_SIDE = "daskpri.replicas.worker"
+
+
+async def import_worker_side(
+    modules: list[str] | tuple[str, ...] = (),
+    resources: dict[str, float] | None = None,
+    dask_worker: Any = None,
+) -> bool:
+    """Import the worker's side of daskpri (torch with it) and ``modules`` in a thread;
+    whether any was not imported yet.
+
+    Run on a worker's event loop (``Worker.run`` awaits a coroutine function)
+    before a run's replica plugin reaches it: the plugin, unpickled on the
+    event loop, imports :mod:`daskpri.replicas.worker` and torch there, and
+    its set-up the modules of the model's classes (``modules``), which held
+    a fresh worker's event loop for 3-4 s (12 s on a loaded machine). It
+    answered nothing meanwhile: heartbeats, another run's probe, the
+    dashboard. In a thread the loop goes on (its longest pause, 0.3 s,
+    while the thread loads torch's libraries). A module that fails to
+    import raises here; the set-up, importing it again, says so. A worker
+    that lacks the run's ``resources`` builds no replica, and imports the
+    model's modules not at all (``Worker.run`` gives ``dask_worker``).
+
+    Examples
+    --------
+    >>> import asyncio
+    >>> asyncio.run(import_worker_side()) in (True, False)
+    True
+    >>> asyncio.run(import_worker_side())  # imported now
+    False
+    """
+    have = getattr(getattr(dask_worker, "state", None), "total_resources", {}) or {}
+    if not all(have.get(k, 0) >= v for k, v in (resources or {}).items()):
+        modules = ()  # (as the replica plugin's set-up finds: it serves not)
+    needed = [m for m in (WORKER_SIDE, *modules) if m not in sys.modules]
+    for module in needed:
+        await asyncio.to_thread(importlib.import_module, module)
+    return bool(needed)
 
 
 def release_keys(keys: list[Any], client: str, dask_scheduler: Any) -> None:

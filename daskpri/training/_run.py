@@ -39,7 +39,12 @@ from daskpri.replicas.replica import Weights
 from daskpri.replicas.worker import ReplicaPlugin
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import Ahead, RemoteTable
-from daskpri.training._checks import check_local_device, check_model, check_strategy_model
+from daskpri.training._checks import (
+    check_local_device,
+    check_model,
+    check_strategy_model,
+    foreign_modules,
+)
 from daskpri.training._cleanup import drop_run
 from daskpri.training._cluster_checks import check_cluster
 from daskpri.training._resume import data_fingerprint_of, state_shaped_like_params
@@ -369,11 +374,14 @@ class RunMixin:
         """
         retries = _config.get_int("trainer.max-retries", 0)
         restarts = memory_restarts(client)
+        # imported by each worker in a thread first, as daskpri's and torch are
+        modules = foreign_modules(type(m) for m in self.model.modules())
         lost: set[str] = set()
         for attempt in range(retries + 1):  # (its set-up on a worker failing raises at once)
             before = sorted(cluster_workers(client))
             try:
-                return register(client, self._plugin, silent)  # not held up by a silent one
+                # not held up by a silent one
+                return register(client, self._plugin, silent, modules)
             except LOST as e:
                 why = restarted_for_memory(client, restarts)
                 if why is not None:

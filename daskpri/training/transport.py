@@ -16,10 +16,12 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from distributed import Client, Future
+from distributed.comm import CommClosedError
 from distributed.protocol import pickle
 from distributed.protocol.serialize import Serialize, to_serialize
 
 from daskpri import _config
+from daskpri.replicas.tasks import import_worker_side
 from daskpri.replicas.worker import StepResult, raise_state_lost
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import cluster_workers, eligible_workers, listed_workers
@@ -337,7 +339,9 @@ SILENT_AGAIN_TIMEOUT = 1.0
 REGISTER_SETUP_TIMEOUT = 60.0
 
 
-def register(client: Client, plugin: Any, silent: Collection[str] = ()) -> list[str]:
+def register(
+    client: Client, plugin: Any, silent: Collection[str] = (), modules: Collection[str] = ()
+) -> list[str]:
     """``client.register_plugin(plugin)`` (a worker plugin), not held up by a worker that
     does not answer: the workers left out, that do not answer.
 
@@ -353,7 +357,11 @@ def register(client: Client, plugin: Any, silent: Collection[str] = ()) -> list[
     freeze from a set-up, which holds its event loop: this one round trip
     is the last look at which a worker that froze since the probe is told
     apart. A worker that died is dropped by the scheduler at once, failing
-    the broadcast as before.
+    the broadcast as before. Those that answer then import the worker's side
+    of daskpri, torch and ``modules`` (the model's) in a thread
+    (:func:`~daskpri.replicas.tasks.import_worker_side`), for
+    :data:`REGISTER_SETUP_TIMEOUT` seconds at most, so that the plugin's
+    set-up, on their event loops, does not.
 
     The others' set-ups are waited for (each answers once its own ended),
     :data:`REGISTER_SETUP_TIMEOUT` seconds each at most (one that has not
@@ -374,6 +382,11 @@ def register(client: Client, plugin: Any, silent: Collection[str] = ()) -> list[
         # asked before the broadcast (a worker's set-up holds its event loop), a builtin:
         # daskpri's modules, unpickled there, would import torch before the replica does
         quiet = await _silent(client, listed, silent)
+        # then torch, in a thread of each (an import's failure is the set-up's to raise)
+        imported = await asked(client, [a for a in listed if a not in quiet],
+                               import_worker_side, sorted(modules), plugin.resources,
+                               timeout=REGISTER_SETUP_TIMEOUT)
+        await _raise_died(client, imported)
         broadcast = asyncio.ensure_future(
             client.scheduler.register_worker_plugin(
                 plugin=pickle.dumps(plugin), name=name, idempotent=False)
@@ -486,6 +499,27 @@ def unregister(
             "until it answers again; restart (or stop) a worker that stays frozen",
             ", ".join(quiet), REGISTER_ANSWER_TIMEOUT, SILENT_AGAIN_TIMEOUT,
         )
+
+
+async def _raise_died(client: Client, answers: dict[str, Any]) -> None:
+    """Raise ``CommClosedError`` where workers died as they answered (killed for memory
+    as they imported torch, say), once the scheduler has dropped them.
+
+    As the plugin's broadcast failed where they died in its set-up: the
+    caller tells a restart for memory, or sets up again on the workers left.
+    Workers that the scheduler still lists after
+    :data:`REGISTER_ANSWER_TIMEOUT` seconds (a connection broken, the worker
+    alive) are left to the broadcast.
+    """
+    died = [a for a, r in answers.items()
+            if isinstance(r, OSError) and not isinstance(r, TimeoutError)]
+    deadline = time.monotonic() + REGISTER_ANSWER_TIMEOUT
+    while died and time.monotonic() < deadline:
+        listed = await listed_workers(client)
+        if not set(died) & set(listed):
+            raise CommClosedError(f"worker(s) {', '.join(died)} died as they imported torch "
+                                  "and the model's modules for the run's replicas")
+        await asyncio.sleep(0.1)
 
 
 async def _silent(client: Client, listed: list[str], known: Collection[str] = ()) -> list[str]:
