@@ -384,7 +384,8 @@ def register(
         quiet = await _silent(client, listed, silent)
         # then torch, in a thread of each (an import's failure is the set-up's to raise)
         imported = await asked(client, [a for a in listed if a not in quiet],
-                               import_worker_side, sorted(modules), plugin.resources,
+                               import_worker_side, sorted(modules),
+                               getattr(plugin, "resources", None),  # (a ReplicaPlugin's)
                                timeout=REGISTER_SETUP_TIMEOUT)
         await _raise_died(client, imported)
         broadcast = asyncio.ensure_future(
