@@ -388,6 +388,9 @@ def register(
                                getattr(plugin, "resources", None),  # (a ReplicaPlugin's)
                                timeout=REGISTER_SETUP_TIMEOUT)
         await _raise_died(client, imported)
+        # one that froze since, or imports for longer than a set-up may take: left out, as a
+        # set-up's that did not end in that time is (not waited for a second time)
+        quiet += [a for a, r in imported.items() if isinstance(r, TimeoutError)]
         broadcast = asyncio.ensure_future(
             client.scheduler.register_worker_plugin(
                 plugin=pickle.dumps(plugin), name=name, idempotent=False)
