@@ -20,6 +20,7 @@ from _fits import fit
 import daskpri
 from daskpri.data.io import to_store
 from daskpri.models import build_model
+from daskpri.strategies.uniform import Uniform  # (`daskpri` loads it only once it is used)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +52,29 @@ def test_second_fit_continues_the_step_count(gpu_client, small_data):
         assert trainer.step_ == 9
         assert h2["step"].values.tolist() == list(range(9))
         assert (np.diff(h2["time"]) > 0).all()
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("transport", ["direct", "tasks"])
+def test_no_task_carries_the_weights_through_the_scheduler(gpu_client, small_data, transport):
+    # The warm-up's tasks carried the weights, pickled: the scheduler held a copy for
+    # each worker, and distributed warned of a large graph for a model over its threshold
+    # (10 MB by default; 200 kB here, a model of 0.5 MB). They are scattered once now, as
+    # the steps' of the tasks transport are.
+    train, _ = small_data
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(20, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 10))
+    trainer = daskpri.Trainer(model, strategy="uniform", client=gpu_client, seed=0,
+                              transport=transport)
+    try:
+        with (dask.config.set({"distributed.admin.large-graph-warning-threshold": "200kB"}),
+              warnings.catch_warnings(record=True) as caught):
+            warnings.simplefilter("always")
+            trainer.fit(train, max_steps=2, progress=False)
+        assert trainer.step_ == 2
+        assert not [w for w in caught if "large graph" in str(w.message)], [
+            str(w.message) for w in caught]
     finally:
         trainer.close()
 
@@ -367,7 +391,7 @@ def test_the_default_learning_rate_is_the_optimizers_own(gpu_client, small_data)
         daskpri.Trainer(model)
 
 
-class _Misbehaving(daskpri.strategies.uniform.Uniform):
+class _Misbehaving(Uniform):
     """A strategy of one's own whose ``select`` breaks the contract as told."""
 
     name = "misbehaving"

@@ -6,8 +6,9 @@ arguments, and each function of ``client.run_on_scheduler``: a function of
 import torch, would have the scheduler import torch (seconds of its event
 loop, and a few hundred MiB of its memory) for tasks that only its workers
 run. These functions and the partitions' references live here, and import
-the worker's side as they run, on a worker. The weights of a warm-up go
-pickled, as bytes (torch's tensors, unpickled, need torch).
+the worker's side as they run, on a worker. The weights a task needs are
+scattered to the workers, and the task names their key: the scheduler
+never holds them (torch's tensors, unpickled, need torch).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from distributed.protocol import pickle
 
 if TYPE_CHECKING:
+    from daskpri.replicas.replica import Weights
     from daskpri.replicas.step import StepResult
     from daskpri.strategies.base import Strategy
 
@@ -56,17 +57,17 @@ def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
 
 def warmup_task(
     name: str,
-    weights: bytes,
+    weights: Weights,
     strategy: Strategy,
     pid: int,
     ref: PartitionRef,
     optimizer: str | None = None,
 ) -> None:
     """Warm the replica up on partition ``pid`` (:func:`.worker.warm_up`); ``weights``
-    are the driver's :class:`~daskpri.replicas.replica.Weights`, pickled."""
+    are the driver's, scattered once for every worker's warm-up."""
     from daskpri.replicas import worker
 
-    worker.warm_up(name, pickle.loads(weights), strategy, pid, ref, optimizer)
+    worker.warm_up(name, weights, strategy, pid, ref, optimizer)
 
 
 def train_task(name: str, *args: Any) -> StepResult | dict[str, Any]:

@@ -20,7 +20,6 @@ import dask
 import numpy as np
 import xarray as xr
 from distributed import Client, Future
-from distributed.protocol import pickle
 
 from daskpri import _config
 from daskpri.data._persisted import driver_scheduler
@@ -298,12 +297,15 @@ class Deployment:
         for pid, addr in enumerate(self.owner_addr):
             first.setdefault(addr, pid)
         tag = uuid.uuid4().hex[:6]  # (as the checks' in place)
-        pickled = pickle.dumps(weights)  # (bytes: the scheduler unpickles tasks without torch)
+        # scattered once, for every worker's task: in each task, the scheduler would hold
+        # (and unpickle, importing torch) a copy of the weights per worker
+        scattered = scatter_running(self.client, weights, resources, dask_timeout(),
+                                    list(first), step_timeout())
         futures = [
             self.client.submit(
                 warmup_task,
                 self.plugin,
-                pickled,
+                scattered,
                 strategy,
                 pid,
                 self.parts[pid],
