@@ -19,6 +19,7 @@ import pytest
 from _fits import fit_until_step, local_cluster, mlp_trainer, wait_while_fitting
 
 import daskpri
+from daskpri.strategies import Uniform  # (`daskpri` loads it only once it is used)
 
 
 def test_fit_survives_a_killed_worker(small_data):
@@ -138,7 +139,7 @@ def test_a_call_to_a_worker_that_died_between_steps_fails_once_the_scheduler_dro
         assert isinstance(info.value, LOST)  # a step re-planned on the workers left
 
 
-class _HangsOnce(daskpri.strategies.Uniform):
+class _HangsOnce(Uniform):
     """``uniform``, except that one worker hangs once, on its 4th step.
 
     The first worker there creates ``marker`` (atomically) and sleeps; every
