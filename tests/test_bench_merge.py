@@ -24,7 +24,8 @@ from daskpri.cli import main
 SIZES = {"mnist1d": 16000}
 MACHINE = {"cores": 2, "processor": "x86_64", "cpu": "AMD EPYC", "platform": "p",
            "python": "3.11", "torch": "2.13.0", "dask": "2026.8.0",
-           "distributed": "2026.8.0", "cuda": False, "gpu": None}
+           "distributed": "2026.8.0", "numpy": "2.3.0", "daskpri": "0.1.0", "cuda": False,
+           "gpu": None}
 
 
 def _config(**kw: object) -> BenchConfig:
@@ -157,6 +158,8 @@ def test_a_part_that_stopped_early_makes_a_partial_report(tmp_path: Path):
     (lambda d: d["machine"].update(cpu="Intel Xeon"),
      r"the parts ran on other machines \(cpu: 'AMD EPYC' in .*, 'Intel Xeon' in .*\); "
      r"their times do not pool"),
+    (lambda d: d["machine"].update(daskpri="0.2.0"),  # (a part of a newer daskpri)
+     r"other machines \(daskpri: '0.1.0' in .*, '0.2.0' in .*\); their times do not pool"),
     (lambda d: d["machine"].update(cuda=True, gpu="NVIDIA H200"),
      r"other machines \(cuda: False in .*, True in .*; gpu: None in .*, 'NVIDIA H200' in"),
     (lambda d: d["config"].update(scheduler="tcp://10.0.0.5:8786"),

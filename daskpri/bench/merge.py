@@ -15,7 +15,7 @@ from daskpri.bench.stored import _clusters, _parsed, _read_results
 
 #: What two benchmarks' machines must share for their times to be pooled.
 _SAME_MACHINE = ("cores", "processor", "cpu", "torch_cpu_capability", "cuda", "gpu",
-                 "python", "torch", "dask", "distributed")
+                 "python", "torch", "dask", "distributed", "numpy", "daskpri")
 
 
 def merge_results(
@@ -41,7 +41,8 @@ def merge_results(
 
     Anything that would make the runs of one part not comparable to the
     other's is refused, naming it: another option, another machine (CPU
-    model, GPU, core count or versions), another dataset size, a seed in
+    model, GPU, core count, or the versions of Python, torch, dask, distributed,
+    numpy and daskpri), another dataset size, a seed in
     two parts, a gap between the parts' seeds, runs on the LocalClusters
     of one part against runs on a ``--scheduler``'s workers in another (the
     scheduler's address may differ).
