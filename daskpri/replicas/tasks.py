@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from daskpri.replicas.replica import Weights
     from daskpri.replicas.step import StepResult
-    from daskpri.strategies.base import Strategy
 
 
 @dataclass(frozen=True)
@@ -55,19 +53,12 @@ def load_task(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:
     return worker.load(name, pid, ref)
 
 
-def warmup_task(
-    name: str,
-    weights: Weights,
-    strategy: Strategy,
-    pid: int,
-    ref: PartitionRef,
-    optimizer: str | None = None,
-) -> None:
-    """Warm the replica up on partition ``pid`` (:func:`.worker.warm_up`); ``weights``
+def warmup_task(name: str, *args: Any) -> None:
+    """Warm the replica up (:func:`.worker.warm_up`, which takes ``args``); its weights
     are the driver's, scattered once for every worker's warm-up."""
     from daskpri.replicas import worker
 
-    worker.warm_up(name, weights, strategy, pid, ref, optimizer)
+    worker.warm_up(name, *args)
 
 
 def train_task(name: str, *args: Any) -> StepResult | dict[str, Any]:
