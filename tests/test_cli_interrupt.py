@@ -231,7 +231,7 @@ def _heartbeat_running(dask_worker) -> bool:
 def _start_heartbeat(dask_worker) -> None:
     dask_worker.periodic_callbacks["heartbeat"].start()
     logger = logging.getLogger("distributed.worker")
-    for f in [f for f in logger.filters if type(f).__name__ == "_ClosingHeartbeatFilter"]:
+    for f in [f for f in logger.filters if type(f).__name__ == "ClosingHeartbeatFilter"]:
         logger.removeFilter(f)
 
 
@@ -282,7 +282,7 @@ def test_workers_stop_their_heartbeats_before_a_cluster_daskpri_started_closes(g
             assert logged == ["Failed to communicate with scheduler during heartbeat, and more",
                               "Unexpected exception during heartbeat. Closing worker."]
         stop_heartbeats(gpu_client)  # twice: one filter
-        assert all(names.count("_ClosingHeartbeatFilter") == 1
+        assert all(names.count("ClosingHeartbeatFilter") == 1
                    for names in gpu_client.run(_filters).values())
     finally:
         gpu_client.run(_start_heartbeat)  # the fixture's workers go on

@@ -448,6 +448,36 @@ def test_the_workers_are_asked_once_before_the_set_up(
                      else ["getpid", "import_worker_side"] for a in workers}
 
 
+def test_the_checks_asked_of_workers_before_a_fit_import_no_torch_there(
+    tmp_path, small_data, monkeypatch
+):
+    # A trainer's Jupyter check asks each worker whether the stop button kills it, and
+    # the close of a cluster stops their heartbeats: both ran in modules that import
+    # torch, which each worker imported on its event loop to answer (2-5 s), past the
+    # check's time limit on a loaded machine, so that no warning came
+    from daskpri.dashboard import notebook
+    from daskpri.training._interrupts import warn_workers_unshielded
+    from daskpri.training.cluster import stop_heartbeats
+
+    monkeypatch.setattr(notebook, "in_jupyter", lambda: True)
+    train, _ = small_data
+    with (
+        dask_cluster(tmp_path, [["--nthreads", "1"]]) as address,
+        Client(address, timeout=60, set_as_default=False) as client,
+    ):
+        (worker,) = client.scheduler_info()["workers"]
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+        # (the worker, started from this process, is in its process group); the fit's
+        # first check, made here alone, so that no replica makes the worker import torch
+        with pytest.warns(daskpri.DaskpriWarning,
+                          match=rf"^1 worker\(s\) of the cluster \({worker}\) are in this "
+                                r"kernel's process group"):
+            warn_workers_unshielded(trainer)
+        trainer.close()
+        stop_heartbeats(client)
+        assert client.run(lambda: "torch" in sys.modules) == {worker: False}
+
+
 def test_the_scheduler_holds_every_strategys_table_without_importing_torch(cluster, small_data):
     # torch is the workers' and the driver's: imported by the scheduler, it held the
     # scheduler's event loop for seconds as the first run's plugin arrived (4.6 s here,

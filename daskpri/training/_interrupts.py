@@ -33,6 +33,9 @@ from daskpri import _config
 from daskpri._warnings import warn
 from daskpri.training.cluster import drop_abandoned_gathers
 
+# (run on the workers: a module that imports no torch, so they answer at once)
+from daskpri.training.on_workers import killed_by_interrupts_of
+
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
 
@@ -225,16 +228,6 @@ def warn_workers_unshielded(trainer: Trainer) -> None:
             "them, with the run's data on them, for good; start the LocalCluster with "
             "preload=['daskpri.training.worker_signals'] to keep them"
         )
-
-
-def killed_by_interrupts_of(group: int, driver: int) -> bool:
-    """Whether an interrupt of process group ``group`` kills this worker's process.
-
-    Run on a worker. One in the ``driver``'s own process (a LocalCluster of
-    threads) is only interrupted as the driver is.
-    """
-    return (os.getpid() != driver and os.getpgrp() == group
-            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
 
 
 class Held:

@@ -22,6 +22,9 @@ from daskpri._warnings import warn
 # defined with the other errors (the command line names them without importing torch)
 from daskpri.training.errors import SchedulerUnreachable as SchedulerUnreachable
 
+# (run on the workers: a module that imports no torch, so they answer at once)
+from daskpri.training.on_workers import stop_heartbeat
+
 
 def local_cluster(
     n_workers: int,
@@ -105,24 +108,6 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-class _ClosingHeartbeatFilter(logging.Filter):
-    """Drop the ERROR of a heartbeat that was on its way as its cluster closed."""
-
-    message = "Failed to communicate with scheduler during heartbeat."
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != self.message
-
-
-def _stop_heartbeat(dask_worker: Any) -> None:
-    dask_worker.periodic_callbacks["heartbeat"].stop()
-    # a heartbeat already sent when the periodic callback stops still fails
-    # if the scheduler closes before it answers
-    logger = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, _ClosingHeartbeatFilter) for f in logger.filters):
-        logger.addFilter(_ClosingHeartbeatFilter())
-
-
 class _AbandonedGatherFilter(logging.Filter):
     """Drop asyncio's report of a gather's wait that ended after its caller had gone."""
 
@@ -163,7 +148,7 @@ def stop_heartbeats(client: Client) -> None:
     """
     with contextlib.suppress(Exception):
         # Client.run hands callback_timeout on to Client.sync, as it does asynchronous
-        client.run(_stop_heartbeat,
+        client.run(stop_heartbeat,
                    callback_timeout=_config.get_seconds("trainer.scheduler-timeout"))
 
 
