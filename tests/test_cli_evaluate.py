@@ -163,7 +163,7 @@ def test_predict_writes_the_logits_and_classes_of_a_store_without_labels(
     quiet = suffix == ".nc"  # (and the progress bar hidden on asking)
     capsys.readouterr()
     assert main(["predict", str(ckpt), "--data", data, "--output", str(out),
-                 *(["--no-progress"] if quiet else [])]) == 0
+                 *(["--no-progress", "--device", "cpu"] if quiet else [])]) == 0
     said = capsys.readouterr()
     assert said.out.strip() == (
         f"predictions of 400 samples written to {out} (step 20, selective-backprop)")

@@ -100,6 +100,12 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
         (["demo", "--seed", "x"], "argument --seed: should be an integer in [0, 4294967295]"),
         (["dashboard", "--scheduler", "tcp://127.0.0.1:1", "--address", "999.1.1.1"],
          "argument --address: '999.1.1.1' is no address or name this machine resolves"),
+        (["predict", "run.ckpt", "--data", "a.zarr", "--output", "b.zarr", "--device", "gpu"],
+         "argument --device: should name a torch device like cpu, cuda or cuda:1, but got "
+         "'gpu'"),
+        (["evaluate", "run.ckpt", "--device", "cuda:x"],
+         "argument --device: should name a torch device like cpu, cuda or cuda:1, but got "
+         "'cuda:x'"),
     ],
 )
 def test_bad_number_is_refused_by_the_parser_naming_its_flag(

@@ -81,6 +81,40 @@ def test_gpu_tagged_workers_train_on_their_gpu_or_else_on_the_cpu(gpu_client, sm
     assert tensors and {t.device.type for t in tensors} == {"cpu"}
 
 
+def test_predict_and_chunked_evaluate_run_on_the_gpu_of_gpu_tagged_workers(
+    gpu_client, small_data, tmp_path
+):
+    # (defined here: pickled by value, as a user's model of a notebook is)
+    class Where(torch.nn.Module):
+        """Logits that say where the model ran: class 1 on a GPU, else class 0 (a tie)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            cuda = torch.full((x.shape[0],), float(x.is_cuda), device=x.device)
+            return self.bias + torch.stack([torch.zeros_like(cuda), cuda], 1)
+
+    _, test = small_data
+    ones = test.assign(y=test["y"] * 0 + 1)  # labelled as the model says on a GPU
+    ones.attrs["n_classes"] = 2
+    path = str(tmp_path / "held.zarr")
+    ones.chunk({"sample": 150}).to_zarr(path, zarr_format=3, consolidated=False)
+    expected = 1 if CUDA else 0
+    with daskpri.Trainer(Where(), client=gpu_client) as trainer:
+        on_workers = gpu_client.compute(trainer.predict(path)).result()
+        on_cpu = gpu_client.compute(trainer.predict(path, device="cpu")).result()
+        here = trainer.predict(ones)  # in memory: on the driver's GPU (eval-device null)
+        chunked = trainer.evaluate(path, chunked=True)
+        chunked_on_cpu = trainer.evaluate(path, chunked=True, device="cpu")
+    assert (on_workers.argmax("class") == expected).all()
+    assert (here.argmax("class") == expected).all()
+    assert (on_cpu.argmax("class") == 0).all()
+    assert chunked["accuracy"] == float(expected) and chunked_on_cpu["accuracy"] == 0.0
+    assert next(trainer.model.parameters()).device.type == "cpu"  # the trainer's stays
+
+
 @needs_cuda
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

@@ -111,3 +111,48 @@ def test_predict_is_refused_while_a_fit_runs(small_data):
         finally:
             trainer.stop()
             running.result(timeout=60)
+
+
+def test_predict_and_evaluate_run_on_the_device_asked_and_refuse_one_they_lack(
+    small_data, tmp_path
+):
+    train, test = small_data
+    path = str(tmp_path / "held.zarr")
+    test.chunk({"sample": 150}).to_zarr(path, zarr_format=3, consolidated=False)
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past this machine's GPUs
+    lacks = (rf"^device='{missing}', but {{}} has \d+ CUDA device\(s\) \(torch .*\); "
+             "leave device unset")
+    with daskpri.Trainer(build_model("mlp", train, seed=0)) as trainer:
+        # no device's name: refused at the call, before anything is read or computed
+        for bad in ("abacus", "cuda:x", 3, "meta"):
+            said = rf"^device should name a torch device like 'cpu', .* but got {bad!r}$"
+            with pytest.raises(ValueError, match=said):
+                trainer.predict(path, device=bad)
+            with pytest.raises(ValueError, match=said):
+                trainer.evaluate(path, device=bad)
+            with pytest.raises(ValueError, match=said):
+                trainer.evaluate(path, chunked=True, device=bad)
+        # a GPU this process lacks: data in memory is run here, at the call
+        with pytest.raises(ValueError, match=lacks.format("this process")):
+            trainer.predict(test, device=missing)
+        with pytest.raises(ValueError, match=lacks.format("this process")):
+            trainer.evaluate(test, device=missing)
+        # lazy data: where each chunk computes, Dask's threads here
+        lazy = trainer.predict(path, device=missing)
+        with pytest.raises(ValueError, match=lacks.format("this process")):
+            lazy.compute(scheduler="threads")
+        threads = trainer.predict(path).compute(scheduler="threads")
+        with local_cluster(1) as (_, client):
+            (address,) = client.scheduler_info()["workers"]
+            worker = f"worker {address}"
+            with pytest.raises(ValueError, match=lacks.format(worker)):
+                trainer.predict(path, device=missing).compute()
+            with pytest.raises(ValueError, match=lacks.format(worker)):
+                trainer.evaluate(path, chunked=True, device=missing)
+            # the CPU asked for: the figures of the default here (a worker of no GPU)
+            on_cpu = trainer.predict(path, device=torch.device("cpu")).compute()
+            chunked = trainer.evaluate(path, chunked=True, device="cpu")
+        whole = trainer.evaluate(path, device="cpu")
+    np.testing.assert_array_equal(on_cpu.values, threads.values)
+    assert chunked["accuracy"] == whole["accuracy"] == trainer.evaluate(path)["accuracy"]
+    assert chunked["loss"] == pytest.approx(whole["loss"], rel=1e-5)

@@ -51,6 +51,17 @@ def _resources(text: str) -> dict[str, float] | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _device(text: str) -> str:
+    """A torch device's name, checked by torch (imported only where the option is given)."""
+    import torch
+
+    try:
+        return str(torch.device(text))
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(
+            f"should name a torch device like cpu, cuda or cuda:1, but got {text!r}") from None
+
+
 def _output_path(text: str) -> str:
     if not text.lower().rstrip("/").endswith(_OUTPUT_SUFFIXES):
         raise argparse.ArgumentTypeError(

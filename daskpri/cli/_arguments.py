@@ -16,6 +16,7 @@ from daskpri.bench import command as bench_command
 from daskpri.cli._argtypes import (
     _accuracy,
     _count,
+    _device,
     _host,
     _norm,
     _output_path,
@@ -203,6 +204,11 @@ def _parser() -> argparse.ArgumentParser:
                                "with x and y along 'sample', as train's --eval-data")
     evaluate.add_argument("--batch-size", type=_count(1), metavar="N",
                           help="samples per forward pass (default 256 on a CPU, 4096 on a GPU)")
+    evaluate.add_argument("--device", type=_device, metavar="DEVICE",
+                          help="a torch device to run the model on, e.g. cpu or cuda:1 "
+                               "(default: here, this machine's GPU where it has one; with "
+                               "--scheduler, each worker's GPU where its GPU resource names "
+                               "one; else the CPU)")
     evaluate.add_argument("--json", action="store_true",
                           help="print one JSON object (checkpoint, step, strategy, data, "
                                "accuracy, loss, samples) rather than a line of text")
@@ -223,7 +229,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="where to write logits (sample, class) and predicted (sample): "
                               ".zarr or .nc, a path where nothing is yet")
     predict.add_argument("--batch-size", type=_count(1), metavar="N",
-                         help="samples per forward pass (default 256)")
+                         help="samples per forward pass (default 256 on a CPU, 4096 on a GPU)")
+    predict.add_argument("--device", type=_device, metavar="DEVICE",
+                         help="a torch device to run the model on, e.g. cpu or cuda:1 "
+                              "(default: each worker's GPU where its GPU resource names one, "
+                              "or this machine's without --scheduler; else the CPU)")
     predict.add_argument("--scheduler", metavar="ADDRESS",
                          help="compute on a running cluster's workers, which read --data "
                               "(default: this process's threads)")

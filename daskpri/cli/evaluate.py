@@ -63,7 +63,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         trainer = daskpri.Trainer.resume(args.checkpoint)
         try:
             scores = trainer.evaluate(what, batch_size=args.batch_size,
-                                      chunked=client is not None)
+                                      chunked=client is not None, device=args.device)
         finally:
             trainer.close()
     finally:
@@ -100,7 +100,7 @@ def _predict(args: argparse.Namespace) -> int:
     try:
         trainer = daskpri.Trainer.resume(args.checkpoint)
         try:
-            logits = trainer.predict(args.data, batch_size=args.batch_size)
+            logits = trainer.predict(args.data, batch_size=args.batch_size, device=args.device)
         finally:
             trainer.close()
         out = logits.to_dataset().assign(predicted=logits.argmax("class").astype("int64"))

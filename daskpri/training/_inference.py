@@ -4,13 +4,16 @@ A mixin of :class:`~daskpri.training.trainer.Trainer`. Both take data as
 ``fit`` does (in memory or a path) and need no cluster: ``evaluate`` scores
 on the driver, as a fit scores its ``eval_data`` (or, ``chunked``, a task
 per chunk where Dask computes); ``predict`` runs the model chunk by chunk
-where the result is computed, lazily where the data is.
+where the result is computed, lazily where the data is. Each runs the model
+on the device of the process that computes (:func:`run_device`): a Dask
+worker's GPU where its ``GPU`` resource names one, as its replicas train.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from typing import Any
 
 import dask
@@ -22,12 +25,15 @@ from torch import nn
 
 from daskpri.data._persisted import driver_scheduler
 from daskpri.data.io import check_values, open_dataset, validate_dataset
+from daskpri.replicas.devices import worker_device
 from daskpri.training._checks import check_model, model_output_width
 from daskpri.training._fit import FIT_RUNNING as _FIT_RUNNING
-from daskpri.training.evaluation import EvalSet
+from daskpri.training.evaluation import EvalSet, eval_device
 
-#: Samples a forward pass of :meth:`InferenceMixin.predict` takes at most
+#: Samples a forward pass of :meth:`InferenceMixin.predict` takes at most, on a CPU and on
+#: another device (as :class:`~daskpri.training.evaluation.EvalSet` scores)
 PREDICT_BATCH = 256
+PREDICT_BATCH_ACCELERATED = 4096
 #: Samples a task of ``evaluate(chunked=True)`` takes of data in memory, not chunked
 EVALUATE_CHUNK = 10_000
 
@@ -40,28 +46,119 @@ def _batch_size(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _logits(x: np.ndarray, model: nn.Module, batch_size: int) -> np.ndarray:
-    """``model``'s logits for the samples ``x`` (samples first), in batches, float32."""
+def _device_arg(device: Any) -> str | None:
+    """``device`` checked as a torch device's name (or ``None``): what a task is sent.
+
+    >>> _device_arg("cuda:1"), _device_arg(torch.device("cpu")), _device_arg(None)
+    ('cuda:1', 'cpu', None)
+    >>> _device_arg("abacus")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: device should name a torch device like 'cpu', ..., but got 'abacus'
+    """
+    if device is None:
+        return None
+    try:
+        if not isinstance(device, str | torch.device):
+            raise TypeError
+        found = torch.device(device)
+        if found.type == "meta":  # (tensors of shapes, without values)
+            raise TypeError
+        return str(found)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            "device should name a torch device like 'cpu', 'cuda' or 'cuda:1' (or be None: "
+            "each Dask worker's GPU where its GPU resource names one, as its replicas "
+            f"train, else its CPU; the driver's as daskpri.trainer.eval-device), but got "
+            f"{device!r}"
+        ) from None
+
+
+def run_device(device: str | None = None) -> torch.device:
+    """The device this process runs a model on for :meth:`~InferenceMixin.predict`.
+
+    ``device`` where given (checked against the GPUs this process sees: a
+    ``ValueError`` names them, raised where the task runs);
+    else, on a Dask worker, the device its replicas train on
+    (:func:`~daskpri.replicas.devices.worker_device`: ``cuda:0`` where the
+    worker has a ``GPU`` resource and CUDA, else the CPU), and elsewhere
+    (the driver, the threads of Dask's local scheduler) the driver's
+    evaluation device, ``daskpri.trainer.eval-device`` (its GPU where it
+    has one).
+
+    >>> run_device("cpu")
+    device(type='cpu')
+    """
+    from distributed import get_worker
+
+    try:
+        worker: Any = get_worker()
+    except ValueError:  # not in a Dask worker's task
+        worker = None
+    if device is None:
+        return worker_device(worker) if worker is not None else eval_device(None)
+    found = torch.device(device)
+    if found.type == "cuda" and (found.index or 0) >= torch.cuda.device_count():
+        where = "this process" if worker is None else f"worker {worker.address}"
+        raise ValueError(
+            f"device={device!r}, but {where} has {torch.cuda.device_count()} CUDA "
+            f"device(s) (torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
+            "leave device unset to run on its GPU where it has one, else on its CPU"
+        )
+    return found
+
+
+#: the copies of each model on a device other than the CPU, made once in a process (the
+#: tasks of one call share the model that Dask sent the process)
+_ON_DEVICE: weakref.WeakKeyDictionary[nn.Module, dict[torch.device, nn.Module]] = (
+    weakref.WeakKeyDictionary())
+_ON_DEVICE_LOCK = threading.Lock()
+
+
+def _model_on(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` (on the CPU) itself, or its copy on ``device``, made once for this process."""
+    if device.type == "cpu":
+        return model
+    with _ON_DEVICE_LOCK, torch.no_grad():
+        copies = _ON_DEVICE.setdefault(model, {})
+        if device not in copies:
+            copies[device] = copy.deepcopy(model).to(device)
+        return copies[device]
+
+
+def _logits(x: np.ndarray, model: nn.Module, batch_size: int | None,
+            device: str | None = None) -> np.ndarray:
+    """``model``'s logits for the samples ``x`` (samples first), in batches, float32.
+
+    Run on :func:`run_device` (``device`` where given); ``batch_size`` of
+    ``None`` takes 256 samples a pass on the CPU, 4096 elsewhere.
+    """
+    where = run_device(device)
+    on = _model_on(model, where)
+    batch = batch_size or (PREDICT_BATCH if where.type == "cpu" else PREDICT_BATCH_ACCELERATED)
     xs = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
     with torch.no_grad():
-        out = [model(xs[i : i + batch_size]) for i in range(0, xs.shape[0], batch_size)]
+        out = [on(xs[i : i + batch].to(where)).float().cpu()
+               for i in range(0, xs.shape[0], batch)]
     return torch.cat(out).numpy() if out else np.empty((0, 0), np.float32)
 
 
 def _scored(
-    x: np.ndarray, y: np.ndarray, start: np.ndarray, model: nn.Module, batch_size: int,
-    n_classes: int,
+    x: np.ndarray, y: np.ndarray, start: np.ndarray, model: nn.Module, batch_size: int | None,
+    n_classes: int, device: str | None = None,
 ) -> np.ndarray:
     """``[[correct, loss_sum, samples]]`` of ``model`` on one chunk, its values checked.
 
     ``start`` holds the index of the chunk's first sample, for the message of
-    a bad value. Scored by :meth:`~daskpri.training.evaluation.EvalSet.totals`
-    on the CPU, as the driver scores a whole set.
+    a bad value. Scored by :meth:`~daskpri.training.evaluation.EvalSet.totals`,
+    as the driver scores a whole set, on :func:`run_device`.
     """
     check_values(x, y, n_classes=n_classes, where="data", offset=int(start[0]))
     dims = ("sample", *(f"dim_{i}" for i in range(1, x.ndim)))
     chunk = xr.Dataset({"x": (dims, x), "y": ("sample", y)})
-    correct, loss, n = EvalSet(chunk, batch_size=batch_size, device="cpu").totals(model)
+    where = run_device(device)
+    scores = EvalSet(chunk, batch_size=batch_size, device=where)
+    correct, loss, n = scores.totals(_model_on(model, where))
     return np.array([[correct, loss, n]], dtype=np.float64)
 
 
@@ -71,7 +168,8 @@ def _whole_samples(x: da.Array) -> tuple[da.Array, str]:
 
 
 def _chunk_scores(
-    ds: xr.Dataset, model: nn.Module, batch_size: int, n_classes: int
+    ds: xr.Dataset, model: nn.Module, batch_size: int | None, n_classes: int,
+    device: str | None = None,
 ) -> dict[str, float]:
     """:meth:`InferenceMixin.evaluate`'s figures, scored a task per chunk of ``ds``'s samples."""
     x, y = ds["x"].data, ds["y"].data
@@ -83,7 +181,8 @@ def _chunk_scores(
     starts = da.from_array(np.cumsum((0, *x.chunks[0][:-1])), chunks=1)
     parts = da.blockwise(
         _scored, "sk", x, "s" + inner, y, "s", starts, "s", dask.delayed(model, pure=False),
-        None, batch_size, None, n_classes, None, new_axes={"k": 3}, adjust_chunks={"s": 1},
+        None, batch_size, None, n_classes, None, device, None, new_axes={"k": 3},
+        adjust_chunks={"s": 1},
         align_arrays=False, concatenate=True, dtype=np.float64,
         meta=np.empty((0, 0), np.float64),
     )
@@ -101,6 +200,7 @@ class InferenceMixin:
 
     def evaluate(
         self, data: xr.Dataset | str, *, batch_size: int | None = None, chunked: bool = False,
+        device: str | torch.device | None = None,
     ) -> dict[str, float]:
         """Accuracy and mean loss of the model on ``data``, scored as a fit scores ``eval_data``.
 
@@ -110,7 +210,8 @@ class InferenceMixin:
         never fitted scores its model as given. With ``chunked=True``, data
         too large for the driver is scored a task per chunk of samples, as
         :meth:`predict` runs: on the default client's workers (or threads
-        where there is none), a copy of the model on their CPU.
+        where there is none), a copy of the model on each worker's device
+        (its GPU where its ``GPU`` resource names one, else its CPU).
 
         Parameters
         ----------
@@ -120,14 +221,17 @@ class InferenceMixin:
             within the model's classes (the data's ``n_classes``, else the
             model's output width).
         batch_size : int, optional
-            Samples per forward pass (256 on the CPU, 4096 on a GPU; 256
-            with ``chunked``).
+            Samples per forward pass (256 on the CPU, 4096 on a GPU).
         chunked : bool, default False
             Score chunk by chunk through Dask rather than whole on the
             driver (only the labels are read there, for their check). Where
             ``data`` is in memory and not chunked, its samples are taken in
             chunks of 10,000. The figures are those of the driver's scoring:
             the accuracy exactly, the loss to float32's rounding.
+        device : str or torch.device, optional
+            Where to run the model, as :meth:`predict` takes it: by default
+            the driver's evaluation device, or with ``chunked`` each
+            worker's.
 
         Returns
         -------
@@ -140,10 +244,12 @@ class InferenceMixin:
         Raises
         ------
         ValueError
-            If ``data`` is refused (as ``fit`` refuses ``eval_data``), or
-            ``batch_size`` is not a positive integer. With ``chunked``, a
-            value of ``x`` that is not finite is found by its chunk's task,
-            and raised from there, naming its sample.
+            If ``data`` is refused (as ``fit`` refuses ``eval_data``),
+            ``batch_size`` is not a positive integer, or ``device`` names no
+            torch device, or a GPU that the process that runs the model
+            lacks. With ``chunked``, a value of ``x`` that is not finite (or
+            such a GPU) is found by a chunk's task, and raised from there,
+            naming its sample (or the worker).
         TypeError
             If ``chunked`` is not a bool.
         FileNotFoundError
@@ -167,6 +273,7 @@ class InferenceMixin:
         >>> trainer.close()
         """
         batch_size = _batch_size(batch_size)
+        device = _device_arg(device)
         if not isinstance(chunked, bool):
             raise TypeError(f"chunked should be True or False, but got chunked={chunked!r}")
         if not self._fitting.acquire(blocking=False):
@@ -178,7 +285,7 @@ class InferenceMixin:
                 # read once, whole: the checks (labels, finite values) then read memory
                 ds = ds[["x", "y"]].compute(scheduler=driver_scheduler(ds))
                 check_model(self.model, ds, info)
-                evalset = EvalSet(ds, batch_size=batch_size)
+                evalset = EvalSet(ds, batch_size=batch_size, device=run_device(device))
                 accuracy, loss = evalset.evaluate(self.model)
                 return {"accuracy": accuracy, "loss": loss, "samples": int(evalset.y.shape[0])}
             width = check_model(self.model, ds, info)  # the labels read here, not x
@@ -187,9 +294,12 @@ class InferenceMixin:
         finally:
             self._fitting.release()
         # the copy scored where Dask computes: the trainer may fit meanwhile
-        return _chunk_scores(ds, model, batch_size or PREDICT_BATCH, width)
+        return _chunk_scores(ds, model, batch_size, width, device)
 
-    def predict(self, data: xr.Dataset | str, *, batch_size: int | None = None) -> xr.DataArray:
+    def predict(
+        self, data: xr.Dataset | str, *, batch_size: int | None = None,
+        device: str | torch.device | None = None,
+    ) -> xr.DataArray:
         """The model's logits for each sample of ``data``: a DataArray along (sample, class).
 
         Lazy where ``data``'s ``x`` is (a zarr store or netCDF file given by
@@ -197,8 +307,12 @@ class InferenceMixin:
         computed where you compute it (your client's cluster, or threads),
         each worker receiving the model once. In memory where ``x`` is. The
         model is a copy of the trainer's as it is at the call, run in
-        evaluation mode on the CPU: a later ``fit`` does not change the
-        result.
+        evaluation mode: a later ``fit`` does not change the result. It runs
+        where each chunk is computed: on a Dask worker's GPU where the
+        worker has a ``GPU`` resource and CUDA (the device its replicas train
+        on), else on its CPU; on the driver (data in memory, or Dask's local
+        threads) on ``daskpri.trainer.eval-device``, its GPU where it has
+        one.
 
         Parameters
         ----------
@@ -206,7 +320,11 @@ class InferenceMixin:
             ``x`` along ``sample``, as ``fit`` takes it; ``y`` is not needed
             (nor read).
         batch_size : int, optional
-            Samples per forward pass (default 256).
+            Samples per forward pass (default 256 on a CPU, 4096 on a GPU).
+        device : str or torch.device, optional
+            Run the model there rather than as above, for example
+            ``"cpu"``, or ``"cuda:1"`` on workers of several GPUs; checked
+            as a device's name at the call, and where each chunk runs.
 
         Returns
         -------
@@ -220,8 +338,10 @@ class InferenceMixin:
         ------
         ValueError
             If ``data`` is refused (its layout, or a model that cannot run
-            on two of its samples), or ``batch_size`` is not a positive
-            integer.
+            on two of its samples), ``batch_size`` is not a positive
+            integer, or ``device`` names no torch device, or a GPU that the
+            process that runs the model lacks (for lazy data, raised as the
+            chunks compute, naming the worker).
         FileNotFoundError
             If ``data`` names a path where there is nothing.
         RuntimeError
@@ -240,7 +360,8 @@ class InferenceMixin:
         >>> predicted = logits.argmax("class").compute(scheduler="threads")
         >>> trainer.close()
         """
-        batch = _batch_size(batch_size) or PREDICT_BATCH
+        batch = _batch_size(batch_size)
+        device = _device_arg(device)
         if not self._fitting.acquire(blocking=False):
             raise RuntimeError(_FIT_RUNNING.replace("before fitting again", "before predicting"))
         try:
@@ -257,11 +378,12 @@ class InferenceMixin:
             arr, inner = _whole_samples(x.data)
             values: Any = da.blockwise(
                 _logits, "sc", arr, "s" + inner, dask.delayed(model, pure=False), None,
-                batch, None, new_axes={"c": width}, concatenate=True, dtype=np.float32,
+                batch, None, device, None, new_axes={"c": width}, concatenate=True,
+                dtype=np.float32,
                 meta=np.empty((0, 0), np.float32),
             )
         else:
-            values = _logits(np.asarray(x.values), model, batch)
+            values = _logits(np.asarray(x.values), model, batch, device)
         coords = {name: c for name, c in x.coords.items() if c.dims == ("sample",)}
         return xr.DataArray(
             values, dims=("sample", "class"), coords={**coords, "class": np.arange(width)},
