@@ -169,8 +169,10 @@ def test_a_fit_goes_on_on_the_worker_an_adaptive_cluster_at_zero_starts_after_it
                 # meanwhile: it would start another for the held worker as it retires)
                 adaptive.stop()
                 cluster.scale(0)
+                # (a minute: the retirement took over 20 s once, in a suite on a loaded
+                # machine, the fit still running)
                 _wait(lambda: not cluster.scheduler.workers, "the worker was not retired",
-                      running)
+                      running, timeout=60)
                 adaptive = cluster.adapt(minimum=0, maximum=1, interval="100ms", wait_count=1)
 
                 def on_another() -> bool:
