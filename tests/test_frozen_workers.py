@@ -18,8 +18,10 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -82,7 +84,11 @@ def bounded(call: Callable[[], Any], what: str) -> Any:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(BOUND)
-    assert not thread.is_alive(), f"{what} did not end within {BOUND:g} s of a frozen worker"
+    if thread.is_alive():  # where it waits, for the failure to say
+        frame = sys._current_frames().get(thread.ident or 0)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)"
+        raise AssertionError(f"{what} did not end within {BOUND:g} s of a frozen worker; "
+                             f"its thread waits in:\n{stack}")
     if "error" in out:
         raise out["error"]
     return out["value"]
