@@ -106,6 +106,9 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
         (["evaluate", "run.ckpt", "--device", "cuda:x"],
          "argument --device: should name a torch device like cpu, cuda or cuda:1, but got "
          "'cuda:x'"),
+        (["evaluate", "run.ckpt", "--device", "meta"],
+         "argument --device: should name a torch device like cpu, cuda or cuda:1, but got "
+         "'meta'"),
     ],
 )
 def test_bad_number_is_refused_by_the_parser_naming_its_flag(

@@ -53,11 +53,11 @@ def _resources(text: str) -> dict[str, float] | None:
 
 def _device(text: str) -> str:
     """A torch device's name, checked by torch (imported only where the option is given)."""
-    import torch
+    from daskpri.replicas.devices import device_name
 
     try:
-        return str(torch.device(text))
-    except RuntimeError:
+        return device_name(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(
             f"should name a torch device like cpu, cuda or cuda:1, but got {text!r}") from None
 

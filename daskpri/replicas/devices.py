@@ -289,6 +289,46 @@ def _keep_device(host: str, me: str, device: str, dask_scheduler: Any) -> None:
         held if isinstance(held, dict) else None, live, host, me, device))
 
 
+def device_name(device: Any) -> str:
+    """``device`` checked as the name of a torch device that holds values: its name.
+
+    >>> device_name("cuda:1"), device_name("cpu")
+    ('cuda:1', 'cpu')
+    >>> device_name("abacus")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: 'abacus' names no torch device
+    """
+    import torch
+
+    try:
+        if not isinstance(device, str | torch.device):
+            raise TypeError
+        found = torch.device(device)
+        if found.type == "meta":  # (tensors of shapes, without values)
+            raise TypeError
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{device!r} names no torch device") from None
+    return str(found)
+
+
+def lacking_gpu(requested: str, where: str) -> str | None:
+    """Why ``where`` (this process) cannot run on device ``requested``; ``None`` where it can.
+
+    A CUDA device numbered past the GPUs the process sees (``CUDA_VISIBLE_DEVICES``).
+
+    >>> lacking_gpu("cpu", "this process") is None
+    True
+    """
+    import torch
+
+    device = torch.device(requested)
+    if device.type != "cuda" or (device.index or 0) < torch.cuda.device_count():
+        return None
+    return (f"device={requested!r}, but {where} has {torch.cuda.device_count()} CUDA "
+            f"device(s) (torch {torch.__version__}, built with CUDA {torch.version.cuda})")
+
+
 def worker_device(worker: Any, requested: str | None = None) -> torch.device:
     """The device a worker trains on, where its host has none to share out.
 
@@ -300,15 +340,13 @@ def worker_device(worker: Any, requested: str | None = None) -> torch.device:
     import torch
 
     if requested is not None:
-        device = torch.device(requested)
-        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        lacking = lacking_gpu(requested, f"worker {getattr(worker, 'address', '?')}")
+        if lacking is not None:
             raise RuntimeError(
-                f"device={requested!r}, but worker {getattr(worker, 'address', '?')} has "
-                f"{torch.cuda.device_count()} CUDA device(s) (torch {torch.__version__}, "
-                f"built with CUDA {torch.version.cuda}); leave device unset to train on each "
-                "worker's GPU where its GPU resource names one, else on its CPU"
+                f"{lacking}; leave device unset to train on each worker's GPU where its GPU "
+                "resource names one, else on its CPU"
             )
-        return device
+        return torch.device(requested)
     if _has_gpu_resource(worker) and torch.cuda.is_available():
         return torch.device("cuda", 0)
     return torch.device("cpu")

@@ -21,11 +21,12 @@ import dask.array as da
 import numpy as np
 import torch
 import xarray as xr
+from distributed import get_worker
 from torch import nn
 
 from daskpri.data._persisted import driver_scheduler
 from daskpri.data.io import check_values, open_dataset, validate_dataset
-from daskpri.replicas.devices import worker_device
+from daskpri.replicas.devices import device_name, lacking_gpu, worker_device
 from daskpri.training._checks import check_model, model_output_width
 from daskpri.training._fit import FIT_RUNNING as _FIT_RUNNING
 from daskpri.training.evaluation import EvalSet, eval_device
@@ -59,13 +60,8 @@ def _device_arg(device: Any) -> str | None:
     if device is None:
         return None
     try:
-        if not isinstance(device, str | torch.device):
-            raise TypeError
-        found = torch.device(device)
-        if found.type == "meta":  # (tensors of shapes, without values)
-            raise TypeError
-        return str(found)
-    except (RuntimeError, TypeError):
+        return device_name(device)
+    except ValueError:
         raise ValueError(
             "device should name a torch device like 'cpu', 'cuda' or 'cuda:1' (or be None: "
             "each Dask worker's GPU where its GPU resource names one, as its replicas "
@@ -89,23 +85,17 @@ def run_device(device: str | None = None) -> torch.device:
     >>> run_device("cpu")
     device(type='cpu')
     """
-    from distributed import get_worker
-
     try:
         worker: Any = get_worker()
     except ValueError:  # not in a Dask worker's task
         worker = None
     if device is None:
         return worker_device(worker) if worker is not None else eval_device(None)
-    found = torch.device(device)
-    if found.type == "cuda" and (found.index or 0) >= torch.cuda.device_count():
-        where = "this process" if worker is None else f"worker {worker.address}"
-        raise ValueError(
-            f"device={device!r}, but {where} has {torch.cuda.device_count()} CUDA "
-            f"device(s) (torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
-            "leave device unset to run on its GPU where it has one, else on its CPU"
-        )
-    return found
+    lacking = lacking_gpu(device, "this process" if worker is None else f"worker {worker.address}")
+    if lacking is not None:  # (bad input: a ValueError, one line from the command line)
+        raise ValueError(f"{lacking}; leave device unset to run on its GPU where it has one, "
+                         "else on its CPU")
+    return torch.device(device)
 
 
 #: the copies of each model on a device other than the CPU, made once in a process (the
