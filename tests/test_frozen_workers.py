@@ -155,6 +155,56 @@ def gone_after_thaw(client: Client, part: str) -> None:
                        None, timeout=10.0)
 
 
+def test_a_worker_whose_set_up_outlasts_the_setup_timeout_is_left_out_naming_the_setting(
+    cluster, small_data, tmp_path, caplog
+):
+    # torch or the model's module imported from a slow shared file system, a large model:
+    # one worker's set-up takes longer than daskpri.trainer.setup-timeout allows
+    train, _ = small_data
+    module = "daskpri_test_slow_to_import"
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        fast, slow = sorted(pids)
+        (tmp_path / f"{module}.py").write_text(
+            "import os\nimport time\n\nfrom torch import nn\n\n"
+            f"if os.getpid() == {pids[slow]}:\n    time.sleep(4)\n\n\n"
+            "class Wrapped(nn.Module):\n"
+            "    def __init__(self, inner):\n"
+            "        super().__init__()\n"
+            "        self.inner = inner\n\n"
+            "    def forward(self, x):\n"
+            "        return self.inner(x)\n")
+
+        def on_path(path: str, add: bool) -> None:
+            if add:
+                sys.path.insert(0, path)
+            else:
+                sys.path.remove(path)
+                sys.modules.pop(module, None)
+
+        client.run(on_path, str(tmp_path), True)
+        on_path(str(tmp_path), True)
+        try:
+            model = __import__(module).Wrapped(build_model("mlp", train))
+            trainer = daskpri.Trainer(model, strategy="uniform", client=client, n_workers=2)
+            caplog.set_level(logging.WARNING, logger="daskpri")
+            with dask.config.set({"daskpri.trainer.setup-timeout": "1s"}):
+                history = bounded(lambda: trainer.fit(train, max_steps=3, progress=False),
+                                  "the fit")
+            assert (f"worker(s) {slow} did not set the run's replica up within 1 s "
+                    "(daskpri.trainer.setup-timeout: ") in caplog.text
+            assert "did not answer within" not in caplog.text  # (not taken for frozen)
+            assert list(history["n_workers"].values) == [1, 1, 1]
+            assert trainer._deployment is not None
+            assert trainer._deployment.slots == [fast]
+            # its import ends (the sleep), and it answers again
+            assert client.run(lambda: module in sys.modules, workers=[slow]) == {slow: True}
+            bounded(trainer.close, "the trainer's close")
+        finally:
+            client.run(on_path, str(tmp_path), False)
+            on_path(str(tmp_path), False)
+
+
 def test_a_replica_set_up_after_its_run_dropped_it_is_dropped_again(cluster, small_data):
     # what a frozen worker does when it thaws and reads the plugin's remove before its add
     from distributed.protocol import pickle
@@ -229,11 +279,11 @@ def test_a_registration_goes_on_without_a_worker_that_freezes_under_it_and_names
     from distributed import WorkerPlugin
 
     monkeypatch.setattr(transport, "REGISTER_ANSWER_TIMEOUT", 1.0)  # (a live worker's)
-    monkeypatch.setattr(transport, "REGISTER_SETUP_TIMEOUT", 0.2)
     plugins = [WorkerPlugin(), WorkerPlugin()]
     for i, plugin in enumerate(plugins):
         plugin.name = f"daskpri-test-frozen-{i}"
-    with Client(cluster, timeout=60, set_as_default=False) as client:
+    with (dask.config.set({"daskpri.trainer.setup-timeout": "200ms"}),
+          Client(cluster, timeout=60, set_as_default=False) as client):
         pids = client.run(os.getpid)
         stays, stops = addresses = sorted(pids)
         with contextlib.ExitStack() as stack:

@@ -402,6 +402,8 @@ def test_numbers_of_numpy_types_are_taken_and_other_bad_budgets_refused_early(sm
     ("table.histogram-bins", 0, "an integer of at least 1"),
     ("trainer.step-timeout", "abc", "a duration, a number of seconds or a string like '30s'"),
     ("trainer.no-workers-timeout", None, "a duration, a number of seconds or a string like '30s'"),
+    ("trainer.probe-timeout", "-1s", "a duration, a number of seconds or a string like '30s'"),
+    ("trainer.setup-timeout", "soon", "a duration, a number of seconds or a string like '30s'"),
 ])
 def test_a_bad_config_value_stops_a_fit_before_its_cluster_starts(small_data, key, value,
                                                                    allowed):

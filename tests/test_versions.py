@@ -174,11 +174,10 @@ def test_a_worker_of_another_daskpri_that_joins_mid_run_is_left_out_naming_both_
 
 
 def test_a_worker_that_does_not_answer_the_probe_in_time_leaves_the_others_answers(
-    mixed_cluster, monkeypatch
+    mixed_cluster,
 ):
     from daskpri.training import _cluster_checks
 
-    monkeypatch.setattr(_cluster_checks, "PROBE_TIMEOUT", 1.0)
     with Client(mixed_cluster, timeout=60) as client:
         workers = client.scheduler_info(n_workers=-1)["workers"]
         [old] = [a for a, w in workers.items() if not w["resources"]]
@@ -188,7 +187,8 @@ def test_a_worker_that_does_not_answer_the_probe_in_time_leaves_the_others_answe
 
         client.run(busy, workers=[old], wait=False)
         try:
-            with dask.config.set({"daskpri.trainer.no-workers-timeout": "1s"}):
+            with dask.config.set({"daskpri.trainer.no-workers-timeout": "1s",
+                                  "daskpri.trainer.probe-timeout": "1s"}):
                 answers = _cluster_checks.ask_cluster(client, [old, other], modules=["json"])
             assert list(answers.workers) == [other]
             assert answers.workers[other]["torch"] == "2.0.1"

@@ -24,6 +24,7 @@ from distributed import Client
 from torch import nn
 
 import daskpri
+from daskpri import _config
 from daskpri._warnings import warn
 from daskpri.strategies import Strategy
 from daskpri.training import _probe
@@ -36,9 +37,6 @@ from daskpri.training._checks import (
 from daskpri.training.placement import check_workers_see
 from daskpri.training.recovery import dask_timeout
 from daskpri.training.transport import asked
-
-#: seconds each worker has to answer the probe (see :func:`ask_cluster`)
-PROBE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -63,7 +61,7 @@ def ask_cluster(
     """:func:`~daskpri.training._probe.probe` ``workers`` and the scheduler, at once.
 
     Each worker is asked directly (:func:`~daskpri.training.transport.asked`),
-    for :data:`PROBE_TIMEOUT` seconds at most (those that count devices, which
+    for ``daskpri.trainer.probe-timeout`` at most (those that count devices, which
     imports torch there, for ``daskpri.trainer.no-workers-timeout``): one that
     fails (lost meanwhile), or does not answer in time, is left out of the
     answers, and does not hold up the others' (a broadcast, ``client.run``,
@@ -72,7 +70,7 @@ def ask_cluster(
     left out where its probe fails; a lost connection to the scheduler is
     raised.
     """
-    timeout = dask_timeout() if kinds else PROBE_TIMEOUT
+    timeout = dask_timeout() if kinds else _config.get_seconds("trainer.probe-timeout")
 
     # client.run_on_scheduler with asynchronous=True gives its coroutine (Dask's
     # SyncMethodMixin.sync), awaited with the workers' on the client's loop

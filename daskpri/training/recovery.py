@@ -68,7 +68,8 @@ def check_config() -> None:
     A fit calls it before sending any work, rather than finding a bad value
     where it is first needed: after a failure.
     """
-    for key in ("step-timeout", "no-workers-timeout", "rescan-interval", "scheduler-timeout"):
+    for key in ("step-timeout", "no-workers-timeout", "rescan-interval", "scheduler-timeout",
+                "probe-timeout", "setup-timeout"):
         _config.get_seconds(f"trainer.{key}")
     _config.get_int("trainer.max-retries", 0)
     _config.get_int("trainer.partition-size", 1)

@@ -335,9 +335,6 @@ REGISTER_ANSWER_TIMEOUT = 5.0
 #: the run's replicas are dropped (:func:`unregister`)
 SILENT_AGAIN_TIMEOUT = 1.0
 
-#: seconds a worker that answered has to set the run's replica up (:func:`register`)
-REGISTER_SETUP_TIMEOUT = 60.0
-
 
 def register(
     client: Client, plugin: Any, silent: Collection[str] = (), modules: Collection[str] = ()
@@ -360,12 +357,13 @@ def register(
     the broadcast as before. Those that answer then import the worker's side
     of daskpri, torch and ``modules`` (the model's) in a thread
     (:func:`~daskpri.replicas.tasks.import_worker_side`), for
-    :data:`REGISTER_SETUP_TIMEOUT` seconds at most, so that the plugin's
+    ``daskpri.trainer.setup-timeout`` at most, so that the plugin's
     set-up, on their event loops, does not.
 
     The others' set-ups are waited for (each answers once its own ended),
-    :data:`REGISTER_SETUP_TIMEOUT` seconds each at most (one that has not
-    answered by then is left out too), and the broadcast is left to reach
+    ``daskpri.trainer.setup-timeout`` each at most (one that has not
+    answered by then is left out too, and said so apart: a slow set-up,
+    not a frozen worker), and the broadcast is left to reach
     the silent ones if they come back; they hold no replica meanwhile, and
     take no part in the run (the caller plans without them). Where none
     answers, the broadcast is waited for
@@ -376,6 +374,8 @@ def register(
     where the broadcast ends in time.
     """
     name = plugin.name
+    setup_timeout = _config.get_seconds("trainer.setup-timeout")
+    slow: list[str] = []  # left out as their set-up outlasted setup_timeout
 
     async def registered() -> list[str]:
         listed = sorted(await listed_workers(client))
@@ -386,11 +386,12 @@ def register(
         imported = await asked(client, [a for a in listed if a not in quiet],
                                import_worker_side, sorted(modules),
                                getattr(plugin, "resources", None),  # (a ReplicaPlugin's)
-                               timeout=REGISTER_SETUP_TIMEOUT)
+                               timeout=setup_timeout)
         await _raise_died(client, imported)
         # one that froze since, or imports for longer than a set-up may take: left out, as a
         # set-up's that did not end in that time is (not waited for a second time)
-        quiet += [a for a, r in imported.items() if isinstance(r, TimeoutError)]
+        slow.extend(a for a, r in imported.items() if isinstance(r, TimeoutError))
+        quiet += slow
         broadcast = asyncio.ensure_future(
             client.scheduler.register_worker_plugin(
                 plugin=pickle.dumps(plugin), name=name, idempotent=False)
@@ -410,7 +411,7 @@ def register(
                 )
             _raise_errors(broadcast.result())
             return []
-        limit = REGISTER_SETUP_TIMEOUT
+        limit = setup_timeout
         if not quiet:  # it ends once each set-up has: waited for, as before, but bounded
             await asyncio.wait({broadcast}, timeout=limit)
             if broadcast.done():
@@ -421,8 +422,12 @@ def register(
         while pending and not broadcast.done():
             # each answers once the plugin reached it and its set-up (on its event loop) ended
             found = await asked(client, pending, _holds, name, timeout=limit)
-            # one that stopped answering since it was asked (frozen) is left out
-            quiet += [a for a, r in found.items() if isinstance(r, TimeoutError)]
+            # one that stopped answering since it was asked (frozen, or its set-up on its
+            # event loop outlasting the limit) is left out
+            late = [a for a, r in found.items() if isinstance(r, TimeoutError)]
+            quiet += late
+            if limit == setup_timeout:
+                slow.extend(late)
             pending = [a for a, r in found.items() if r is False]
             if pending:
                 await asyncio.wait({broadcast}, timeout=0.1)
@@ -431,11 +436,20 @@ def register(
         return quiet
 
     left_out = client.sync(registered)
-    if left_out:
+    frozen = [a for a in left_out if a not in slow]
+    if frozen:
         logger.warning(
             "worker(s) %s did not answer within %g s as the run's replicas were set up: the "
             "run goes on without them (each joins it once it answers again: restart, or stop, "
-            "a worker that stays frozen)", ", ".join(left_out), REGISTER_ANSWER_TIMEOUT,
+            "a worker that stays frozen)", ", ".join(frozen), REGISTER_ANSWER_TIMEOUT,
+        )
+    if slow:
+        logger.warning(
+            "worker(s) %s did not set the run's replica up within %g s "
+            "(daskpri.trainer.setup-timeout: importing torch and the model's modules, building "
+            "the model on its device): the run goes on without them (each joins it once it "
+            "answers again; raise the timeout where torch's import or the model is slow)",
+            ", ".join(slow), setup_timeout,
         )
     return left_out
 
