@@ -381,6 +381,61 @@ def test_the_workers_import_the_models_module_off_their_event_loops(
         trainer.close()
 
 
+def test_a_worker_that_joins_a_run_imports_torch_and_the_models_module_off_its_event_loop(
+    cluster, models_dir, small_data, tmp_path, monkeypatch
+):
+    # The scheduler hands a run's replica plugin to each worker that joins (a new one, one
+    # its nanny restarted) as it registers, on its event loop: the plugin's class lived
+    # with torch, and building it imported the model's modules, so the worker answered
+    # nothing for seconds (a run's rescan then left it out for 30 s). The run now
+    # registers a plugin that imports them in a thread. Here the import waits for the test.
+    (models_dir / "slowclustermodel.py").write_text(SLOW_MODULE)
+    monkeypatch.syspath_prepend(str(models_dir))
+    import slowclustermodel
+
+    train, _ = small_data
+    hold = models_dir / "hold"
+    model = slowclustermodel.Net(int(train["x"].shape[1]), int(train["y"].max()) + 1)
+    path = os.pathsep.join(filter(None, [str(models_dir), os.environ.get("PYTHONPATH")]))
+    joiner = None
+    with Client(cluster, timeout=60) as client:
+        client.run(importlib.invalidate_caches)  # (the module may be newer than the workers)
+        trainer = daskpri.Trainer(model, strategy="uniform", client=client, partition_size=100)
+        trainer.fit(train, max_steps=2, progress=False)
+        before = set(client.scheduler_info(n_workers=-1)["workers"])
+        hold.touch()
+        try:
+            # a fresh interpreter, without torch: the worker itself (no nanny)
+            joiner = subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", cluster, "--nthreads",
+                 "1", "--no-nanny", "--host", "127.0.0.1", "--dashboard-address",
+                 "127.0.0.1:0"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+                env={**os.environ, "PYTHONPATH": path},
+            )
+            _wait_for(lambda: (models_dir / f"importing-{joiner.pid}").exists(), timeout=120)
+            [new] = set(client.scheduler_info(n_workers=-1)["workers"]) - before
+            # it has imported torch, and imports the model's module: its event loop answers
+            answered: dict[str, Any] = {}
+            asking = threading.Thread(
+                target=lambda: answered.update(client.run(os.getpid, workers=[new])))
+            asking.start()
+            asking.join(15)
+            answered_while_importing = dict(answered)
+            hold.unlink()
+            asking.join(30)
+            assert answered_while_importing == {new: joiner.pid}
+            # its replica built once the import ends, the next fit trains on it too
+            history = trainer.fit(train, max_steps=4, progress=False)
+            assert trainer._deployment is not None and new in trainer._deployment.slots
+            assert int(history["n_workers"].values[-1]) == len(before) + 1
+            trainer.close()
+        finally:
+            hold.unlink(missing_ok=True)
+            if joiner is not None:
+                _stop([joiner])
+
+
 def test_dask_worker_nworkers_processes_are_given_distinct_devices_by_the_scheduler(cluster):
     from daskpri.replicas.devices import _address_order, choose_device
 

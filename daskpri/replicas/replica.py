@@ -48,7 +48,9 @@ def sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
     Examples
     --------
-    >>> logits, labels = torch.randn(300, 10), torch.randint(0, 10, (300,))
+    >>> seeded = torch.Generator().manual_seed(0)
+    >>> logits = torch.randn(300, 10, generator=seeded)
+    >>> labels = torch.randint(0, 10, (300,), generator=seeded)
     >>> ours = sample_losses(logits, labels)
     >>> torch.allclose(ours, F.cross_entropy(logits, labels, reduction="none"), atol=1e-5)
     True
@@ -67,7 +69,7 @@ def sample_entropies(logits: torch.Tensor) -> torch.Tensor:
 
     Examples
     --------
-    >>> logits = torch.randn(300, 10)
+    >>> logits = torch.randn(300, 10, generator=torch.Generator().manual_seed(0))
     >>> logp = logits.log_softmax(1)
     >>> torch.allclose(sample_entropies(logits), -(logp.exp() * logp).sum(1), atol=1e-5)
     True

@@ -29,6 +29,7 @@ from distributed.protocol.serialize import to_serialize
 
 import daskpri
 from daskpri.data.io import FILE_ERRORS, check_values, open_dataset
+from daskpri.replicas.arrival import why_no_replica  # noqa: F401  (re-exported)
 from daskpri.replicas.devices import choose_device, device_count, spread_kind, worker_device
 from daskpri.replicas.errors import (
     DATA_REFUSED,
@@ -373,20 +374,6 @@ def _plugin(name: str, worker: Worker | None = None) -> ReplicaPlugin:
             f"worker {worker.address} has no daskpri replica {name!r}: {plugin.unfit}"
         )
     return plugin
-
-
-async def why_no_replica(name: str, dask_worker: Worker) -> str | None:
-    """On a worker (``client.run``): why it holds no replica of run plugin ``name``
-    (``None``: it holds one), once a set-up under way has ended."""
-    plugin = dask_worker.plugins.get(name)
-    if plugin is None:
-        return "it has no replica of the run (it joined as the run was set up or closed)"
-    ready = getattr(plugin, "ready", None)
-    if ready is not None:  # one of several GPUs being chosen (ReplicaPlugin.setup)
-        await ready.wait()
-    if not getattr(plugin, "serves", False):
-        return str(getattr(plugin, "unfit", "")) or "its replica was not built"
-    return None
 
 
 def load(name: str, pid: int, ref: PartitionRef) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from torch import nn
 from daskpri import _config
 from daskpri._warnings import warn
 from daskpri.data.io import fingerprint
+from daskpri.replicas.arrival import ReplicaArrival
 from daskpri.replicas.replica import Weights
-from daskpri.replicas.worker import ReplicaPlugin
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import Ahead, RemoteTable
 from daskpri.training._checks import (
@@ -281,12 +281,15 @@ class RunMixin:
 
         ``silent`` are the workers that did not answer the cluster's probe.
         """
-        self._plugin = ReplicaPlugin(
+        # what the workers unpickle imports no torch: a worker that joins mid-run imports
+        # it, and the model's modules, in a thread (ReplicaArrival), not on its event loop
+        self._plugin = ReplicaArrival(
             # cloudpickle itself: distributed's pickle sends by value only a top-level
             # object of __main__ or of a module registered with register_pickle_by_value,
             # not a layer of such a module inside a Sequential
             self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device,
             resources=self.resources, label_smoothing=self.label_smoothing,
+            modules=foreign_modules(type(m) for m in self.model.modules()),
         )
         # first: each replica's set-up asks the table's plugin whether its run still wants it
         RemoteTable.ensure_plugin(client)
@@ -361,7 +364,8 @@ class RunMixin:
         self._next_rescan = time.monotonic() + rescan_interval()
 
     def _register_replicas(self, client: Client, silent: list[str]) -> list[str]:
-        """Register the run's :class:`ReplicaPlugin`, again where workers die under it.
+        """Register the run's replica plugin (a :class:`ReplicaArrival`), again where
+        workers die under it.
 
         The scheduler keeps the plugin, and sets it up on the workers that
         join (a nanny's restart among them), but its broadcast to the workers
@@ -374,14 +378,13 @@ class RunMixin:
         """
         retries = _config.get_int("trainer.max-retries", 0)
         restarts = memory_restarts(client)
-        # imported by each worker in a thread first, as daskpri's and torch are
-        modules = foreign_modules(type(m) for m in self.model.modules())
         lost: set[str] = set()
         for attempt in range(retries + 1):  # (its set-up on a worker failing raises at once)
             before = sorted(cluster_workers(client))
             try:
                 # not held up by a silent one
-                return register(client, self._plugin, silent, modules)
+                # (each worker imports the model's modules in a thread first, as torch)
+                return register(client, self._plugin, silent, self._plugin.modules)
             except LOST as e:
                 why = restarted_for_memory(client, restarts)
                 if why is not None:

@@ -23,6 +23,7 @@ from distributed import Client, Future
 
 from daskpri import _config
 from daskpri.data._persisted import driver_scheduler
+from daskpri.replicas.arrival import why_no_replica
 from daskpri.replicas.errors import PartitionsLost, raise_data_refused
 from daskpri.replicas.optim import LocalSteps
 from daskpri.replicas.replica import Weights
@@ -34,7 +35,7 @@ from daskpri.replicas.tasks import (
     train_task,
     warmup_task,
 )
-from daskpri.replicas.worker import Shares, StepResult, why_no_replica
+from daskpri.replicas.worker import Shares, StepResult
 from daskpri.strategies import Strategy
 from daskpri.table.plugin import RemoteTable, Round
 from daskpri.training._memory import check_memory

@@ -21,6 +21,7 @@ from distributed.protocol import pickle
 from distributed.protocol.serialize import Serialize, to_serialize
 
 from daskpri import _config
+from daskpri.replicas.arrival import settled
 from daskpri.replicas.tasks import import_worker_side
 from daskpri.replicas.worker import StepResult, raise_state_lost
 from daskpri.training.errors import WorkersLostError
@@ -561,8 +562,4 @@ def _raise_errors(responses: dict[str, Any]) -> None:
 
 async def _holds(name: str, dask_worker: Any) -> bool:
     """On a worker: whether it holds plugin ``name``, its set-up ended."""
-    plugin = dask_worker.plugins.get(name)
-    ready = getattr(plugin, "ready", None)
-    if ready is not None:  # one of several GPUs being chosen (ReplicaPlugin.setup)
-        await ready.wait()
-    return plugin is not None
+    return await settled(name, dask_worker) is not None
