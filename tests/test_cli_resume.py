@@ -61,7 +61,7 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--resume continues the run in '{ckpt}' as it was started, but got --strategy uniform "
          "(the run's: loss); --learning-rate 0.5 (the run's: 0.1). With --resume, give only "
          "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, "
-         "--max-steps, --max-time, "
+         "--eval-chunked, --max-steps, --max-time, "
          "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
          "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
          "--schedule-steps\n"),

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import dask
+import numpy as np
 import pytest
 from _procs import _stop, dask_cluster
 from distributed import Client
@@ -234,6 +235,31 @@ def test_a_store_the_workers_cannot_see_is_refused_once_naming_them(
             trainer.fit(path, max_steps=3, progress=False)
         state = _on_cluster(client)
         assert not any(trainer.run_id in p for p in state["worker_plugins"])
+        trainer.close()
+
+
+def test_an_eval_store_the_workers_cannot_see_is_refused_before_the_first_step_naming_them(
+    cluster, small_data, tmp_path, monkeypatch
+):
+    # eval_chunked: the workers read the eval store's chunks, by its path
+    train, test = small_data
+    monkeypatch.chdir(tmp_path)
+    test.to_zarr("test.zarr", consolidated=False)
+    path = "/proc/self/cwd/test.zarr"  # the driver's working directory, each worker's own
+    with Client(cluster, timeout=60) as client:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
+        with pytest.raises(FileNotFoundError, match=(
+            rf"eval_data names '{path}', which 3 of the 3 workers cannot read \({workers[0]}: "
+            rf"no such file or directory; {workers[1]}: .*; {workers[2]}: .*\); "
+            r".*a shared file system\), or have the driver score it \(fit without "
+            r"eval_chunked=True\)$"
+        )):
+            trainer.fit(train, eval_data=path, eval_chunked=True, max_steps=3, progress=False)
+        assert trainer.step_ == 0
+        # scored on the driver, which reads it, the same fit goes on
+        history = trainer.fit(train, eval_data=path, max_steps=2, progress=False)
+        assert np.isfinite(history["accuracy"].values[-1])
         trainer.close()
 
 

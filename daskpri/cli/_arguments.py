@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
                       "features x and integer labels y along a dimension 'sample'")
     data.add_argument("--eval-data", metavar="PATH",
                       help="with --data, the held-out data to evaluate on (same layout)")
+    data.add_argument("--eval-chunked", action="store_true",
+                      help="score the held-out data on the cluster, a task per chunk on each "
+                      "worker's device, not whole on this machine (a store is read by the "
+                      "workers, by its path)")
     # None defaults, here and below: with --resume, an option given is told from one left out
     data.add_argument("--model", choices=MODELS, help="default mlp")
     data.add_argument("--n-samples", type=_count(1), metavar="N",

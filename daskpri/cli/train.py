@@ -92,6 +92,7 @@ def _train(args: argparse.Namespace) -> int:
                 history = trainer.fit(
                     data, eval_data=eval_data, max_steps=max_steps, max_time=args.max_time,
                     target_accuracy=args.target_accuracy, progress=not args.no_progress,
+                    eval_chunked=args.eval_chunked,
                 )
         except (KeyboardInterrupt, SchedulerLostError, WorkersLostError, OSError) as e:
             # an OSError after the first step is the machine's (a checkpoint the disk
@@ -150,6 +151,9 @@ def _check_data_flags(args: argparse.Namespace) -> None:
         if args.target_accuracy is not None and args.eval_data is None:
             raise ValueError("--target-accuracy with --data needs --eval-data PATH, the "
                              "held-out data to measure accuracy on")
+        if args.eval_chunked and args.eval_data is None:
+            raise ValueError("--eval-chunked with --data needs --eval-data PATH, the "
+                             "held-out data to score on the cluster")
         args.dataset = args.data  # what the history's dataset attribute names
     elif args.eval_data is not None:
         raise ValueError("--eval-data goes with --data PATH, your own training data (a "
@@ -169,7 +173,8 @@ def _data(
     are read (they are small), so that a NaN among them is refused before a
     cluster starts. ``--eval-data`` is read here whole, once: the driver
     holds it to evaluate on anyway, and the checks before the cluster and
-    ``fit`` take it from memory rather than each reading the file again.
+    ``fit`` take it from memory rather than each reading the file again;
+    with ``--eval-chunked`` it goes to ``fit`` by path, for the workers.
     """
     if args.data is None:
         train, test = daskpri.datasets.load(
@@ -179,8 +184,10 @@ def _data(
     path = os.path.abspath(args.data)
     train = open_dataset(path)
     train["y"].max().compute(scheduler="threads")
-    evals = None
-    if args.eval_data is not None:
+    evals: xr.Dataset | str | None = None
+    if args.eval_data is not None and args.eval_chunked:
+        evals = os.path.abspath(args.eval_data)
+    elif args.eval_data is not None:
         evals = open_dataset(args.eval_data, name="eval_data")[["x", "y"]].compute(
             scheduler="threads")
     return path, evals, train
@@ -199,7 +206,8 @@ def _check_before_cluster(
     them only after it. They are made here too, and again by ``fit``.
     """
     request = check_fit(trainer, data, eval_data, max_steps=max_steps, max_time=args.max_time,
-                        target_accuracy=args.target_accuracy, progress=False)
+                        target_accuracy=args.target_accuracy, progress=False,
+                        eval_chunked=args.eval_chunked)
     _, n_classes = trainer._check_data(request.ds, request.info, request.source)
     if request.evalset is not None:
         request.evalset.check(n_classes)
@@ -281,7 +289,7 @@ def _new_run(
 #: What ``train --resume`` may be given: the data, the budget, the outputs and
 #: where the run goes on; the rest of the run comes from its checkpoint.
 _RESUMABLE = (
-    "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, "
+    "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, --eval-chunked, "
     "--max-steps, --max-time, "
     "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
     "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "

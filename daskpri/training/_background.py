@@ -81,8 +81,8 @@ class BackgroundMixin(PersistMixin):
             As for :meth:`fit`.
         **kwargs
             The keyword arguments of :meth:`fit` (``max_steps``,
-            ``max_time``, ``target_accuracy``, ``progress``); ``progress``
-            is ``False`` unless given.
+            ``max_time``, ``target_accuracy``, ``progress``,
+            ``eval_chunked``); ``progress`` is ``False`` unless given.
 
         Returns
         -------

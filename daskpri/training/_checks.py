@@ -11,7 +11,7 @@ import numbers
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
@@ -30,6 +30,9 @@ from daskpri.training import checkpoint
 from daskpri.training._probe import device_counts
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.rounds import in_whole_rounds, whole_rounds
+
+if TYPE_CHECKING:
+    from daskpri.training._inference import ChunkedEvalSet
 
 
 def check_real(name: str, value: Any, low: float, high: float) -> float:
@@ -201,8 +204,9 @@ def check_budget(
     max_time: float | None,
     target_accuracy: float | None,
     eval_data: xr.Dataset | str | None,
+    eval_chunked: bool = False,
 ) -> None:
-    """A fit's stopping rules: one that is bound to end, each valid."""
+    """A fit's stopping rules (one that is bound to end, each valid), and how it evaluates."""
     if max_steps is None and max_time is None:
         raise ValueError(
             "fit needs max_steps= or max_time= (target_accuracy= alone may never be reached)"
@@ -220,6 +224,10 @@ def check_budget(
         )
     if target_accuracy is not None and eval_data is None:
         raise ValueError("target_accuracy= needs eval_data= to measure accuracy on")
+    if not isinstance(eval_chunked, bool):
+        raise TypeError(f"eval_chunked should be True or False, but got {eval_chunked!r}")
+    if eval_chunked and eval_data is None:
+        raise ValueError("eval_chunked=True needs eval_data= to score on the cluster")
 
 
 def _eval_dims_differ(dims: tuple[Any, ...], edims: tuple[Any, ...]) -> str:
@@ -241,9 +249,10 @@ def _eval_dims_differ(dims: tuple[Any, ...], edims: tuple[Any, ...]) -> str:
 
 
 def open_data(
-    data: xr.Dataset | str, eval_data: xr.Dataset | str | None
-) -> tuple[xr.Dataset, dict[str, Any], EvalSet | None]:
-    """A fit's training data with its summary, and its evaluation set if any."""
+    data: xr.Dataset | str, eval_data: xr.Dataset | str | None, eval_chunked: bool = False
+) -> tuple[xr.Dataset, dict[str, Any], EvalSet | ChunkedEvalSet | None]:
+    """A fit's training data with its summary, and its evaluation set if any (read whole
+    on the driver, or with ``eval_chunked`` opened, to score on the cluster)."""
     ds = open_dataset(data, name="data")
     info = validate_dataset(ds, name="data")
     evalset = None
@@ -263,6 +272,11 @@ def open_data(
                 f"eval_data.x should have per-sample shape {info['x_shape']} like data.x, "
                 f"but got {einfo['x_shape']}{named}"
             )
+        if eval_chunked:  # scored on the cluster, the workers reading it
+            from daskpri.training._inference import ChunkedEvalSet
+
+            path = os.path.abspath(eval_data) if isinstance(eval_data, str | os.PathLike) else None
+            return ds, info, ChunkedEvalSet(eds, path)
         # read here, by the driver's threads, as it is evaluated here: not by the
         # workers of a default client, which need not see the file (nor every variable)
         # (or through the client of a cluster it is persisted on)

@@ -34,8 +34,10 @@ import xarray as xr
 from daskpri import _config
 from daskpri._warnings import warn
 from daskpri.training._checks import check_budget, open_data
+from daskpri.training._inference import ChunkedEvalSet
 from daskpri.training._interrupts import Interrupts, stop_on_interrupt, warn_workers_unshielded
 from daskpri.training._waiting import WaitStopped
+from daskpri.training.errors import FIT_RUNNING  # noqa: F401  (re-exported)
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.recovery import SchedulerLostError, check_config
 from daskpri.training.rounds import crossed
@@ -45,13 +47,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Why a second fit is refused while one runs.
-FIT_RUNNING = (
-    "a fit is already running (fit_in_background's, or another thread's): stop() it and wait "
-    "for its future, or wait for it to end, before fitting again"
-)
-
-
 @dataclass(frozen=True)
 class FitRequest:
     """A fit's arguments, checked, with its data opened (see :func:`check_fit`)."""
@@ -60,7 +55,7 @@ class FitRequest:
     source: xr.Dataset | str
     ds: xr.Dataset
     info: dict[str, Any]
-    evalset: EvalSet | None
+    evalset: EvalSet | ChunkedEvalSet | None
     max_steps: int | None
     max_time: float | None
     target_accuracy: float | None
@@ -76,6 +71,7 @@ def check_fit(
     max_time: float | None,
     target_accuracy: float | None,
     progress: bool,
+    eval_chunked: bool = False,
 ) -> FitRequest:
     """A fit's arguments checked, and its data opened (metadata only), as a request.
 
@@ -83,7 +79,7 @@ def check_fit(
     :meth:`Trainer.fit_in_background` makes them in its caller's thread,
     so that a bad value raises there and not in the future.
     """
-    check_budget(max_steps, max_time, target_accuracy, eval_data)
+    check_budget(max_steps, max_time, target_accuracy, eval_data, eval_chunked)
     if max_steps == 0:
         # a fit of no step is more likely a slip (an unset count) than what was meant, and
         # would set up a run in the cluster for nothing
@@ -93,7 +89,7 @@ def check_fit(
         )
     if isinstance(data, str | os.PathLike):  # the workers open it, from their own directory
         data = os.path.abspath(data)
-    ds, info, evalset = open_data(data, eval_data)
+    ds, info, evalset = open_data(data, eval_data, eval_chunked)
     return FitRequest(data, ds, info, evalset, max_steps, max_time, target_accuracy, progress)
 
 
@@ -167,6 +163,9 @@ def _set_up_and_step(
         # stop() (or an interrupt) while the cluster had no workers for the run: no run
         # was set up, and the fit ends, as a stop before its first step does
         return trainer.history_
+    if isinstance(evalset, ChunkedEvalSet) and trainer._client is not None:
+        with trainer._blame_scheduler():  # its store read by every worker, before a step
+            evalset.place(trainer._client)
     trainer._closed = False
     if reopened:
         warn(
@@ -292,9 +291,14 @@ def warn_past_schedule(trainer: Trainer, max_steps: int | None) -> None:
     )
 
 
-def evaluate(trainer: Trainer, evalset: EvalSet, record: dict[str, Any]) -> None:
+def evaluate(trainer: Trainer, evalset: EvalSet | ChunkedEvalSet,
+             record: dict[str, Any]) -> None:
     """Evaluate the master model on ``evalset`` into ``record`` (with the time it took)."""
     t0 = time.perf_counter()
-    acc, loss = evalset.evaluate(trainer.model)
+    if isinstance(evalset, ChunkedEvalSet):  # on the cluster
+        with trainer._blame_scheduler():
+            acc, loss = evalset.evaluate(trainer.model, trainer._client)
+    else:
+        acc, loss = evalset.evaluate(trainer.model)
     record["accuracy"], record["eval_loss"] = acc, loss
     record["eval_time"] = time.perf_counter() - t0

@@ -21,15 +21,19 @@ import dask.array as da
 import numpy as np
 import torch
 import xarray as xr
-from distributed import get_worker
+from distributed import Client, get_worker
 from torch import nn
 
+from daskpri import _config
 from daskpri.data._persisted import driver_scheduler
-from daskpri.data.io import check_values, open_dataset, validate_dataset
+from daskpri.data.io import check_labels, check_values, open_dataset, validate_dataset
 from daskpri.replicas.devices import device_name, lacking_gpu, worker_device
 from daskpri.training._checks import check_model, model_output_width
-from daskpri.training._fit import FIT_RUNNING as _FIT_RUNNING
+from daskpri.training._probe import cannot_read
+from daskpri.training.errors import FIT_RUNNING as _FIT_RUNNING
 from daskpri.training.evaluation import EvalSet, eval_device
+from daskpri.training.placement import check_workers_see
+from daskpri.training.transport import ask_workers
 
 #: Samples a forward pass of :meth:`InferenceMixin.predict` takes at most, on a CPU and on
 #: another device (as :class:`~daskpri.training.evaluation.EvalSet` scores)
@@ -135,15 +139,16 @@ def _logits(x: np.ndarray, model: nn.Module, batch_size: int | None,
 
 def _scored(
     x: np.ndarray, y: np.ndarray, start: np.ndarray, model: nn.Module, batch_size: int | None,
-    n_classes: int, device: str | None = None,
+    n_classes: int, device: str | None = None, name: str = "data",
 ) -> np.ndarray:
     """``[[correct, loss_sum, samples]]`` of ``model`` on one chunk, its values checked.
 
-    ``start`` holds the index of the chunk's first sample, for the message of
-    a bad value. Scored by :meth:`~daskpri.training.evaluation.EvalSet.totals`,
-    as the driver scores a whole set, on :func:`run_device`.
+    ``start`` holds the index of the chunk's first sample, and ``name`` the
+    argument the data was given as, for the message of a bad value. Scored
+    by :meth:`~daskpri.training.evaluation.EvalSet.totals`, as the driver
+    scores a whole set, on :func:`run_device`.
     """
-    check_values(x, y, n_classes=n_classes, where="data", offset=int(start[0]))
+    check_values(x, y, n_classes=n_classes, where=name, offset=int(start[0]))
     dims = ("sample", *(f"dim_{i}" for i in range(1, x.ndim)))
     chunk = xr.Dataset({"x": (dims, x), "y": ("sample", y)})
     where = run_device(device)
@@ -159,9 +164,10 @@ def _whole_samples(x: da.Array) -> tuple[da.Array, str]:
 
 def _chunk_scores(
     ds: xr.Dataset, model: nn.Module, batch_size: int | None, n_classes: int,
-    device: str | None = None,
+    device: str | None = None, client: Client | None = None, name: str = "data",
 ) -> dict[str, float]:
-    """:meth:`InferenceMixin.evaluate`'s figures, scored a task per chunk of ``ds``'s samples."""
+    """:meth:`InferenceMixin.evaluate`'s figures, scored a task per chunk of ``ds``'s samples
+    (computed by ``client``'s cluster, else where Dask computes)."""
     x, y = ds["x"].data, ds["y"].data
     if not isinstance(x, da.Array):
         x = da.from_array(x, chunks=(EVALUATE_CHUNK,) + x.shape[1:])
@@ -171,13 +177,77 @@ def _chunk_scores(
     starts = da.from_array(np.cumsum((0, *x.chunks[0][:-1])), chunks=1)
     parts = da.blockwise(
         _scored, "sk", x, "s" + inner, y, "s", starts, "s", dask.delayed(model, pure=False),
-        None, batch_size, None, n_classes, None, device, None, new_axes={"k": 3},
+        None, batch_size, None, n_classes, None, device, None, name, None, new_axes={"k": 3},
         adjust_chunks={"s": 1},
         align_arrays=False, concatenate=True, dtype=np.float64,
         meta=np.empty((0, 0), np.float64),
     )
-    correct, loss, n = (float(v) for v in parts.sum(axis=0).compute())
+    total = parts.sum(axis=0)
+    summed = total.compute() if client is None else total.compute(scheduler=client)
+    correct, loss, n = (float(v) for v in summed)
     return {"accuracy": correct / max(n, 1.0), "loss": loss / max(n, 1.0), "samples": int(n)}
+
+
+class ChunkedEvalSet:
+    """A fit's ``eval_data`` scored on its cluster, a task per chunk (``eval_chunked=True``).
+
+    As :meth:`InferenceMixin.evaluate` scores with ``chunked=True``: each
+    evaluation sends a copy of the master model, and each chunk's task
+    scores it on its worker's device (a ``GPU``-tagged worker's GPU, else
+    its CPU), checking its chunk's ``x``; the driver reads only the labels,
+    once (:meth:`check`). A store's chunks are read by the workers, by its
+    path, at each evaluation; data in the driver's memory is sent to the
+    cluster once, as the fit starts (:meth:`place`), in chunks of
+    :data:`EVALUATE_CHUNK` samples.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        ``x`` and ``y`` along ``sample`` (opened, not read).
+    path : str, optional
+        The store it was opened from, which every worker should read.
+    """
+
+    def __init__(self, ds: xr.Dataset, path: str | None = None) -> None:
+        self.ds = ds[["x", "y"]]
+        self.path = path
+        self.n_classes: int | None = None
+
+    def check(self, n_classes: int) -> None:
+        """Raise ``ValueError`` on labels out of ``[0, n_classes)``: read here, as a fit's are."""
+        y = self.ds["y"]
+        scheduler = driver_scheduler(self.ds)
+        low, high = (int(v) for v in dask.compute(y.min(), y.max(), scheduler=scheduler))
+        if low < 0 or high >= n_classes:  # read whole for the message, which names the sample
+            check_labels(y.compute(scheduler=scheduler).values, n_classes=n_classes,
+                         where="eval_data")
+        self.n_classes = n_classes
+
+    def place(self, client: Client) -> None:
+        """Check that every worker of ``client`` reads the store; send data in memory there.
+
+        Raises ``FileNotFoundError`` naming the workers that cannot read the
+        store, before the fit's first step.
+        """
+        if self.path is not None:
+            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            timeout = _config.get_seconds("trainer.probe-timeout")
+            found = ask_workers(client, workers, cannot_read, self.path, timeout=timeout)
+            check_workers_see({a: r for a, r in found.items() if r is None or isinstance(r, str)},
+                              len(workers), self.path, name="eval_data")
+        elif not isinstance(self.ds["x"].data, da.Array):
+            chunked = self.ds.chunk({"sample": EVALUATE_CHUNK})
+            self.ds = client.persist(chunked)
+
+    def evaluate(self, model: nn.Module, client: Client | None = None) -> tuple[float, float]:
+        """Accuracy and mean loss of ``model`` (a copy, on the CPU, sent to the tasks)."""
+        if self.n_classes is None:
+            raise RuntimeError("ChunkedEvalSet.check(n_classes) comes before evaluate")
+        with torch.no_grad():
+            scored = copy.deepcopy(model).cpu().eval()
+        scores = _chunk_scores(self.ds, scored, None, self.n_classes, None, client,
+                               name="eval_data")
+        return scores["accuracy"], scores["loss"]
 
 
 class InferenceMixin:

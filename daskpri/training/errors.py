@@ -8,6 +8,12 @@ from __future__ import annotations
 
 __all__ = ["SchedulerLostError", "SchedulerUnreachable", "WorkersLostError"]
 
+#: Why a second fit is refused while one runs (a ``RuntimeError``).
+FIT_RUNNING = (
+    "a fit is already running (fit_in_background's, or another thread's): stop() it and wait "
+    "for its future, or wait for it to end, before fitting again"
+)
+
 
 class WorkersLostError(RuntimeError):
     """The run's workers kept dying, were killed for memory, or none suitable is left.

@@ -182,7 +182,9 @@ def paused_workers(
     )
 
 
-def check_workers_see(cannot_read: Mapping[str, str | None], n_workers: int, path: str) -> None:
+def check_workers_see(
+    cannot_read: Mapping[str, str | None], n_workers: int, path: str, name: str = "data"
+) -> None:
     """Raise ``FileNotFoundError`` naming the workers that cannot read the store at ``path``.
 
     The workers read a store's partitions themselves, by path (the driver
@@ -194,6 +196,8 @@ def check_workers_see(cannot_read: Mapping[str, str | None], n_workers: int, pat
     the worker's log) for every partition. ``cannot_read`` is each
     answering worker's reason (None: it can), of the run's ``n_workers``; a
     worker that does not answer is left to the set-up (a lost worker).
+    ``name`` is the argument the store was given as: ``"eval_data"`` for
+    a fit's ``eval_data`` scored on the cluster (``eval_chunked``).
 
     Examples
     --------
@@ -205,11 +209,13 @@ def check_workers_see(cannot_read: Mapping[str, str | None], n_workers: int, pat
     if not cannot:
         return
     each = "; ".join(f"{a}: {why}" for a, why in sorted(cannot.items()))
+    otherwise = ("have the driver score it (fit without eval_chunked=True)" if name == "eval_data"
+                 else "pass the data in memory (xr.open_dataset(path).load()), which is sent "
+                      "to them once")
     raise FileNotFoundError(
-        f"data names {path!r}, which {len(cannot)} of the {n_workers} workers cannot "
+        f"{name} names {path!r}, which {len(cannot)} of the {n_workers} workers cannot "
         f"read ({each}); the workers read a store themselves, by its path: put it where "
-        "every worker sees it at that path (a shared file system), or pass the data in "
-        "memory (xr.open_dataset(path).load()), which is sent to them once"
+        f"every worker sees it at that path (a shared file system), or {otherwise}"
     )
 
 

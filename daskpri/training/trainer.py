@@ -404,6 +404,7 @@ class Trainer(InferenceMixin, BackgroundMixin):
         max_time: float | None = None,
         target_accuracy: float | None = None,
         progress: bool = True,
+        eval_chunked: bool = False,
     ) -> xr.Dataset:
         """Train on ``data`` until ``max_steps``, ``max_time`` or ``target_accuracy``.
 
@@ -415,7 +416,8 @@ class Trainer(InferenceMixin, BackgroundMixin):
         eval_data : xarray.Dataset or path, optional
             Evaluated every ``eval_every`` steps and at the end, on the
             driver: on its GPU where it has one, else its CPU (the
-            ``daskpri.trainer.eval-device`` setting chooses another).
+            ``daskpri.trainer.eval-device`` setting chooses another); with
+            ``eval_chunked``, on the cluster.
         max_steps : int, optional
             Total steps of the trainer (a second ``fit`` continues counting).
         max_time : float, optional
@@ -425,6 +427,18 @@ class Trainer(InferenceMixin, BackgroundMixin):
             Stop once the accuracy on ``eval_data`` reaches it.
         progress : bool
             Show a progress bar.
+        eval_chunked : bool, default False
+            Score ``eval_data`` on the cluster rather than the driver, as
+            :meth:`evaluate` does with ``chunked=True``: a task per chunk of
+            samples, each on its worker's device (a ``GPU``-tagged worker's
+            GPU), a copy of the master model sent at each evaluation. For
+            held-out data too large for the driver, or a driver without the
+            workers' GPUs. Only its labels are read on the driver; a store
+            is read by the workers (every one should see its path: checked
+            before the first step), data in memory is sent to the cluster
+            once; its ``x`` values are checked by the tasks, at the first
+            evaluation. The figures are the driver's: the accuracy exactly,
+            the loss to float32's rounding.
 
         Returns
         -------
@@ -453,6 +467,11 @@ class Trainer(InferenceMixin, BackgroundMixin):
             interrupt meanwhile ends the fit, with no step taken.
         RuntimeError
             If another fit of this trainer is running.
+        TypeError
+            If ``eval_chunked`` is not a bool.
+        FileNotFoundError
+            With ``eval_chunked``, if workers cannot read ``eval_data``'s
+            store at its path (named, before the first step).
         KeyboardInterrupt
             Once a fit in the main thread that was interrupted (Jupyter's stop
             button, Ctrl-C) has ended: from the start of its cluster and
@@ -480,7 +499,8 @@ class Trainer(InferenceMixin, BackgroundMixin):
             raise RuntimeError(FIT_RUNNING)
         try:
             request = check_fit(self, data, eval_data, max_steps=max_steps, max_time=max_time,
-                                target_accuracy=target_accuracy, progress=progress)
+                                target_accuracy=target_accuracy, progress=progress,
+                                eval_chunked=eval_chunked)
             return self._fit_holding(request)
         finally:
             self._fitting.release()
