@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +14,7 @@ import pytest
 import torch
 import xarray as xr
 from _fits import local_cluster
+from _reads import opened_under
 
 import daskpri
 from daskpri.cli import main
@@ -33,7 +38,9 @@ def test_evaluate_scores_the_test_split_the_run_was_evaluated_on(
 ) -> None:
     ckpt, history = trained
     capsys.readouterr()
-    assert main(["evaluate", str(ckpt), "--dataset", "synthetic", "--n-samples", "2000"]) == 0
+    with opened_under(ckpt.parent) as seen:
+        assert main(["evaluate", str(ckpt), "--dataset", "synthetic", "--n-samples", "2000"]) == 0
+    assert seen.count(ckpt.name) == 1  # read once: what was checked is what is scored
     line = capsys.readouterr().out.strip()
     accuracy, loss = float(history["accuracy"][-1]), float(history["eval_loss"][-1])
     assert line == (f"{ckpt} (step 20, selective-backprop): accuracy {accuracy:.4f}, loss "
@@ -143,6 +150,48 @@ def test_a_checkpoint_of_a_model_of_its_own_is_scored_from_python(
         assert t.evaluate(test) == expected
 
 
+@contextlib.contextmanager
+def read_only_copy(path: Path, where: Path) -> Iterator[Path]:
+    """``path`` copied onto a file system mounted read-only at ``where`` (a tmpfs)."""
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"needs a read-only file system: mount -t tmpfs says {mounted.stderr!r}")
+    try:
+        shutil.copy(path, where / path.name)
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        yield where / path.name
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_checkpoint_on_a_read_only_file_system_is_scored_and_said_not_writable(
+    trained: tuple[Path, xr.Dataset], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # evaluate and predict write no checkpoint: they once refused it as "a damaged daskpri
+    # checkpoint", its directory taking no new file
+    ckpt, history = trained
+    with read_only_copy(ckpt, tmp_path / "ro") as copy:
+        capsys.readouterr()
+        assert main(["evaluate", str(copy), "--dataset", "synthetic", "--n-samples", "2000",
+                     "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["accuracy"] == history["accuracy"][-1]
+        # going on training checkpoints to the file: this machine's refusal, and what to do
+        with pytest.raises(ValueError, match=(
+            rf"^checkpoint_path should be a path this process may write, but got checkpoint_path "
+            rf"'{copy}', and '{copy.parent}' takes no new file: Read-only file system; a run "
+            r"that checkpointed goes on checkpointing to the file it is resumed from: pass "
+            r"checkpoint_path= a path to write to, or checkpoint_path=None to resume without "
+            r"checkpoints \(to evaluate or predict\)$")):
+            daskpri.Trainer.resume(copy)
+        with daskpri.Trainer.resume(copy, checkpoint_path=None) as trainer:
+            assert trainer.step_ == 20 and trainer.checkpoint_every is None
+        elsewhere = tmp_path / "more.ckpt"
+        with daskpri.Trainer.resume(copy, checkpoint_path=elsewhere) as trainer:
+            assert trainer.checkpoint_path == str(elsewhere) and trainer.checkpoint_every == 10
+
+
 @pytest.fixture(scope="module")
 def unlabelled(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, xr.Dataset]:
     """A zarr store of the run's test split without its labels, and the split."""
@@ -162,8 +211,10 @@ def test_predict_writes_the_logits_and_classes_of_a_store_without_labels(
     out = tmp_path / f"predictions{suffix}"
     quiet = suffix == ".nc"  # (and the progress bar hidden on asking)
     capsys.readouterr()
-    assert main(["predict", str(ckpt), "--data", data, "--output", str(out),
-                 *(["--no-progress", "--device", "cpu"] if quiet else [])]) == 0
+    with opened_under(ckpt.parent) as seen:
+        assert main(["predict", str(ckpt), "--data", data, "--output", str(out),
+                     *(["--no-progress", "--device", "cpu"] if quiet else [])]) == 0
+    assert seen.count(ckpt.name) == 1
     said = capsys.readouterr()
     assert said.out.strip() == (
         f"predictions of 400 samples written to {out} (step 20, selective-backprop)")

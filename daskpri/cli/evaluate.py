@@ -18,6 +18,7 @@ from daskpri.cli._tls import client_security
 from daskpri.cli.train import _builtin_flags, _check_resumed_data
 from daskpri.data.store import to_store
 from daskpri.training import checkpoint
+from daskpri.training._resume import resume_trainer
 from daskpri.training.cluster import connect
 from daskpri.training.recovery import close_client
 
@@ -60,7 +61,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     # on a cluster: scored a task per chunk by its workers (the default client's)
     client = None if args.scheduler is None else connect(args.scheduler, security)
     try:
-        trainer = daskpri.Trainer.resume(args.checkpoint)
+        trainer = resume_trainer(daskpri.Trainer, args.checkpoint, None, None,
+                                 {"checkpoint_path": None}, state=state)
         try:
             scores = trainer.evaluate(what, batch_size=args.batch_size,
                                       chunked=client is not None, device=args.device)
@@ -98,7 +100,8 @@ def _predict(args: argparse.Namespace) -> int:
         )
     client = None if args.scheduler is None else connect(args.scheduler, security)
     try:
-        trainer = daskpri.Trainer.resume(args.checkpoint)
+        trainer = resume_trainer(daskpri.Trainer, args.checkpoint, None, None,
+                                 {"checkpoint_path": None}, state=state)
         try:
             logits = trainer.predict(args.data, batch_size=args.batch_size, device=args.device)
         finally:

@@ -25,6 +25,7 @@ from daskpri.strategies import check_strategy_options
 from daskpri.training import checkpoint
 from daskpri.training._cleanup import start_own_cluster
 from daskpri.training._fit import check_fit
+from daskpri.training._resume import resume_trainer
 from daskpri.training.cluster import connect, one_torch_thread
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import assign_owners
@@ -75,7 +76,8 @@ def _train(args: argparse.Namespace) -> int:
                 _check_batch_fits(trainer, train.sizes["sample"],
                                   "more --n-samples" if args.data is None else "more samples")
         else:
-            trainer = daskpri.Trainer.resume(args.resume, client=client, **settings)
+            trainer = resume_trainer(daskpri.Trainer, args.resume, None, client, settings,
+                                     state=state)
         if client is None:
             _check_before_cluster(trainer, data, eval_data, max_steps, args)
         if args.resume is not None:  # (once it is known to go on)

@@ -116,8 +116,15 @@ def resume_trainer(
     model: nn.Module | None,
     client: Client | None,
     overrides: dict[str, Any],
+    state: dict[str, Any] | None = None,
 ) -> Trainer:
-    """The body of :meth:`Trainer.resume`: a ``cls`` going on from the checkpoint at ``path``."""
+    """The body of :meth:`Trainer.resume`: a ``cls`` going on from the checkpoint at ``path``.
+
+    ``state`` is the checkpoint as :func:`~daskpri.training.checkpoint.read`
+    gave it, where the caller has read it already (the command line, which
+    looks at it first): the file is read once, so what was looked at is
+    what goes on, even where a running fit has written it again since.
+    """
     # the rest of the constructor's arguments shape the run itself: changed,
     # the resumed run would not be the checkpointed one going on
     may_change = ("n_workers", "resources", "device", "transport", "eval_every",
@@ -130,7 +137,8 @@ def resume_trainer(
             f"{', '.join(fixed)}: the checkpoint fixes the run's strategy and its options, "
             "seed and optimization; start a new Trainer to change them"
         )
-    state = checkpoint.read(path)  # every field that needs no model of the user's checked
+    if state is None:
+        state = checkpoint.read(path)  # every field that needs no model of the user's checked
     given = model is not None
     if model is None:
         if state["model_spec"] is None:
@@ -174,7 +182,18 @@ def _going_on(
         # here: never to a path the file itself names (a copied or downloaded
         # checkpoint would otherwise write over whatever that path holds).
         stored["checkpoint_path"] = os.fspath(path)
+    if stored.get("checkpoint_path") is not None and "checkpoint_path" not in overrides:
+        try:  # this machine's, not the checkpoint's: said so, with what to do
+            checkpoint.check_writable(stored["checkpoint_path"], name="checkpoint_path")
+        except ValueError as e:
+            raise ValueError(
+                f"{e}; a run that checkpointed goes on checkpointing to the file it is resumed "
+                "from: pass checkpoint_path= a path to write to, or checkpoint_path=None to "
+                "resume without checkpoints (to evaluate or predict)"
+            ) from None
     params = dict(stored, **overrides)
+    if params.get("checkpoint_path") is None and "checkpoint_every" not in overrides:
+        params["checkpoint_every"] = None  # resumed without checkpoints: no period either
     strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])
     # the run's own clipping: None there is none, whatever the config says now
     # (a checkpoint from before the option has none)
@@ -212,7 +231,9 @@ def _refused_options(
     try:
         with warnings.catch_warnings():  # (given already, by the construction that failed)
             warnings.simplefilter("ignore")
-            cls(model, strategy=strategy, **stored)
+            # (where it would checkpoint is the caller's, not the checkpoint's)
+            cls(model, strategy=strategy,
+                **dict(stored, checkpoint_path=None, checkpoint_every=None))
     except (ValueError, TypeError) as e:
         return e
     return None
