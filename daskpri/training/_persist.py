@@ -133,6 +133,10 @@ class PersistMixin(StepMixin):
             checkpoints as it ran goes on writing them, every
             ``checkpoint_every`` steps, to ``path`` unless ``checkpoint_path``
             names another file: never to the path stored in the checkpoint.
+            ``path``'s directory should then take a new file (refused here,
+            saying so, where it does not: a read-only file system);
+            ``checkpoint_path=None`` resumes without checkpoints, to
+            evaluate or predict.
 
         Returns
         -------
