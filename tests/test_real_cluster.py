@@ -21,9 +21,10 @@ import dask
 import numpy as np
 import pytest
 from _procs import _stop, dask_cluster
-from distributed import Client
+from distributed import Client, get_task_stream
 
 import daskpri
+from daskpri.data.io import to_store
 from daskpri.models import build_model
 
 #: how long the scheduler keeps a run whose driver's client has left
@@ -260,6 +261,25 @@ def test_an_eval_store_the_workers_cannot_see_is_refused_before_the_first_step_n
         # scored on the driver, which reads it, the same fit goes on
         history = trainer.fit(train, eval_data=path, max_steps=2, progress=False)
         assert np.isfinite(history["accuracy"].values[-1])
+        trainer.close()
+
+
+def test_eval_data_scored_on_the_cluster_runs_on_the_workers_with_the_runs_resources(
+    cluster, small_data, tmp_path
+):
+    # as the run's steps: a GPU run's evaluation on its GPU workers, not on any worker
+    train, test = small_data
+    store = to_store(test.chunk({"sample": 25}), tmp_path / "test.zarr")  # 16 chunks
+    with Client(cluster, timeout=60) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        [foo] = [a for a, w in workers.items() if w["resources"]]
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  resources={"FOO": 1}, eval_every=2)
+        with get_task_stream(client) as stream:
+            history = trainer.fit(train, eval_data=store, eval_chunked=True, max_steps=2,
+                                  progress=False)
+        assert np.isfinite(history["accuracy"].values[-1])
+        assert {t["worker"] for t in stream.data} == {foo}, stream.data
         trainer.close()
 
 

@@ -165,7 +165,7 @@ def _set_up_and_step(
         return trainer.history_
     if isinstance(evalset, ChunkedEvalSet) and trainer._client is not None:
         with trainer._blame_scheduler():  # its store read by every worker, before a step
-            evalset.place(trainer._client)
+            evalset.place(trainer._client, trainer.resources)
     trainer._closed = False
     if reopened:
         warn(

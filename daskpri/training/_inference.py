@@ -165,9 +165,11 @@ def _whole_samples(x: da.Array) -> tuple[da.Array, str]:
 def _chunk_scores(
     ds: xr.Dataset, model: nn.Module, batch_size: int | None, n_classes: int,
     device: str | None = None, client: Client | None = None, name: str = "data",
+    resources: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """:meth:`InferenceMixin.evaluate`'s figures, scored a task per chunk of ``ds``'s samples
-    (computed by ``client``'s cluster, else where Dask computes)."""
+    (computed by ``client``'s cluster, on its workers with ``resources`` where given, else
+    where Dask computes)."""
     x, y = ds["x"].data, ds["y"].data
     if not isinstance(x, da.Array):
         x = da.from_array(x, chunks=(EVALUATE_CHUNK,) + x.shape[1:])
@@ -183,7 +185,10 @@ def _chunk_scores(
         meta=np.empty((0, 0), np.float64),
     )
     total = parts.sum(axis=0)
-    summed = total.compute() if client is None else total.compute(scheduler=client)
+    # (client.compute's resources hold every task of the graph: dask.annotate's are lost
+    # to the array graph's optimization)
+    summed = total.compute() if client is None else client.compute(
+        total, resources=resources).result()
     correct, loss, n = (float(v) for v in summed)
     return {"accuracy": correct / max(n, 1.0), "loss": loss / max(n, 1.0), "samples": int(n)}
 
@@ -198,7 +203,8 @@ class ChunkedEvalSet:
     once (:meth:`check`). A store's chunks are read by the workers, by its
     path, at each evaluation; data in the driver's memory is sent to the
     cluster once, as the fit starts (:meth:`place`), in chunks of
-    :data:`EVALUATE_CHUNK` samples.
+    :data:`EVALUATE_CHUNK` samples. Where the run asks for ``resources``
+    (``GPU``), the tasks run on the workers that have them, as its steps do.
 
     Parameters
     ----------
@@ -212,6 +218,7 @@ class ChunkedEvalSet:
         self.ds = ds[["x", "y"]]
         self.path = path
         self.n_classes: int | None = None
+        self.resources: dict[str, float] | None = None
 
     def check(self, n_classes: int) -> None:
         """Raise ``ValueError`` on labels out of ``[0, n_classes)``: read here, as a fit's are."""
@@ -223,21 +230,26 @@ class ChunkedEvalSet:
                          where="eval_data")
         self.n_classes = n_classes
 
-    def place(self, client: Client) -> None:
-        """Check that every worker of ``client`` reads the store; send data in memory there.
+    def place(self, client: Client, resources: dict[str, float] | None = None) -> None:
+        """Check that the workers of ``client`` with ``resources`` read the store; send data
+        in memory there.
 
         Raises ``FileNotFoundError`` naming the workers that cannot read the
         store, before the fit's first step.
         """
+        self.resources = resources
         if self.path is not None:
-            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            listed = client.scheduler_info(n_workers=-1)["workers"]
+            workers = sorted(a for a, w in listed.items()
+                             if all(w.get("resources", {}).get(k, 0) >= v
+                                    for k, v in (resources or {}).items()))
             timeout = _config.get_seconds("trainer.probe-timeout")
             found = ask_workers(client, workers, cannot_read, self.path, timeout=timeout)
             check_workers_see({a: r for a, r in found.items() if r is None or isinstance(r, str)},
                               len(workers), self.path, name="eval_data")
         elif not isinstance(self.ds["x"].data, da.Array):
             chunked = self.ds.chunk({"sample": EVALUATE_CHUNK})
-            self.ds = client.persist(chunked)
+            self.ds = client.persist(chunked, resources=resources)
 
     def evaluate(self, model: nn.Module, client: Client | None = None) -> tuple[float, float]:
         """Accuracy and mean loss of ``model`` (a copy, on the CPU, sent to the tasks)."""
@@ -246,7 +258,7 @@ class ChunkedEvalSet:
         with torch.no_grad():
             scored = copy.deepcopy(model).cpu().eval()
         scores = _chunk_scores(self.ds, scored, None, self.n_classes, None, client,
-                               name="eval_data")
+                               name="eval_data", resources=self.resources)
         return scores["accuracy"], scores["loss"]
 
 
