@@ -430,8 +430,9 @@ class Trainer(InferenceMixin, BackgroundMixin):
         eval_chunked : bool, default False
             Score ``eval_data`` on the cluster rather than the driver, as
             :meth:`evaluate` does with ``chunked=True``: a task per chunk of
-            samples, each on its worker's device (a ``GPU``-tagged worker's
-            GPU), a copy of the master model sent at each evaluation. For
+            samples, on the workers with the run's ``resources``, each on its
+            worker's device (a ``GPU``-tagged worker's GPU), a copy of the
+            master model sent at each evaluation. For
             held-out data too large for the driver, or a driver without the
             workers' GPUs. Only its labels are read on the driver; a store
             is read by the workers (every one should see its path: checked
