@@ -36,9 +36,9 @@ class ReplicaArrival(WorkerPlugin):
     """The run's :class:`~daskpri.replicas.worker.ReplicaPlugin`, to be built on arrival.
 
     Takes :class:`~daskpri.replicas.worker.ReplicaPlugin`'s parameters
-    (``version`` defaults to this process's daskpri: the driver's), and
-    ``modules``, the model's modules that each worker imports in a thread
-    first.
+    (its options by keyword; ``version`` defaults to this process's
+    daskpri: the driver's), and ``modules``, the model's modules that each
+    worker imports in a thread first.
 
     Attributes
     ----------
@@ -59,25 +59,15 @@ class ReplicaArrival(WorkerPlugin):
 
     idempotent = False
 
-    def __init__(
-        self,
-        run: str,
-        module: bytes,
-        n_classes: int,
-        device: str | None = None,
-        resources: dict[str, float] | None = None,
-        version: str | None = None,
-        label_smoothing: float = 0.0,
-        modules: Collection[str] = (),
-    ) -> None:
+    def __init__(self, run: str, module: bytes, n_classes: int, *,
+                 modules: Collection[str] = (), **options: Any) -> None:
+        # options: the replica plugin's own (device, resources, version, label_smoothing)
         self.name = replicas_name(run)
-        self.resources = resources
+        self.resources: dict[str, float] | None = options.get("resources")
         self.modules = sorted(modules)
-        self.kwargs: dict[str, Any] = {
-            "run": run, "module": module, "n_classes": n_classes, "device": device,
-            "resources": resources, "label_smoothing": label_smoothing,
-            "version": daskpri.__version__ if version is None else version,
-        }
+        options.setdefault("version", daskpri.__version__)  # the driver's
+        self.kwargs: dict[str, Any] = {"run": run, "module": module, "n_classes": n_classes,
+                                       **options}
         self.serves = False
         self.unfit = "its replica is being set up"
 
