@@ -601,3 +601,15 @@ def test_the_scheduler_holds_every_strategys_table_without_importing_torch(clust
                 assert client.run_on_scheduler(torch_modules) == [], (name, transport)
             finally:
                 trainer.close()
+        # the model sent to the tasks that score or predict on the cluster: not in their graph,
+        # which the scheduler unpickles
+        trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client,
+                                  eval_every=2)
+        try:
+            trainer.fit(train, eval_data=test, eval_chunked=True, max_steps=2, progress=False)
+            chunked = test.chunk({"sample": 100})
+            assert trainer.evaluate(chunked, chunked=True)["samples"] == 400
+            assert trainer.predict(chunked).compute().shape == (400, 10)
+            assert client.run_on_scheduler(torch_modules) == []
+        finally:
+            trainer.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import weakref
 from typing import Any
 
 import dask
@@ -21,24 +20,27 @@ import dask.array as da
 import numpy as np
 import torch
 import xarray as xr
-from distributed import Client, get_worker
+from distributed import Client, default_client
 from torch import nn
 
 from daskpri import _config
 from daskpri.data._persisted import driver_scheduler
-from daskpri.data.io import check_labels, check_values, open_dataset, validate_dataset
-from daskpri.replicas.devices import device_name, lacking_gpu, worker_device
+from daskpri.data.io import check_labels, open_dataset, validate_dataset
+from daskpri.replicas.devices import device_name
 from daskpri.training._checks import check_model, model_output_width
+from daskpri.training._chunk_tasks import (  # noqa: F401  (PREDICT_BATCH*: re-exported)
+    PREDICT_BATCH,
+    PREDICT_BATCH_ACCELERATED,
+    _logits,
+    _scored,
+    run_device,
+)
 from daskpri.training._probe import cannot_read
 from daskpri.training.errors import FIT_RUNNING as _FIT_RUNNING
-from daskpri.training.evaluation import EvalSet, eval_device
+from daskpri.training.evaluation import EvalSet
 from daskpri.training.placement import check_workers_see
 from daskpri.training.transport import ask_workers
 
-#: Samples a forward pass of :meth:`InferenceMixin.predict` takes at most, on a CPU and on
-#: another device (as :class:`~daskpri.training.evaluation.EvalSet` scores)
-PREDICT_BATCH = 256
-PREDICT_BATCH_ACCELERATED = 4096
 #: Samples a task of ``evaluate(chunked=True)`` takes of data in memory, not chunked
 EVALUATE_CHUNK = 10_000
 
@@ -74,87 +76,29 @@ def _device_arg(device: Any) -> str | None:
         ) from None
 
 
-def run_device(device: str | None = None) -> torch.device:
-    """The device this process runs a model on for :meth:`~InferenceMixin.predict`.
-
-    ``device`` where given (checked against the GPUs this process sees: a
-    ``ValueError`` names them, raised where the task runs);
-    else, on a Dask worker, the device its replicas train on
-    (:func:`~daskpri.replicas.devices.worker_device`: ``cuda:0`` where the
-    worker has a ``GPU`` resource and CUDA, else the CPU), and elsewhere
-    (the driver, the threads of Dask's local scheduler) the driver's
-    evaluation device, ``daskpri.trainer.eval-device`` (its GPU where it
-    has one).
-
-    >>> run_device("cpu")
-    device(type='cpu')
-    """
+def _default_client() -> Client | None:
+    """The client that a compute of a graph made now would use (None: Dask's own schedulers)."""
     try:
-        worker: Any = get_worker()
-    except ValueError:  # not in a Dask worker's task
-        worker = None
-    if device is None:
-        return worker_device(worker) if worker is not None else eval_device(None)
-    lacking = lacking_gpu(device, "this process" if worker is None else f"worker {worker.address}")
-    if lacking is not None:  # (bad input: a ValueError, one line from the command line)
-        raise ValueError(f"{lacking}; leave device unset to run on its GPU where it has one, "
-                         "else on its CPU")
-    return torch.device(device)
+        client = default_client()
+    except ValueError:
+        return None
+    return client if dask.config.get("scheduler", None) in (None, "dask.distributed") else None
 
 
-#: the copies of each model on a device other than the CPU, made once in a process (the
-#: tasks of one call share the model that Dask sent the process)
-_ON_DEVICE: weakref.WeakKeyDictionary[nn.Module, dict[torch.device, nn.Module]] = (
-    weakref.WeakKeyDictionary())
-_ON_DEVICE_LOCK = threading.Lock()
+def _model_in_graph(model: nn.Module, client: Client | None = None) -> Any:
+    """``model`` as the argument of a graph's tasks, where they compute.
 
-
-def _model_on(model: nn.Module, device: torch.device) -> nn.Module:
-    """``model`` (on the CPU) itself, or its copy on ``device``, made once for this process."""
-    if device.type == "cpu":
-        return model
-    with _ON_DEVICE_LOCK, torch.no_grad():
-        copies = _ON_DEVICE.setdefault(model, {})
-        if device not in copies:
-            copies[device] = copy.deepcopy(model).to(device)
-        return copies[device]
-
-
-def _logits(x: np.ndarray, model: nn.Module, batch_size: int | None,
-            device: str | None = None) -> np.ndarray:
-    """``model``'s logits for the samples ``x`` (samples first), in batches, float32.
-
-    Run on :func:`run_device` (``device`` where given); ``batch_size`` of
-    ``None`` takes 256 samples a pass on the CPU, 4096 elsewhere.
+    On a distributed cluster (``client``, else the default client), scattered
+    to a worker and named by its future; else the object itself, for Dask's
+    threads. distributed's scheduler unpickles each graph it is given: a
+    torch module in it had the scheduler import torch (seconds of its event
+    loop, some 200 MiB) and hold the weights; a future is only a key. Each
+    worker that runs a task fetches the model once.
     """
-    where = run_device(device)
-    on = _model_on(model, where)
-    batch = batch_size or (PREDICT_BATCH if where.type == "cpu" else PREDICT_BATCH_ACCELERATED)
-    xs = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
-    with torch.no_grad():
-        out = [on(xs[i : i + batch].to(where)).float().cpu()
-               for i in range(0, xs.shape[0], batch)]
-    return torch.cat(out).numpy() if out else np.empty((0, 0), np.float32)
-
-
-def _scored(
-    x: np.ndarray, y: np.ndarray, start: np.ndarray, model: nn.Module, batch_size: int | None,
-    n_classes: int, device: str | None = None, name: str = "data",
-) -> np.ndarray:
-    """``[[correct, loss_sum, samples]]`` of ``model`` on one chunk, its values checked.
-
-    ``start`` holds the index of the chunk's first sample, and ``name`` the
-    argument the data was given as, for the message of a bad value. Scored
-    by :meth:`~daskpri.training.evaluation.EvalSet.totals`, as the driver
-    scores a whole set, on :func:`run_device`.
-    """
-    check_values(x, y, n_classes=n_classes, where=name, offset=int(start[0]))
-    dims = ("sample", *(f"dim_{i}" for i in range(1, x.ndim)))
-    chunk = xr.Dataset({"x": (dims, x), "y": ("sample", y)})
-    where = run_device(device)
-    scores = EvalSet(chunk, batch_size=batch_size, device=where)
-    correct, loss, n = scores.totals(_model_on(model, where))
-    return np.array([[correct, loss, n]], dtype=np.float64)
+    client = client if client is not None else _default_client()
+    if client is None:
+        return dask.delayed(model, pure=False)
+    return client.scatter(model, hash=False)
 
 
 def _whole_samples(x: da.Array) -> tuple[da.Array, str]:
@@ -178,7 +122,7 @@ def _chunk_scores(
     # each chunk's first sample, a chunk of one each: blocks aligned by their order
     starts = da.from_array(np.cumsum((0, *x.chunks[0][:-1])), chunks=1)
     parts = da.blockwise(
-        _scored, "sk", x, "s" + inner, y, "s", starts, "s", dask.delayed(model, pure=False),
+        _scored, "sk", x, "s" + inner, y, "s", starts, "s", _model_in_graph(model, client),
         None, batch_size, None, n_classes, None, device, None, name, None, new_axes={"k": 3},
         adjust_chunks={"s": 1},
         align_arrays=False, concatenate=True, dtype=np.float64,
@@ -449,7 +393,7 @@ class InferenceMixin:
         if isinstance(x.data, da.Array):
             arr, inner = _whole_samples(x.data)
             values: Any = da.blockwise(
-                _logits, "sc", arr, "s" + inner, dask.delayed(model, pure=False), None,
+                _logits, "sc", arr, "s" + inner, _model_in_graph(model), None,
                 batch, None, device, None, new_axes={"c": width}, concatenate=True,
                 dtype=np.float32,
                 meta=np.empty((0, 0), np.float32),
