@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 from _reads import opened_under
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, get_task_stream
 
 import daskpri
 from daskpri.cli import main
@@ -53,6 +53,23 @@ def test_a_fit_scores_eval_data_on_the_cluster_as_the_driver_scores_it(
         assert accuracy[-1] == on_driver["accuracy"]
         assert history["eval_loss"].values[-1] == pytest.approx(on_driver["loss"], rel=1e-5)
         trainer.close()
+
+
+def test_a_model_with_hooks_reaches_each_worker_that_scores_a_chunk(
+    client: Client, small_data: tuple[xr.Dataset, xr.Dataset], tmp_path: Path
+) -> None:
+    # the built-in CNN of 1-D data has a load_state_dict pre-hook, which distributed's own
+    # serializer of torch modules could not send on from the worker it was scattered to
+    train, test = small_data
+    store = to_store(test.chunk({"sample": 25}), tmp_path / "test.zarr")  # 16 chunks
+    trainer = daskpri.Trainer(build_model("cnn", train, seed=0), strategy="uniform",
+                              client=client, eval_every=2)
+    with get_task_stream(client) as stream:
+        history = trainer.fit(train, eval_data=store, eval_chunked=True, max_steps=2,
+                              progress=False)
+    assert len({t["worker"] for t in stream.data}) == 2  # both workers scored chunks
+    assert history["accuracy"].values[-1] == trainer.evaluate(test)["accuracy"]
+    trainer.close()
 
 
 def test_eval_data_the_chunked_scoring_refuses_is_said_before_or_at_its_first_evaluation(

@@ -32,6 +32,21 @@ PREDICT_BATCH = 256
 PREDICT_BATCH_ACCELERATED = 4096
 
 
+class Sent:
+    """A model as the chunks' tasks receive it, pickled whole.
+
+    distributed serializes a bare ``torch.nn.Module`` with a serializer of
+    its own, which rebuilds a module whose hooks it cannot send on again:
+    the built-in CNN's (its 1-D weights' ``load_state_dict`` pre-hook)
+    failed to reach a second worker ("You are trying to revive the hook of a
+    dead Module!"). Wrapped, the module is pickled as pickle does, on every
+    hop.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+
 def run_device(device: str | None = None) -> torch.device:
     """The device this process runs a model on for :meth:`~InferenceMixin.predict`.
 
@@ -86,9 +101,9 @@ def _model_on(model: nn.Module, device: torch.device) -> nn.Module:
         return copies[device]
 
 
-def _logits(x: np.ndarray, model: nn.Module, batch_size: int | None,
+def _logits(x: np.ndarray, sent: Sent, batch_size: int | None,
             device: str | None = None) -> np.ndarray:
-    """``model``'s logits for the samples ``x`` (samples first), in batches, float32.
+    """The logits of ``sent``'s model for the samples ``x`` (samples first), in batches, float32.
 
     Run on :func:`run_device` (``device`` where given); ``batch_size`` of
     ``None`` takes 256 samples a pass on the CPU, 4096 elsewhere.
@@ -96,7 +111,7 @@ def _logits(x: np.ndarray, model: nn.Module, batch_size: int | None,
     import torch
 
     where = run_device(device)
-    on = _model_on(model, where)
+    on = _model_on(sent.model, where)
     batch = batch_size or (PREDICT_BATCH if where.type == "cpu" else PREDICT_BATCH_ACCELERATED)
     xs = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
     with torch.no_grad():
@@ -106,7 +121,7 @@ def _logits(x: np.ndarray, model: nn.Module, batch_size: int | None,
 
 
 def _scored(
-    x: np.ndarray, y: np.ndarray, start: np.ndarray, model: nn.Module, batch_size: int | None,
+    x: np.ndarray, y: np.ndarray, start: np.ndarray, sent: Sent, batch_size: int | None,
     n_classes: int, device: str | None = None, name: str = "data",
 ) -> np.ndarray:
     """``[[correct, loss_sum, samples]]`` of ``model`` on one chunk, its values checked.
@@ -126,5 +141,5 @@ def _scored(
     chunk = xr.Dataset({"x": (dims, x), "y": ("sample", y)})
     where = run_device(device)
     scores = EvalSet(chunk, batch_size=batch_size, device=where)
-    correct, loss, n = scores.totals(_model_on(model, where))
+    correct, loss, n = scores.totals(_model_on(sent.model, where))
     return np.array([[correct, loss, n]], dtype=np.float64)

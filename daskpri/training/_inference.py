@@ -31,6 +31,7 @@ from daskpri.training._checks import check_model, model_output_width
 from daskpri.training._chunk_tasks import (  # noqa: F401  (PREDICT_BATCH*: re-exported)
     PREDICT_BATCH,
     PREDICT_BATCH_ACCELERATED,
+    Sent,
     _logits,
     _scored,
     run_device,
@@ -95,10 +96,11 @@ def _model_in_graph(model: nn.Module, client: Client | None = None) -> Any:
     loop, some 200 MiB) and hold the weights; a future is only a key. Each
     worker that runs a task fetches the model once.
     """
+    sent = Sent(model)  # (pickled whole on each hop: see Sent)
     client = client if client is not None else _default_client()
     if client is None:
-        return dask.delayed(model, pure=False)
-    return client.scatter(model, hash=False)
+        return dask.delayed(sent, pure=False)
+    return client.scatter(sent, hash=False)
 
 
 def _whole_samples(x: da.Array) -> tuple[da.Array, str]:
@@ -399,7 +401,7 @@ class InferenceMixin:
                 meta=np.empty((0, 0), np.float32),
             )
         else:
-            values = _logits(np.asarray(x.values), model, batch, device)
+            values = _logits(np.asarray(x.values), Sent(model), batch, device)
         coords = {name: c for name, c in x.coords.items() if c.dims == ("sample",)}
         return xr.DataArray(
             values, dims=("sample", "class"), coords={**coords, "class": np.arange(width)},
