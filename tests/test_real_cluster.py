@@ -215,47 +215,54 @@ def test_workers_over_the_memory_pause_threshold_are_refused_naming_their_memory
         trainer.close()
 
 
+def _only_the_driver_reads(ds: Any, name: str, tmp_path: Any, monkeypatch: Any) -> str:
+    """A store of ``ds`` at a path that the driver reads and the workers do not.
+
+    The path goes through the driver's working directory here, each
+    worker's own there, as a path on a driver's own disk does.
+    """
+    monkeypatch.chdir(tmp_path)
+    ds.to_zarr(name, consolidated=False)
+    return f"/proc/self/cwd/{name}"
+
+
+def _none_reads(argument: str, path: str, workers: list[str]) -> str:
+    """The start of the refusal of ``path`` that none of the cluster's 3 ``workers`` reads."""
+    return (rf"{argument} names '{path}', which 3 of the 3 workers cannot read \({workers[0]}: "
+            rf"no such file or directory; {workers[1]}: .*; {workers[2]}: .*\); "
+            r".*a shared file system")
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/cwd"), reason="needs Linux's /proc")
 def test_a_store_the_workers_cannot_see_is_refused_once_naming_them(
     cluster, small_data, tmp_path, monkeypatch
 ):
     train, _ = small_data
-    monkeypatch.chdir(tmp_path)
-    train.to_zarr("data.zarr", consolidated=False)
-    # the driver's working directory here, each worker's own there: a path the
-    # driver reads and the workers do not, as on a driver's own disk
-    path = "/proc/self/cwd/data.zarr"
+    path = _only_the_driver_reads(train, "data.zarr", tmp_path, monkeypatch)
     with Client(cluster, timeout=60) as client:
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
-        with pytest.raises(FileNotFoundError, match=(
-            rf"data names '{path}', which 3 of the 3 workers cannot read \({workers[0]}: no "
-            rf"such file or directory; {workers[1]}: .*; {workers[2]}: .*\); "
-            r".*a shared file system.*in memory"
-        )):
+        with pytest.raises(FileNotFoundError, match=_none_reads("data", path, workers)
+                           + r".*in memory"):
             trainer.fit(path, max_steps=3, progress=False)
         state = _on_cluster(client)
         assert not any(trainer.run_id in p for p in state["worker_plugins"])
         trainer.close()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/cwd"), reason="needs Linux's /proc")
 def test_an_eval_store_the_workers_cannot_see_is_refused_before_the_first_step_naming_them(
     cluster, small_data, tmp_path, monkeypatch
 ):
     # eval_chunked: the workers read the eval store's chunks, by its path
     train, test = small_data
-    monkeypatch.chdir(tmp_path)
-    test.to_zarr("test.zarr", consolidated=False)
-    path = "/proc/self/cwd/test.zarr"  # the driver's working directory, each worker's own
+    path = _only_the_driver_reads(test, "test.zarr", tmp_path, monkeypatch)
     with Client(cluster, timeout=60) as client:
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         trainer = daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=client)
-        with pytest.raises(FileNotFoundError, match=(
-            rf"eval_data names '{path}', which 3 of the 3 workers cannot read \({workers[0]}: "
-            rf"no such file or directory; {workers[1]}: .*; {workers[2]}: .*\); "
-            r".*a shared file system\), or have the driver score it \(fit without "
-            r"eval_chunked=True\)$"
-        )):
+        with pytest.raises(FileNotFoundError, match=_none_reads("eval_data", path, workers)
+                           + r"\), or have the driver score it \(fit without "
+                             r"eval_chunked=True\)$"):
             trainer.fit(train, eval_data=path, eval_chunked=True, max_steps=3, progress=False)
         assert trainer.step_ == 0
         # scored on the driver, which reads it, the same fit goes on

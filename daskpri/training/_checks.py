@@ -326,12 +326,7 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
         raise ValueError(
             f"the model outputs {width} classes, but data has n_classes={n_classes}"
         )
-    # a store's labels read here, as its two samples were: not by a default client's workers
-    scheduler = driver_scheduler(ds)
-    y = ds["y"]  # a store's read chunk by chunk
-    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler=scheduler))
-    if y_min < 0 or (n_classes is not None and y_max >= n_classes):  # read whole for the message
-        check_labels(y.compute(scheduler=scheduler).values, n_classes=n_classes, where="data")
+    y_max = check_label_range(ds, n_classes, "data")
     if y_max >= width:
         raise ValueError(
             f"the model outputs {width} classes, but data.y holds label {y_max}; "
@@ -341,6 +336,26 @@ def check_model(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:
         # in memory here: its values checked now, not by each worker as it loads a share
         check_values(ds["x"].data, ds["y"].values, n_classes=n_classes or width, where="data")
     return width
+
+
+def check_label_range(ds: xr.Dataset, n_classes: int | None, where: str) -> int:
+    """The largest label of ``ds.y``, each checked to lie in ``[0, n_classes)``.
+
+    Read here, by the driver's threads (a store's chunk by chunk, not by a
+    default client's workers), and whole only where a label is out of
+    range, for the message, which names its sample and ``where`` (the
+    argument the data was given as).
+
+    >>> import numpy as np, xarray as xr
+    >>> check_label_range(xr.Dataset({"y": ("sample", np.array([0, 2, 1]))}), 3, "data")
+    2
+    """
+    scheduler = driver_scheduler(ds)
+    y = ds["y"]
+    y_min, y_max = (int(v) for v in dask.compute(y.min(), y.max(), scheduler=scheduler))
+    if y_min < 0 or (n_classes is not None and y_max >= n_classes):
+        check_labels(y.compute(scheduler=scheduler).values, n_classes=n_classes, where=where)
+    return y_max
 
 
 def model_output_width(model: nn.Module, ds: xr.Dataset, info: dict[str, Any]) -> int:

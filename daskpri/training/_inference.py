@@ -25,9 +25,9 @@ from torch import nn
 
 from daskpri import _config
 from daskpri.data._persisted import driver_scheduler
-from daskpri.data.io import check_labels, open_dataset, validate_dataset
+from daskpri.data.io import open_dataset, validate_dataset
 from daskpri.replicas.devices import device_name
-from daskpri.training._checks import check_model, model_output_width
+from daskpri.training._checks import check_label_range, check_model, model_output_width
 from daskpri.training._chunk_tasks import (  # noqa: F401  (PREDICT_BATCH*: re-exported)
     PREDICT_BATCH,
     PREDICT_BATCH_ACCELERATED,
@@ -39,7 +39,7 @@ from daskpri.training._chunk_tasks import (  # noqa: F401  (PREDICT_BATCH*: re-e
 from daskpri.training._probe import cannot_read
 from daskpri.training.errors import FIT_RUNNING as _FIT_RUNNING
 from daskpri.training.evaluation import EvalSet
-from daskpri.training.placement import check_workers_see
+from daskpri.training.placement import check_workers_see, eligible_workers
 from daskpri.training.transport import ask_workers
 
 #: Samples a task of ``evaluate(chunked=True)`` takes of data in memory, not chunked
@@ -168,12 +168,7 @@ class ChunkedEvalSet:
 
     def check(self, n_classes: int) -> None:
         """Raise ``ValueError`` on labels out of ``[0, n_classes)``: read here, as a fit's are."""
-        y = self.ds["y"]
-        scheduler = driver_scheduler(self.ds)
-        low, high = (int(v) for v in dask.compute(y.min(), y.max(), scheduler=scheduler))
-        if low < 0 or high >= n_classes:  # read whole for the message, which names the sample
-            check_labels(y.compute(scheduler=scheduler).values, n_classes=n_classes,
-                         where="eval_data")
+        check_label_range(self.ds, n_classes, "eval_data")
         self.n_classes = n_classes
 
     def place(self, client: Client, resources: dict[str, float] | None = None) -> None:
@@ -185,10 +180,8 @@ class ChunkedEvalSet:
         """
         self.resources = resources
         if self.path is not None:
-            listed = client.scheduler_info(n_workers=-1)["workers"]
-            workers = sorted(a for a, w in listed.items()
-                             if all(w.get("resources", {}).get(k, 0) >= v
-                                    for k, v in (resources or {}).items()))
+            workers = eligible_workers(client.scheduler_info(n_workers=-1)["workers"],
+                                       resources, client.scheduler.address)
             timeout = _config.get_seconds("trainer.probe-timeout")
             found = ask_workers(client, workers, cannot_read, self.path, timeout=timeout)
             check_workers_see({a: r for a, r in found.items() if r is None or isinstance(r, str)},
