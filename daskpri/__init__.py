@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from daskpri.data import datasets
     from daskpri.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
     from daskpri.table.table import PriorityTable
+    from daskpri.training.early_stopping import EarlyStopping
     from daskpri.training.errors import SchedulerLostError, WorkersLostError
     from daskpri.training.history import time_to_accuracy
     from daskpri.training.trainer import Trainer
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 #: each public name's module, imported when the name is first read
 _LAZY = {
+    "EarlyStopping": "daskpri.training.early_stopping",
     "STRATEGIES": "daskpri.strategies",
     "PriorityTable": "daskpri.table.table",
     "SchedulerLostError": "daskpri.training.errors",
@@ -49,6 +51,7 @@ _SUBMODULES = {"datasets": "daskpri.data.datasets", "models": "daskpri.models"}
 __all__ = [
     "STRATEGIES",
     "DaskpriWarning",
+    "EarlyStopping",
     "PriorityTable",
     "SchedulerLostError",
     "Strategy",

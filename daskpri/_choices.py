@@ -14,7 +14,7 @@ Examples
 
 from __future__ import annotations
 
-__all__ = ["DATASETS", "LEARNING_RATES", "MODELS", "TAKES_ROOT"]
+__all__ = ["DATASETS", "LEARNING_RATES", "MODELS", "MONITORS", "TAKES_ROOT"]
 
 #: The names :func:`daskpri.datasets.load` takes.
 DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "cifar10", "synthetic")
@@ -31,3 +31,7 @@ MODELS = ("mlp", "cnn")
 #: rate on its four models lay in 0.075-0.3, uniform's in 0.1-0.3; Adam's is
 #: torch's own.
 LEARNING_RATES = {"sgd": 0.1, "adam": 0.001}
+
+#: The figures of ``eval_data`` that :class:`daskpri.EarlyStopping` can watch
+#: (the history's variables), and whether a better one is higher or lower.
+MONITORS = {"accuracy": "max", "eval_loss": "min"}

@@ -95,6 +95,11 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
                                             "finite number, but got '0'"),
         (["train", "--seed", "-1"], "argument --seed: should be an integer in [0, 4294967295], "
                                     "but got '-1'"),
+        (["train", "--patience", "0"], "argument --patience: should be a positive integer"),
+        (["train", "--patience", "2", "--min-delta", "-1"],
+         "argument --min-delta: should be a finite number of 0 or more, but got '-1'"),
+        (["train", "--patience", "2", "--monitor", "val_loss"],
+         "argument --monitor: invalid choice: 'val_loss'"),
         (["demo", "--workers", "0"], "argument --workers: should be a positive integer"),
         (["demo", "--local-steps", "0"], "argument --local-steps: should be a positive integer"),
         (["demo", "--seed", "x"], "argument --seed: should be an integer in [0, 4294967295]"),

@@ -152,6 +152,41 @@ def test_train_stops_at_its_target_accuracy_evaluating_as_asked(tmp_path: Path) 
         assert ds.sizes["step"] < 400
 
 
+def test_train_stops_early_and_restores_the_best_evaluation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, ckpt = tmp_path / "run.nc", tmp_path / "run.ckpt"
+    # no loss after the first evaluation's beats it by 10: stopped 2 evaluations later
+    argv = ["train", "--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "400",
+            "--eval-every", "2", "--patience", "2", "--monitor", "eval_loss", "--min-delta",
+            "10", "--restore-best", "--workers", "1", "--no-progress", "--output", str(path),
+            "--checkpoint", str(ckpt)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("; early stopping: eval_loss not improved since step 1, stopped at step 5, "
+            "step 1 restored\n") in out
+    with _open(path) as ds:
+        assert ds.sizes["step"] == 6
+        assert (ds.attrs["best_step"], ds.attrs["stopped_step"]) == (1, 5)
+        assert ds.attrs["restored_step"] == 1 and ds.attrs["monitor"] == "eval_loss"
+        best = float(ds["eval_loss"].sel(step=1))
+    # the checkpoint the run ended with holds step 1's weights
+    with daskpri.Trainer.resume(ckpt, n_workers=1) as trainer:
+        train, test = daskpri.datasets.load("synthetic", n_samples=2000, seed=0)
+        assert trainer.evaluate(test)["loss"] == pytest.approx(best, rel=1e-6)
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    ([*SMALL, "--monitor", "eval_loss"], "--monitor goes with --patience N"),
+    ([*SMALL, "--min-delta", "0.1", "--restore-best"],
+     "--min-delta and --restore-best go with --patience"),
+    (["--patience", "3", "--data", "x.zarr"], "--patience with --data needs --eval-data PATH"),
+])
+def test_early_stopping_flags_are_checked(argv, match, capsys: pytest.CaptureFixture[str]):
+    assert main(["train", *argv]) == 2
+    assert match in capsys.readouterr().err
+
+
 def test_train_with_tls_on_its_own_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from daskpri.training import _cleanup  # (where the trainer starts its cluster)
 

@@ -11,11 +11,12 @@ import argparse
 import importlib
 from collections.abc import Callable
 
-from daskpri._choices import DATASETS, LEARNING_RATES, MODELS
+from daskpri._choices import DATASETS, LEARNING_RATES, MODELS, MONITORS
 from daskpri.bench import command as bench_command
 from daskpri.cli._argtypes import (
     _accuracy,
     _count,
+    _delta,
     _device,
     _host,
     _norm,
@@ -91,6 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-time", type=_seconds, metavar="S", help="seconds of training")
     run.add_argument("--target-accuracy", type=_accuracy, metavar="A",
                      help="stop once the test accuracy reaches A, in (0, 1]")
+    run.add_argument("--patience", type=_count(1), metavar="N",
+                     help="stop once the test accuracy (or --monitor) has not improved for N "
+                          "evaluations in a row (early stopping)")
+    run.add_argument("--monitor", choices=tuple(MONITORS),
+                     help="with --patience, the test figure watched (default accuracy)")
+    run.add_argument("--min-delta", type=_delta, metavar="D",
+                     help="with --patience, the least gain that counts as an improvement "
+                          "(default 0)")
+    run.add_argument("--restore-best", action="store_true",
+                     help="with --patience, end with the weights of the best evaluation (as "
+                          "the --checkpoint written at the end holds them)")
     run.add_argument("--batch-size", type=_count(1), metavar="N",
                      help="samples per worker per step")
     run.add_argument("--local-steps", type=_count(1), metavar="K",

@@ -69,7 +69,35 @@ def _summary(history: xr.Dataset) -> str:
     best = seen.max() if seen.size else math.nan
     seconds = float(history["time"].values[-1])
     rate = float(history["samples"].values[-1]) / seconds if seconds > 0 else math.nan
-    return (
+    line = (
         f"{name}: {steps} steps, final accuracy {final:.4f}, best accuracy {best:.4f}, "
         f"{seconds:.1f} s training, {rate:,.0f} samples/s"
     )
+    return line + _early_stopping(history)
+
+
+def _early_stopping(history: xr.Dataset) -> str:
+    """What the history's attributes say of its last fit's early stopping ("" where none).
+
+    >>> h = xr.Dataset(attrs={"early_stopping": "EarlyStopping(...)", "monitor": "eval_loss",
+    ...                       "best_step": 1, "stopped_step": 5, "restored_step": 1})
+    >>> _early_stopping(h)
+    '; early stopping: eval_loss not improved since step 1, stopped at step 5, step 1 restored'
+    >>> _early_stopping(h.assign_attrs(stopped_step=-1, restored_step=-1))
+    '; early stopping: best eval_loss at step 1'
+    """
+    attrs = history.attrs
+    if "early_stopping" not in attrs:
+        return ""
+    monitor = attrs["monitor"]
+    best, stopped = int(attrs["best_step"]), int(attrs["stopped_step"])
+    if best < 0:
+        return f"; early stopping: no finite {monitor} evaluated"
+    if stopped >= 0:
+        said = (f"; early stopping: {monitor} not improved since step {best}, stopped at "
+                f"step {stopped}")
+    else:
+        said = f"; early stopping: best {monitor} at step {best}"
+    if int(attrs["restored_step"]) >= 0:
+        said += f", step {attrs['restored_step']} restored"
+    return said

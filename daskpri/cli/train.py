@@ -27,6 +27,7 @@ from daskpri.training._cleanup import start_own_cluster
 from daskpri.training._fit import check_fit
 from daskpri.training._resume import resume_trainer
 from daskpri.training.cluster import connect, one_torch_thread
+from daskpri.training.early_stopping import EarlyStopping
 from daskpri.training.errors import WorkersLostError
 from daskpri.training.placement import assign_owners
 from daskpri.training.recovery import SchedulerLostError, close_client
@@ -40,6 +41,7 @@ def _train(args: argparse.Namespace) -> int:
         max_steps = _DEFAULT_MAX_STEPS
     security = _security(args)
     _check_data_flags(args)
+    early_stopping = _early_stopping(args)
     # where the run's results go: checked before it runs, not found bad after it
     if args.output is not None:
         _check_destination("--output", args.output, kind="store")
@@ -79,7 +81,7 @@ def _train(args: argparse.Namespace) -> int:
             trainer = resume_trainer(daskpri.Trainer, args.resume, None, client, settings,
                                      state=state)
         if client is None:
-            _check_before_cluster(trainer, data, eval_data, max_steps, args)
+            _check_before_cluster(trainer, data, eval_data, max_steps, args, early_stopping)
         if args.resume is not None:  # (once it is known to go on)
             print(f"resumed {args.resume} at step {trainer.step_}", flush=True)
         if client is None:
@@ -94,7 +96,7 @@ def _train(args: argparse.Namespace) -> int:
                 history = trainer.fit(
                     data, eval_data=eval_data, max_steps=max_steps, max_time=args.max_time,
                     target_accuracy=args.target_accuracy, progress=not args.no_progress,
-                    eval_chunked=args.eval_chunked,
+                    eval_chunked=args.eval_chunked, early_stopping=early_stopping,
                 )
         except (KeyboardInterrupt, SchedulerLostError, WorkersLostError, OSError) as e:
             # an OSError after the first step is the machine's (a checkpoint the disk
@@ -156,6 +158,9 @@ def _check_data_flags(args: argparse.Namespace) -> None:
         if args.eval_chunked and args.eval_data is None:
             raise ValueError("--eval-chunked with --data needs --eval-data PATH, the "
                              "held-out data to score on the cluster")
+        if args.patience is not None and args.eval_data is None:
+            raise ValueError("--patience with --data needs --eval-data PATH, the held-out "
+                             "data whose accuracy (or --monitor) it watches")
         args.dataset = args.data  # what the history's dataset attribute names
     elif args.eval_data is not None:
         raise ValueError("--eval-data goes with --data PATH, your own training data (a "
@@ -195,9 +200,26 @@ def _data(
     return path, evals, train
 
 
+def _early_stopping(args: argparse.Namespace) -> EarlyStopping | None:
+    """The fit's early stopping, from ``--patience`` and the flags that go with it."""
+    given = [flag for flag, value in (("--monitor", args.monitor),
+                                      ("--min-delta", args.min_delta),
+                                      ("--restore-best", args.restore_best or None))
+             if value is not None]
+    if args.patience is None:
+        if given:
+            flags = (given[0] + " goes" if len(given) == 1
+                     else f"{', '.join(given[:-1])} and {given[-1]} go")
+            raise ValueError(f"{flags} with --patience N, the evaluations without improvement "
+                             "that stop the run; give it")
+        return None
+    return EarlyStopping(patience=args.patience, monitor=args.monitor or "accuracy",
+                         min_delta=args.min_delta or 0.0, restore_best=args.restore_best)
+
+
 def _check_before_cluster(
     trainer: daskpri.Trainer, data: xr.Dataset | str, eval_data: xr.Dataset | str | None,
-    max_steps: int | None, args: argparse.Namespace,
+    max_steps: int | None, args: argparse.Namespace, early_stopping: EarlyStopping | None,
 ) -> None:
     """The checks ``fit`` makes on the driver before its cluster, made before ours starts.
 
@@ -209,7 +231,7 @@ def _check_before_cluster(
     """
     request = check_fit(trainer, data, eval_data, max_steps=max_steps, max_time=args.max_time,
                         target_accuracy=args.target_accuracy, progress=False,
-                        eval_chunked=args.eval_chunked)
+                        eval_chunked=args.eval_chunked, early_stopping=early_stopping)
     _, n_classes = trainer._check_data(request.ds, request.info, request.source)
     if request.evalset is not None:
         request.evalset.check(n_classes)
@@ -293,7 +315,8 @@ def _new_run(
 _RESUMABLE = (
     "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, --eval-chunked, "
     "--max-steps, --max-time, "
-    "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
+    "--target-accuracy, --patience, --monitor, --min-delta, --restore-best, --output, "
+    "--no-progress, --scheduler, --workers, --resources, "
     "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
     "--schedule-steps"
 )

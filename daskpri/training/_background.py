@@ -24,6 +24,7 @@ from daskpri.training._interrupts import dropped_by_interrupts
 from daskpri.training._persist import PersistMixin
 
 if TYPE_CHECKING:
+    from daskpri.training.early_stopping import EarlyStopping
     from daskpri.training.trainer import Trainer
 
 
@@ -43,6 +44,7 @@ class BackgroundMixin(PersistMixin):
             self, data: xr.Dataset | str, eval_data: xr.Dataset | str | None = None, *,
             max_steps: int | None = None, max_time: float | None = None,
             target_accuracy: float | None = None, progress: bool = True,
+            eval_chunked: bool = False, early_stopping: EarlyStopping | int | None = None,
         ) -> xr.Dataset: ...
 
         def _fit_holding(self, request: FitRequest) -> xr.Dataset: ...
@@ -82,7 +84,7 @@ class BackgroundMixin(PersistMixin):
         **kwargs
             The keyword arguments of :meth:`fit` (``max_steps``,
             ``max_time``, ``target_accuracy``, ``progress``,
-            ``eval_chunked``); ``progress`` is ``False`` unless given.
+            ``eval_chunked``, ``early_stopping``); ``progress`` is ``False`` unless given.
 
         Returns
         -------

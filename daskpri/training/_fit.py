@@ -37,6 +37,7 @@ from daskpri.training._checks import check_budget, open_data
 from daskpri.training._inference import ChunkedEvalSet
 from daskpri.training._interrupts import Interrupts, stop_on_interrupt, warn_workers_unshielded
 from daskpri.training._waiting import WaitStopped
+from daskpri.training.early_stopping import EarlyStopping, Watch
 from daskpri.training.errors import FIT_RUNNING  # noqa: F401  (re-exported)
 from daskpri.training.evaluation import EvalSet
 from daskpri.training.recovery import SchedulerLostError, check_config
@@ -60,6 +61,7 @@ class FitRequest:
     max_time: float | None
     target_accuracy: float | None
     progress: bool
+    early_stopping: EarlyStopping | None = None
 
 
 def check_fit(
@@ -72,6 +74,7 @@ def check_fit(
     target_accuracy: float | None,
     progress: bool,
     eval_chunked: bool = False,
+    early_stopping: EarlyStopping | int | None = None,
 ) -> FitRequest:
     """A fit's arguments checked, and its data opened (metadata only), as a request.
 
@@ -80,6 +83,9 @@ def check_fit(
     so that a bad value raises there and not in the future.
     """
     check_budget(max_steps, max_time, target_accuracy, eval_data, eval_chunked)
+    rule = EarlyStopping.from_argument(early_stopping)
+    if rule is not None and eval_data is None:
+        raise ValueError(f"early_stopping= needs eval_data= to watch its {rule.monitor} on")
     if max_steps == 0:
         # a fit of no step is more likely a slip (an unset count) than what was meant, and
         # would set up a run in the cluster for nothing
@@ -90,7 +96,8 @@ def check_fit(
     if isinstance(data, str | os.PathLike):  # the workers open it, from their own directory
         data = os.path.abspath(data)
     ds, info, evalset = open_data(data, eval_data, eval_chunked)
-    return FitRequest(data, ds, info, evalset, max_steps, max_time, target_accuracy, progress)
+    return FitRequest(data, ds, info, evalset, max_steps, max_time, target_accuracy, progress,
+                      rule)
 
 
 def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
@@ -148,6 +155,8 @@ def _set_up_and_step(
     ds, evalset = request.ds, request.evalset
     max_steps, max_time = request.max_steps, request.max_time
     target_accuracy = request.target_accuracy
+    watch = None if request.early_stopping is None else Watch(request.early_stopping)
+    trainer._watched = watch  # this fit's (the last fit's figures go)
     with trainer._blame_scheduler():
         trainer._drop_prefetched()  # left by a fit that raised
     trainer._kept = None  # the model may have changed since the last fit
@@ -190,7 +199,7 @@ def _set_up_and_step(
     total = None if max_steps is None else max(0, max_steps - trainer.step_)
     release = hold_workers(trainer) if hold else None
     bar = tqdm(total=total, disable=not request.progress, desc=trainer.strategy.name, unit="step")
-    start = trainer._elapsed
+    start, start_step = trainer._elapsed, trainer.step_
     try:
         while True:
             if trainer._stop_requested:
@@ -202,9 +211,12 @@ def _set_up_and_step(
             before = trainer.step_
             with trainer._blame_scheduler():
                 record = trainer._step(None if max_steps is None else max_steps - trainer.step_)
+            patience_ran_out = False
             try:
                 if evalset is not None and crossed(before, trainer.step_, trainer.eval_every):
                     evaluate(trainer, evalset, record)
+                    if watch is not None:
+                        patience_ran_out = watch.update(record["step"], record, trainer.model)
             finally:  # the step was taken: an interrupt in its evaluation keeps its record
                 trainer._recorder.append(record)
             if trainer.checkpoint_every and crossed(
@@ -219,14 +231,24 @@ def _set_up_and_step(
             bar.set_postfix(postfix, refresh=False)
             if target_accuracy is not None and record.get("accuracy", 0.0) >= target_accuracy:
                 break
+            if patience_ran_out:
+                break
         if evalset is not None and trainer._recorder.records:
             last = trainer._recorder.records[-1]
             if math.isnan(last.get("accuracy", math.nan)):
                 evaluate(trainer, evalset, last)
+                if watch is not None and trainer.step_ > start_step:  # (a step of this fit)
+                    watch.update(last["step"], last, trainer.model, last=True)
+        restored = False
+        if watch is not None and trainer._recorder.records:
+            # before the checkpoint, which then holds the weights the fit leaves
+            restored = watch.restore(trainer.model, trainer._recorder.records[-1]["step"])
         with trainer._blame_scheduler():
             trainer._drop_prefetched()  # the round after the last: the table forgets it
             trainer._flush()
-            if trainer.checkpoint_path is not None and trainer._checkpointed != trainer.step_:
+            if trainer.checkpoint_path is not None and (
+                trainer._checkpointed != trainer.step_ or restored
+            ):
                 write_checkpoint(trainer)  # where the fit ended, whatever ended it
         if not interrupts.count and bar.total is not None and bar.n < bar.total:
             # ended by max_time, target_accuracy or stop() before max_steps: tqdm draws

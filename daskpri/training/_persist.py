@@ -23,6 +23,7 @@ from daskpri.training._interrupts import dropped_by_interrupts
 from daskpri.training._results import history_attrs, priority_table
 from daskpri.training._resume import checkpoint_state, resume_trainer
 from daskpri.training._step import StepMixin
+from daskpri.training.early_stopping import Watch
 
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
@@ -38,6 +39,7 @@ class PersistMixin(StepMixin):
     # set by Trainer.__init__
     _fit_thread: int | None  # the thread running a fit, if one does
     _checkpointed: int  # the step last written to checkpoint_path
+    _watched: Watch | None  # the last fit's early stopping, where it had one
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -184,6 +186,44 @@ class PersistMixin(StepMixin):
         >>> trainer.history_.loss.plot()  # doctest: +SKIP
         """
         return self._recorder.to_dataset(history_attrs(cast("Trainer", self)))
+
+    @property
+    def best_step_(self) -> int | None:
+        """The step of the best evaluation of the last fit with ``early_stopping`` (else ``None``).
+
+        Its ``monitor`` figure is :attr:`best_score_`; with ``restore_best``
+        the model holds that step's weights once the fit has ended. ``None``
+        before such a fit, after a fit without ``early_stopping``, or where
+        no evaluation's figure was finite.
+
+        Examples
+        --------
+        >>> import daskpri
+        >>> from daskpri.models import MLP
+        >>> daskpri.Trainer(MLP((40,), 10), strategy="uniform").best_step_ is None
+        True
+        >>> trainer.fit(train, eval_data=test, max_steps=5000, early_stopping=5)  # doctest: +SKIP
+        >>> trainer.best_step_, trainer.best_score_, trainer.stopped_step_  # doctest: +SKIP
+        (1199, 0.6795, 1449)
+        """
+        watch = self._watched
+        return None if watch is None else watch.best_step
+
+    @property
+    def best_score_(self) -> float | None:
+        """The ``monitor`` figure of :attr:`best_step_`'s evaluation (``None``: see there)."""
+        watch = self._watched
+        return None if watch is None else watch.best_score
+
+    @property
+    def stopped_step_(self) -> int | None:
+        """The step at which the last fit's ``early_stopping`` patience ran out and ended it.
+
+        ``None`` where that fit had no ``early_stopping``, or something else
+        ended it (its budget, ``target_accuracy``, :meth:`stop`).
+        """
+        watch = self._watched
+        return None if watch is None else watch.stopped_step
 
     @property
     def checkpointed_step_(self) -> int | None:

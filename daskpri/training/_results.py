@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 def history_attrs(trainer: Trainer) -> dict[str, Any]:
     """The attributes of :attr:`Trainer.history_`: the run's settings (netCDF-storable)."""
+    watched = trainer._watched  # the last fit's early stopping, where it had one
     return {
         "strategy": trainer.strategy.name,
         "strategy_params": repr(trainer.strategy),
@@ -35,7 +36,7 @@ def history_attrs(trainer: Trainer) -> dict[str, Any]:
         "resources": repr(trainer.resources),
         # placing data, building replicas, warm-up: not in ``time``
         "setup_time": trainer._setup_time,
-    }
+    } | ({} if watched is None else watched.attrs())
 
 
 def priority_table(trainer: Trainer) -> xr.DataArray:

@@ -62,6 +62,7 @@ from daskpri.training._interrupts import dropped_by_interrupts
 from daskpri.training._settings import LEARNING_RATES as LEARNING_RATES
 from daskpri.training._settings import set_arguments
 from daskpri.training.deployment import Deployment
+from daskpri.training.early_stopping import EarlyStopping, Watch
 from daskpri.training.history import HistoryRecorder
 from daskpri.training.recovery import SchedulerLostError, blame_scheduler, dask_timeout
 
@@ -190,6 +191,10 @@ class Trainer(InferenceMixin, BackgroundMixin):
         coordinate, where it has one).
     step_ : int
         Steps taken over all calls of :meth:`fit`.
+    best_step_, best_score_, stopped_step_ : int, float, int or None
+        The last fit's ``early_stopping``: its best evaluation's step and
+        figure, and the step at which its patience ran out (``None``: it
+        did not, or the fit had no ``early_stopping``).
     skipped_steps_ : int
         Steps skipped for a non-finite loss or gradient
         (``on_nonfinite="skip"``) by this trainer's fits; a resumed trainer
@@ -253,6 +258,7 @@ class Trainer(InferenceMixin, BackgroundMixin):
         self.skipped_steps_ = 0
         self._excluded: set[str] = set()
         self._setup_time = 0.0
+        self._watched: Watch | None = None
         self.run_id = f"{self.strategy.name}-{uuid.uuid4().hex[:8]}"
         self.step_ = 0
         self._recorder = HistoryRecorder()
@@ -405,8 +411,9 @@ class Trainer(InferenceMixin, BackgroundMixin):
         target_accuracy: float | None = None,
         progress: bool = True,
         eval_chunked: bool = False,
+        early_stopping: EarlyStopping | int | None = None,
     ) -> xr.Dataset:
-        """Train on ``data`` until ``max_steps``, ``max_time`` or ``target_accuracy``.
+        """Train on ``data`` until its budget, ``target_accuracy`` or ``early_stopping`` ends it.
 
         Parameters
         ----------
@@ -440,6 +447,16 @@ class Trainer(InferenceMixin, BackgroundMixin):
             once; its ``x`` values are checked by the tasks, at the first
             evaluation. The figures are the driver's: the accuracy exactly,
             the loss to float32's rounding.
+        early_stopping : daskpri.EarlyStopping or int, optional
+            End the fit once ``eval_data``'s accuracy (or the rule's
+            ``monitor``) has not improved for that many evaluations in a row
+            (an ``int``: ``EarlyStopping(patience=that)``), and with
+            ``restore_best`` leave the model with the weights of the best
+            one; see :class:`~daskpri.training.early_stopping.EarlyStopping`.
+            Needs ``eval_data``; ``max_steps`` or ``max_time`` still bound
+            the fit. What it found is :attr:`best_step_`,
+            :attr:`best_score_` and :attr:`stopped_step_`, and the
+            history's attributes.
 
         Returns
         -------
@@ -469,7 +486,8 @@ class Trainer(InferenceMixin, BackgroundMixin):
         RuntimeError
             If another fit of this trainer is running.
         TypeError
-            If ``eval_chunked`` is not a bool.
+            If ``eval_chunked`` is not a bool, or ``early_stopping`` neither
+            an ``int`` nor an :class:`~daskpri.training.early_stopping.EarlyStopping`.
         FileNotFoundError
             With ``eval_chunked``, if workers cannot read ``eval_data``'s
             store at its path (named, before the first step).
@@ -501,7 +519,7 @@ class Trainer(InferenceMixin, BackgroundMixin):
         try:
             request = check_fit(self, data, eval_data, max_steps=max_steps, max_time=max_time,
                                 target_accuracy=target_accuracy, progress=progress,
-                                eval_chunked=eval_chunked)
+                                eval_chunked=eval_chunked, early_stopping=early_stopping)
             return self._fit_holding(request)
         finally:
             self._fitting.release()

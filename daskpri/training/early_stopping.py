@@ -1,0 +1,233 @@
+"""Early stopping: a fit that ends once its evaluations stop improving, and its best model.
+
+:class:`EarlyStopping` is the rule, as Keras' and PyTorch Lightning's
+callbacks of that name and skorch's state it: the measure it watches on
+``eval_data`` (``monitor``), how much a better figure must gain
+(``min_delta``), how many evaluations without one end the fit
+(``patience``), and whether the fit ends with the best evaluation's weights
+(``restore_best``). :class:`Watch` applies it to one fit: the fit hands it
+each evaluation, and it says when to stop and keeps a copy of the best
+weights.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from daskpri._choices import MONITORS
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    """End a fit once ``monitor`` has not improved for ``patience`` evaluations.
+
+    Passed to :meth:`~daskpri.Trainer.fit` as ``early_stopping=`` (an
+    ``int`` there is ``EarlyStopping(patience=that)``). The fit evaluates
+    ``eval_data`` every ``eval_every`` steps; an evaluation improves where
+    its ``monitor`` beats the best of this fit's so far by more than
+    ``min_delta``, and ``patience`` evaluations in a row that do not end it
+    (as Keras' ``EarlyStopping`` counts epochs). A figure that is not finite
+    (a loss that diverged) never improves. Each fit watches its own
+    evaluations: a second ``fit`` (or one after ``Trainer.resume``) starts
+    afresh.
+
+    Parameters
+    ----------
+    patience : int, default 5
+        Evaluations in a row without improvement that end the fit (at least 1).
+    monitor : {"accuracy", "eval_loss"}, default "accuracy"
+        The figure of ``eval_data`` watched: higher is better for
+        ``"accuracy"``, lower for ``"eval_loss"``. Accuracy, the figure
+        ``target_accuracy`` and ``daskpri bench`` measure, is the default:
+        the strategies that train on the hardest samples may raise the
+        held-out loss (more confident mistakes) while the accuracy still
+        climbs.
+    min_delta : float, default 0.0
+        The least gain that counts as an improvement (0 or more, in the
+        monitor's units).
+    restore_best : bool, default False
+        Where the fit ends, whatever ended it (``patience``, its budget,
+        ``target_accuracy``, :meth:`~daskpri.Trainer.stop` or an
+        interrupt), put the weights (and buffers) of its best evaluation
+        back into the model, as Keras' ``restore_best_weights``. The
+        optimizer's state, the priorities and ``step_`` stay those of the
+        last step; the checkpoint written as the fit ends holds the
+        restored weights. The driver keeps a copy of the model for it.
+
+    Raises
+    ------
+    ValueError
+        If a value is out of its range, or ``monitor`` is not one of
+        :data:`daskpri._choices.MONITORS`.
+    TypeError
+        If ``restore_best`` is not a bool.
+
+    Notes
+    -----
+    After such a fit, the trainer's ``best_step_`` and ``best_score_`` are
+    the step and figure of its best evaluation, and ``stopped_step_`` the
+    step at which ``patience`` ended it (``None`` where something else
+    did); the history's attributes ``early_stopping``, ``best_step`` and
+    ``stopped_step`` (-1: not by patience) say the same.
+
+    Examples
+    --------
+    >>> from daskpri import EarlyStopping
+    >>> EarlyStopping(patience=3, monitor="eval_loss", restore_best=True)
+    EarlyStopping(patience=3, monitor='eval_loss', min_delta=0.0, restore_best=True)
+    >>> EarlyStopping(patience=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: EarlyStopping's patience should be an integer of at least 1 (...), but got 0
+    >>> trainer.fit(train, eval_data=test, max_steps=5000,  # doctest: +SKIP
+    ...             early_stopping=EarlyStopping(patience=5, restore_best=True))
+    """
+
+    patience: int = 5
+    monitor: str = "accuracy"
+    min_delta: float = 0.0
+    restore_best: bool = False
+
+    def __post_init__(self) -> None:
+        patience = self.patience
+        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 1:
+            raise ValueError(
+                "EarlyStopping's patience should be an integer of at least 1 (the evaluations "
+                f"without improvement that end a fit), but got {patience!r}"
+            )
+        if self.monitor not in MONITORS:
+            raise ValueError(
+                f"EarlyStopping's monitor should be one of {sorted(MONITORS)} (the figures "
+                f"of eval_data a fit records), but got {self.monitor!r}"
+            )
+        delta = self.min_delta
+        if (isinstance(delta, bool) or not isinstance(delta, numbers.Real)
+                or not math.isfinite(delta) or delta < 0):
+            raise ValueError(
+                "EarlyStopping's min_delta should be a finite number of 0 or more (the least "
+                f"gain that counts as an improvement), but got {delta!r}"
+            )
+        if not isinstance(self.restore_best, bool):
+            raise TypeError(
+                f"EarlyStopping's restore_best should be True or False, but got "
+                f"{self.restore_best!r}"
+            )
+        object.__setattr__(self, "patience", int(patience))
+        object.__setattr__(self, "min_delta", float(delta))
+
+    @classmethod
+    def from_argument(cls, value: Any) -> EarlyStopping | None:
+        """``fit``'s ``early_stopping=``: ``None``, an :class:`EarlyStopping`, or an int patience.
+
+        >>> EarlyStopping.from_argument(4)
+        EarlyStopping(patience=4, monitor='accuracy', min_delta=0.0, restore_best=False)
+        >>> EarlyStopping.from_argument("4")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        TypeError: early_stopping should be None, an int (the patience) or a ..., but got '4'
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return cls(patience=int(value))
+        raise TypeError(
+            "early_stopping should be None, an int (the patience) or a daskpri.EarlyStopping, "
+            f"but got {value!r}"
+        )
+
+    def improves(self, score: float, best: float | None) -> bool:
+        """Whether ``score`` beats ``best`` (``None``: none yet) by more than ``min_delta``.
+
+        >>> rule = EarlyStopping(monitor="eval_loss", min_delta=0.01)
+        >>> rule.improves(0.5, None), rule.improves(0.495, 0.5), rule.improves(0.48, 0.5)
+        (True, False, True)
+        >>> rule.improves(float("nan"), None)
+        False
+        """
+        if not math.isfinite(score):
+            return False
+        if best is None:
+            return True
+        if MONITORS[self.monitor] == "max":
+            return score > best + self.min_delta
+        return score < best - self.min_delta
+
+
+class Watch:
+    """One fit's :class:`EarlyStopping`: its best evaluation so far, and those since.
+
+    Parameters
+    ----------
+    rule : EarlyStopping
+        What to watch, and when to stop.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> model = nn.Linear(2, 2)
+    >>> watch = Watch(EarlyStopping(patience=2, restore_best=True))
+    >>> [watch.update(step, {"accuracy": acc}, model) for step, acc in
+    ...  [(9, 0.5), (19, 0.7), (29, 0.6), (39, 0.7)]]
+    [False, False, False, True]
+    >>> watch.best_step, watch.best_score, watch.stopped_step
+    (19, 0.7, 39)
+    """
+
+    def __init__(self, rule: EarlyStopping) -> None:
+        self.rule = rule
+        self.best_step: int | None = None
+        self.best_score: float | None = None
+        #: evaluations since the best one
+        self.waited = 0
+        #: the step at which ``patience`` ran out (None: it has not)
+        self.stopped_step: int | None = None
+        #: the step whose weights :meth:`restore` put back (None: none)
+        self.restored_step: int | None = None
+        self._best_state: dict[str, Any] | None = None
+
+    def update(self, step: int, record: dict[str, Any], model: nn.Module, *,
+               last: bool = False) -> bool:
+        """Take the evaluation in ``record`` (after ``step``, of ``model``); whether to stop.
+
+        ``last``: the evaluation of a fit that ends anyway (its budget
+        spent), which may be its best but is not said to be ended by
+        ``patience``.
+        """
+        score = float(record.get(self.rule.monitor, math.nan))
+        if self.rule.improves(score, self.best_score):
+            self.best_step, self.best_score, self.waited = step, score, 0
+            if self.rule.restore_best:
+                self._best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            return False
+        self.waited += 1
+        if self.waited >= self.rule.patience and self.stopped_step is None and not last:
+            self.stopped_step = step
+        return self.stopped_step is not None
+
+    def restore(self, model: nn.Module, step: int) -> bool:
+        """Put the best evaluation's weights back into ``model`` (now at ``step``); whether it did.
+
+        Nothing to do where ``restore_best`` is off, no evaluation was
+        finite, or the best is the model as it is.
+        """
+        if self._best_state is None or self.best_step == step:
+            return False
+        model.load_state_dict(self._best_state)
+        self.restored_step = self.best_step
+        return True
+
+    def attrs(self) -> dict[str, Any]:
+        """What the history's attributes say of this watch (netCDF-storable)."""
+        return {
+            "early_stopping": repr(self.rule),
+            "monitor": self.rule.monitor,
+            "best_step": -1 if self.best_step is None else self.best_step,
+            "stopped_step": -1 if self.stopped_step is None else self.stopped_step,
+            "restored_step": -1 if self.restored_step is None else self.restored_step,
+        }
