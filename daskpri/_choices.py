@@ -14,7 +14,7 @@ Examples
 
 from __future__ import annotations
 
-__all__ = ["DATASETS", "LEARNING_RATES", "MODELS", "MONITORS", "TAKES_ROOT"]
+__all__ = ["DATASETS", "LEARNING_RATES", "MODELS", "MONITORS", "PRECISIONS", "TAKES_ROOT"]
 
 #: The names :func:`daskpri.datasets.load` takes.
 DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "cifar10", "synthetic")
@@ -35,3 +35,7 @@ LEARNING_RATES = {"sgd": 0.1, "adam": 0.001}
 #: The figures of ``eval_data`` that :class:`daskpri.EarlyStopping` can watch
 #: (the history's variables), and whether a better one is higher or lower.
 MONITORS = {"accuracy": "max", "eval_loss": "min"}
+
+#: The precisions the workers train in (the Trainer's ``precision``): float32,
+#: or bfloat16 under ``torch.autocast``.
+PRECISIONS = ("float32", "bfloat16")

@@ -62,7 +62,8 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "(the run's: loss); --learning-rate 0.5 (the run's: 0.1). With --resume, give only "
          "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, "
          "--eval-chunked, --max-steps, --max-time, "
-         "--target-accuracy, --output, --no-progress, --scheduler, --workers, --resources, "
+         "--target-accuracy, --patience, --monitor, --min-delta, --restore-best, --output, "
+         "--no-progress, --scheduler, --workers, --resources, "
          "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
          "--schedule-steps\n"),
         (["--seed", "0", "--model", "cnn", "--batch-size", "32"],

@@ -11,7 +11,7 @@ import argparse
 import importlib
 from collections.abc import Callable
 
-from daskpri._choices import DATASETS, LEARNING_RATES, MODELS, MONITORS
+from daskpri._choices import DATASETS, LEARNING_RATES, MODELS, MONITORS, PRECISIONS
 from daskpri.bench import command as bench_command
 from daskpri.cli._argtypes import (
     _accuracy,
@@ -124,6 +124,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="label smoothing of the training loss, in [0, 1) (default: "
                           "daskpri.trainer.label-smoothing, 0: none); the losses ranked and "
                           "recorded stay the plain cross-entropy")
+    run.add_argument("--precision", choices=PRECISIONS,
+                     help="the workers' training passes: float32, or bfloat16 under "
+                          "torch.autocast, for GPUs from Ampere on and CPUs with AMX or "
+                          "AVX512-BF16 (default: daskpri.trainer.precision, float32)")
     run.add_argument("--eval-every", type=_count(1), metavar="N",
                      help="steps between evaluations")
     run.add_argument("--lr-schedule", choices=SCHEDULES,

@@ -302,6 +302,7 @@ def _new_run(
         n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
         learning_rate=args.learning_rate, optimizer=args.optimizer,
         max_grad_norm=args.max_grad_norm, label_smoothing=args.label_smoothing,
+        precision=args.precision,
         local_steps=1 if args.local_steps is None else args.local_steps,
         staleness=args.staleness, lr_schedule=lr_schedule,
         schedule_steps=None if lr_schedule == "constant" else schedule_steps,
@@ -334,6 +335,7 @@ def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
         "--optimizer": params["optimizer"],
         "--max-grad-norm": params.get("max_grad_norm"),  # absent before the option: none
         "--label-smoothing": params.get("label_smoothing", 0.0),  # the same
+        "--precision": params.get("precision", "float32"),  # the same
         "--local-steps": params["local_steps"],
         "--staleness": params["staleness"],
         "--lr-schedule": params["lr_schedule"],

@@ -8,8 +8,10 @@ The replica computes what strategies ask for on a batch: per-sample losses
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,48 @@ from daskpri.replicas._numpy_tensors import TensorsAsNumpy
 
 #: the largest layer output that a chunk of a CPU scoring pass should hold (:meth:`Replica.logits`)
 SCORE_CHUNK_BYTES = 4 * 2**20
+
+
+#: The training precisions (the Trainer's ``precision``): the dtype of the
+#: forward and backward passes' ``torch.autocast``, None for none.
+PRECISIONS: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def check_precision(dtype: torch.dtype | None, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype to train in on ``device`` (None: float32), or ``ValueError``.
+
+    bfloat16 autocast runs on every CPU (natively where it has AVX512-BF16
+    or AMX, else emulated, and slower than float32) and on CUDA GPUs of
+    compute capability 8.0 or more (Ampere on): an older GPU would emulate
+    it slowly or not at all.
+
+    Examples
+    --------
+    >>> check_precision(torch.bfloat16, torch.device("cpu"))
+    torch.bfloat16
+    >>> check_precision(torch.float32, torch.device("cpu")) is None
+    True
+    >>> check_precision(torch.float16, torch.device("cpu"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: precision should be one of ['float32', 'bfloat16'], but got torch.float16 (...)
+    """
+    if dtype is None or dtype == torch.float32:
+        return None
+    if dtype != torch.bfloat16:
+        raise ValueError(
+            f"precision should be one of {list(PRECISIONS)}, but got {dtype} (float16 would "
+            "need its loss scaled; bfloat16 has float32's range and needs none)"
+        )
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:
+            raise ValueError(
+                f"precision='bfloat16' needs a GPU of compute capability 8.0 or more "
+                f"(Ampere on), but {device} ({torch.cuda.get_device_name(device)}) has "
+                f"{major}.{minor}: train in precision='float32'"
+            )
+    return dtype
 
 
 @dataclass
@@ -130,6 +174,13 @@ class Replica:
     cross-entropy, so that they rank and compare alike whatever the
     smoothing.
 
+    ``precision`` (``torch.bfloat16``) runs the training passes (the
+    forward and backward of :meth:`weighted_grad`, :meth:`grad_and_logits`
+    and :meth:`per_sample_grads`) under ``torch.autocast`` in it: the
+    parameters, their gradients and the losses stay float32. ``None``:
+    float32 throughout. The scoring passes (:meth:`logits`) take their own
+    ``dtype``, the strategies' ``score_dtype``.
+
     Examples
     --------
     >>> import torch
@@ -141,10 +192,12 @@ class Replica:
     """
 
     def __init__(
-        self, module: nn.Module, device: str | torch.device, label_smoothing: float = 0.0
+        self, module: nn.Module, device: str | torch.device, label_smoothing: float = 0.0,
+        precision: torch.dtype | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.label_smoothing = label_smoothing
+        self.precision = check_precision(precision, self.device)
         self.module = module.to(self.device)
         self.module.train()
         self.version = -1
@@ -246,6 +299,12 @@ class Replica:
         per_row = largest[0] / x.shape[0]
         return out, max(1, int(SCORE_CHUNK_BYTES // per_row)) if per_row else None
 
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The training passes' ``torch.autocast`` in :attr:`precision` (none in float32)."""
+        if self.precision is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.precision)
+
     def weighted_grad(
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -276,7 +335,9 @@ class Replica:
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
         for p in self.params:
             p.grad = None
-        logits = self.module(x)
+        with self._autocast():
+            logits = self.module(x)
+        logits = logits.float()  # (the loss in float32, as under autocast on a GPU)
         n = x.shape[0]
         losses: torch.Tensor | None = None
         smoothing = self.label_smoothing
@@ -326,7 +387,7 @@ class Replica:
         module, smoothing = self.module, self.label_smoothing
 
         def loss_one(p: dict, b: dict, xi: torch.Tensor, yi: torch.Tensor) -> tuple:
-            logits = functional_call(module, (p, frozen, b), (xi.unsqueeze(0),))
+            logits = functional_call(module, (p, frozen, b), (xi.unsqueeze(0),)).float()
             loss = F.cross_entropy(logits, yi.unsqueeze(0), label_smoothing=smoothing)
             return loss, logits.squeeze(0)
 
@@ -335,7 +396,8 @@ class Replica:
             in_dims=(None, None, 0, 0),
             randomness="different",
         )
-        grads, (losses, logits) = step(params, buffers, x, y)
+        with self._autocast():
+            grads, (losses, logits) = step(params, buffers, x, y)
         if smoothing:  # the scores are the plain cross-entropy, as elsewhere
             losses = sample_losses(logits, y)
         n = x.shape[0]

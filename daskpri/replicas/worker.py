@@ -41,7 +41,7 @@ from daskpri.replicas.errors import (
     raise_state_lost,  # noqa: F401  (re-exported)
 )
 from daskpri.replicas.optim import make_optimizer
-from daskpri.replicas.replica import Replica, Weights
+from daskpri.replicas.replica import PRECISIONS, Replica, Weights
 from daskpri.replicas.shares import Share, Shares  # noqa: F401  (re-exported)
 from daskpri.replicas.step import StepResult, _train
 from daskpri.replicas.tasks import ArrayPart, PartitionRef, StoreRef  # noqa: F401  (re-exported)
@@ -87,6 +87,10 @@ class ReplicaPlugin(WorkerPlugin):
         The training loss's label smoothing (``F.cross_entropy``'s), which
         the replica's gradients take (see
         :class:`~daskpri.replicas.replica.Replica`).
+    precision : {"float32", "bfloat16"}
+        The training passes' precision (the Trainer's ``precision``); a
+        device that cannot train in it (a GPU older than Ampere, for
+        bfloat16) builds no replica, saying why.
 
     Attributes
     ----------
@@ -108,9 +112,11 @@ class ReplicaPlugin(WorkerPlugin):
         resources: dict[str, float] | None = None,
         version: str | None = None,
         label_smoothing: float = 0.0,
+        precision: str = "float32",
     ):
         self.name = replicas_name(run)
         self.label_smoothing = label_smoothing
+        self.precision = precision
         self.module = module
         self.n_classes = n_classes
         self.device = device
@@ -249,7 +255,8 @@ class ReplicaPlugin(WorkerPlugin):
                 "have it sent with the model (cloudpickle.register_pickle_by_value)",
                 name=e.name,
             ) from e
-        return Replica(module, device(), label_smoothing=self.label_smoothing)
+        return Replica(module, device(), label_smoothing=self.label_smoothing,
+                       precision=PRECISIONS[self.precision])
 
     def teardown(self, worker: Any) -> None:
         # a setup that failed (a device the worker lacks) may not have made them

@@ -42,6 +42,7 @@ TRAINER_PARAMS: dict[str, tuple[str, bool]] = {
     "batch_size": ("int", False), "learning_rate": ("real", False),
     "momentum": ("real", False), "weight_decay": ("real", False),
     "max_grad_norm": ("real", True), "label_smoothing": ("real", False),
+    "precision": ("str", False),
     "optimizer": ("str", False),
     "lr_schedule": ("str", False), "schedule_steps": ("int", True),
     "local_steps": ("int", False), "eval_every": ("int", False),

@@ -27,6 +27,7 @@ def history_attrs(trainer: Trainer) -> dict[str, Any]:
         # 0: no clipping (netCDF attributes have no null)
         "max_grad_norm": trainer.max_grad_norm or 0.0,
         "label_smoothing": trainer.label_smoothing,
+        "precision": trainer.precision,
         "optimizer": trainer.optimizer,
         "lr_schedule": trainer.lr_schedule,
         "schedule_steps": trainer.schedule_steps if trainer.schedule_steps else 0,

@@ -192,6 +192,7 @@ def _going_on(
                 "resume without checkpoints (to evaluate or predict)"
             ) from None
     params = dict(stored, **overrides)
+    params.setdefault("precision", "float32")  # a checkpoint from before the option: its own
     if params.get("checkpoint_path") is None and "checkpoint_every" not in overrides:
         params["checkpoint_every"] = None  # resumed without checkpoints: no period either
     strategy = get_strategy(state["strategy"]["name"], **state["strategy"]["params"])

@@ -97,6 +97,7 @@ class RunMixin:
     weight_decay: float
     max_grad_norm: float | None
     label_smoothing: float
+    precision: str
     optimizer: str
     lr_schedule: str
     schedule_steps: int | None
@@ -289,6 +290,7 @@ class RunMixin:
             # not a layer of such a module inside a Sequential
             self.run_id, cloudpickle.dumps(self.model), self._n_classes, device=self.device,
             resources=self.resources, label_smoothing=self.label_smoothing,
+            precision=self.precision,
             modules=foreign_modules(type(m) for m in self.model.modules()),
         )
         # first: each replica's set-up asks the table's plugin whether its run still wants it

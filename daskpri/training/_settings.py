@@ -21,6 +21,7 @@ from daskpri import _config
 
 # each optimizer's default learning rate
 from daskpri._choices import LEARNING_RATES as LEARNING_RATES
+from daskpri._choices import PRECISIONS
 from daskpri.strategies import STRATEGIES, Strategy, get_strategy, unknown_options
 from daskpri.table.staleness import validate_staleness
 from daskpri.training._checks import (
@@ -62,6 +63,7 @@ def set_arguments(
     weight_decay: float,
     max_grad_norm: float | None,
     label_smoothing: float | None,
+    precision: str | None,
     optimizer: str | None,
     lr_schedule: str,
     schedule_steps: int | None,
@@ -103,6 +105,9 @@ def set_arguments(
     trainer.max_grad_norm = None if norm is None else check_float("max_grad_norm", norm)
     trainer.label_smoothing = check_real(
         "label_smoothing", _config.get("trainer.label-smoothing", label_smoothing), 0.0, 1.0
+    )
+    trainer.precision = check_choice(
+        "precision", _config.get("trainer.precision", precision), PRECISIONS
     )
     trainer.optimizer = check_choice(
         "optimizer", _config.get("trainer.optimizer", optimizer), tuple(LEARNING_RATES)

@@ -123,6 +123,18 @@ class Trainer(InferenceMixin, BackgroundMixin):
         loss's; the losses the strategies rank and the history records
         stay the plain cross-entropy. ``None`` reads
         ``daskpri.trainer.label-smoothing`` (0: none).
+    precision : {"float32", "bfloat16"}, optional
+        The precision of the workers' training passes. ``"bfloat16"`` runs
+        each forward and backward under ``torch.autocast(dtype=torch.bfloat16)``
+        (the matrix products and convolutions in bfloat16; the parameters,
+        gradients, optimizer and losses stay float32, and bfloat16 has
+        float32's range, so no loss scaling is needed). It pays on GPUs from
+        Ampere on and on CPUs with AVX512-BF16 or AMX (a CNN step took half
+        the time; the README's "Mixed precision"); elsewhere a CPU emulates
+        it, slower than float32, and an older GPU is refused, by the worker
+        that has it. Evaluation stays float32; the strategies' scoring
+        passes take their own ``score_dtype``. ``None`` reads
+        ``daskpri.trainer.precision`` (``"float32"``).
     lr_schedule : {"constant", "cosine", "linear"}
         How the learning rate changes with the step: constant, or decaying
         from ``learning_rate`` to zero over ``schedule_steps`` steps (a
@@ -227,6 +239,7 @@ class Trainer(InferenceMixin, BackgroundMixin):
         weight_decay: float = 0.0,
         max_grad_norm: float | None = None,
         label_smoothing: float | None = None,
+        precision: str | None = None,
         optimizer: str | None = None,
         lr_schedule: str = "constant",
         schedule_steps: int | None = None,
@@ -246,7 +259,7 @@ class Trainer(InferenceMixin, BackgroundMixin):
             self, model, strategy, client, seed, n_workers, resources,
             batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
             weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-            label_smoothing=label_smoothing, optimizer=optimizer,
+            label_smoothing=label_smoothing, precision=precision, optimizer=optimizer,
             lr_schedule=lr_schedule, schedule_steps=schedule_steps, local_steps=local_steps,
             eval_every=eval_every, partition_size=partition_size, staleness=staleness,
             device=device, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
