@@ -13,6 +13,7 @@ from torch import nn
 
 from daskpri import _config
 from daskpri.data.io import check_values
+from daskpri.replicas.devices import lacking_gpu
 
 
 class EvalSet:
@@ -116,10 +117,8 @@ def eval_device(device: str | torch.device | None = None) -> torch.device:
         ) from None
     if found.type == "cuda" and found.index is None and torch.cuda.is_available():
         found = torch.device("cuda", torch.cuda.current_device())
-    if found.type == "cuda" and (found.index or 0) >= torch.cuda.device_count():
-        raise ValueError(
-            f"daskpri.trainer.eval-device is {device!r}, but this process has "
-            f"{torch.cuda.device_count()} CUDA device(s) (torch {torch.__version__}); "
-            "set it to 'cpu' or null"
-        )
+    lacking = lacking_gpu(str(found), "this process")
+    if lacking is not None:  # (its "device=...": the setting's name instead)
+        raise ValueError(f"daskpri.trainer.eval-device is {device!r}, "
+                         f"{lacking.split(', ', 1)[1]}; set it to 'cpu' or null")
     return found
