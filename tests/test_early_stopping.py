@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _fits import fit_until_step
 
 import daskpri
 from daskpri import EarlyStopping
@@ -112,3 +113,17 @@ def test_bad_early_stopping_is_refused_before_any_work(small_data):
         EarlyStopping(patience=2.5)
     with pytest.raises(TypeError, match="restore_best should be True or False"):
         EarlyStopping(restore_best="yes")
+
+
+def test_a_stopped_background_fit_ends_with_its_best_weights(gpu_client, small_data):
+    train, test = small_data
+    # every evaluation after the first falls short by min_delta, and patience never runs out:
+    # stop() ends the fit, which puts the first evaluation's weights back
+    rule = EarlyStopping(patience=10_000, monitor="eval_loss", min_delta=10.0, restore_best=True)
+    with _trainer(gpu_client, train, learning_rate=0.05) as t:
+        running = fit_until_step(t, train, step=8, eval_data=test, early_stopping=rule)
+        t.stop()
+        history = running.result(timeout=60)
+        assert t.step_ >= 8 and (t.best_step_, t.stopped_step_) == (1, None)
+        assert history.attrs["restored_step"] == 1
+        assert t.evaluate(test)["loss"] == pytest.approx(t.best_score_, rel=1e-6)
