@@ -45,6 +45,7 @@ class BackgroundMixin(PersistMixin):
             max_steps: int | None = None, max_time: float | None = None,
             target_accuracy: float | None = None, progress: bool = True,
             eval_chunked: bool = False, early_stopping: EarlyStopping | int | None = None,
+            callbacks: Any = None,
         ) -> xr.Dataset: ...
 
         def _fit_holding(self, request: FitRequest) -> xr.Dataset: ...
@@ -84,7 +85,8 @@ class BackgroundMixin(PersistMixin):
         **kwargs
             The keyword arguments of :meth:`fit` (``max_steps``,
             ``max_time``, ``target_accuracy``, ``progress``,
-            ``eval_chunked``, ``early_stopping``); ``progress`` is ``False`` unless given.
+            ``eval_chunked``, ``early_stopping``, ``callbacks``, called in
+            the fit's thread); ``progress`` is ``False`` unless given.
 
         Returns
         -------

@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,7 @@ class FitRequest:
     target_accuracy: float | None
     progress: bool
     early_stopping: EarlyStopping | None = None
+    callbacks: tuple[Callable[[Trainer, dict[str, Any]], Any], ...] = ()
 
 
 def check_fit(
@@ -75,6 +76,7 @@ def check_fit(
     progress: bool,
     eval_chunked: bool = False,
     early_stopping: EarlyStopping | int | None = None,
+    callbacks: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
 ) -> FitRequest:
     """A fit's arguments checked, and its data opened (metadata only), as a request.
 
@@ -86,6 +88,7 @@ def check_fit(
     rule = EarlyStopping.from_argument(early_stopping)
     if rule is not None and eval_data is None:
         raise ValueError(f"early_stopping= needs eval_data= to watch its {rule.monitor} on")
+    calls = check_callbacks(callbacks)
     if max_steps == 0:
         # a fit of no step is more likely a slip (an unset count) than what was meant, and
         # would set up a run in the cluster for nothing
@@ -97,7 +100,36 @@ def check_fit(
         data = os.path.abspath(data)
     ds, info, evalset = open_data(data, eval_data, eval_chunked)
     return FitRequest(data, ds, info, evalset, max_steps, max_time, target_accuracy, progress,
-                      rule)
+                      rule, calls)
+
+
+def check_callbacks(
+    callbacks: Callable[..., Any] | Sequence[Callable[..., Any]] | None,
+) -> tuple[Callable[..., Any], ...]:
+    """``fit``'s ``callbacks=`` as a tuple: ``None``, a callable, or a list or tuple of them.
+
+    >>> check_callbacks(None), check_callbacks(print) == (print,)
+    ((), True)
+    >>> check_callbacks([print, "log"])
+    Traceback (most recent call last):
+    ...
+    TypeError: callbacks should be a callable or a list of them, called as callback(trainer, record) after each step, but got 'log' among them
+    """  # noqa: E501
+    if callbacks is None:
+        return ()
+    if callable(callbacks):
+        return (callbacks,)
+    if isinstance(callbacks, list | tuple):
+        for call in callbacks:
+            if not callable(call):
+                raise TypeError(f"{_CALLBACKS_ARE}, but got {call!r} among them")
+        return tuple(callbacks)
+    raise TypeError(f"{_CALLBACKS_ARE}, but got {callbacks!r}")
+
+
+#: how a refusal of ``callbacks=`` begins
+_CALLBACKS_ARE = ("callbacks should be a callable or a list of them, called as "
+                  "callback(trainer, record) after each step")
 
 
 def fit_loop(trainer: Trainer, request: FitRequest) -> xr.Dataset:
@@ -224,6 +256,8 @@ def _set_up_and_step(
             ):
                 with trainer._blame_scheduler():
                     write_checkpoint(trainer)
+            for call in request.callbacks:  # (after the checkpoint: a raise keeps the step)
+                call(trainer, dict(record))
             bar.update(trainer.step_ - before)
             postfix = {"loss": f"{record['loss']:.3f}"}
             if not math.isnan(record.get("accuracy", math.nan)):
@@ -237,8 +271,11 @@ def _set_up_and_step(
             last = trainer._recorder.records[-1]
             if math.isnan(last.get("accuracy", math.nan)):
                 evaluate(trainer, evalset, last)
-                if watch is not None and trainer.step_ > start_step:  # (a step of this fit)
-                    watch.update(last["step"], last, trainer.model, last=True)
+                if trainer.step_ > start_step:  # (a step of this fit): again, evaluated
+                    if watch is not None:
+                        watch.update(last["step"], last, trainer.model, last=True)
+                    for call in request.callbacks:
+                        call(trainer, dict(last))
         restored = False
         if watch is not None and trainer._recorder.records:
             # before the checkpoint, which then holds the weights the fit leaves

@@ -35,7 +35,7 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -425,6 +425,8 @@ class Trainer(InferenceMixin, BackgroundMixin):
         progress: bool = True,
         eval_chunked: bool = False,
         early_stopping: EarlyStopping | int | None = None,
+        callbacks: Callable[[Trainer, dict[str, Any]], Any]
+        | Sequence[Callable[[Trainer, dict[str, Any]], Any]] | None = None,
     ) -> xr.Dataset:
         """Train on ``data`` until its budget, ``target_accuracy`` or ``early_stopping`` ends it.
 
@@ -470,6 +472,19 @@ class Trainer(InferenceMixin, BackgroundMixin):
             the fit. What it found is :attr:`best_step_`,
             :attr:`best_score_` and :attr:`stopped_step_`, and the
             history's attributes.
+        callbacks : callable or list of callables, optional
+            Each called as ``callback(trainer, record)`` after every step
+            (or round of ``local_steps``), in the fit's thread, once the
+            step is in ``history_`` (and checkpointed, where it falls on
+            ``checkpoint_every``): ``record`` is a copy of that step's
+            figures by the history's names (``step``, ``time``, ``loss``,
+            ``samples``, ...; ``accuracy`` and ``eval_loss`` where it was
+            evaluated). Where the fit evaluates its last step as it ends,
+            that step's record comes again, with its evaluation. To log a
+            run elsewhere (MLflow, TensorBoard), or end it:
+            ``trainer.stop()`` in a callback ends the fit after that step.
+            A callback that raises ends the fit with its error; the steps
+            taken stay in ``history_``.
 
         Returns
         -------
@@ -499,8 +514,9 @@ class Trainer(InferenceMixin, BackgroundMixin):
         RuntimeError
             If another fit of this trainer is running.
         TypeError
-            If ``eval_chunked`` is not a bool, or ``early_stopping`` neither
-            an ``int`` nor an :class:`~daskpri.training.early_stopping.EarlyStopping`.
+            If ``eval_chunked`` is not a bool, ``early_stopping`` neither
+            an ``int`` nor an :class:`~daskpri.training.early_stopping.EarlyStopping`,
+            or ``callbacks`` not callables.
         FileNotFoundError
             With ``eval_chunked``, if workers cannot read ``eval_data``'s
             store at its path (named, before the first step).
@@ -532,7 +548,8 @@ class Trainer(InferenceMixin, BackgroundMixin):
         try:
             request = check_fit(self, data, eval_data, max_steps=max_steps, max_time=max_time,
                                 target_accuracy=target_accuracy, progress=progress,
-                                eval_chunked=eval_chunked, early_stopping=early_stopping)
+                                eval_chunked=eval_chunked, early_stopping=early_stopping,
+                                callbacks=callbacks)
             return self._fit_holding(request)
         finally:
             self._fitting.release()
