@@ -4,6 +4,8 @@ checkpoint it writes as it ends and the history's attributes."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from _fits import fit_until_step
@@ -127,3 +129,100 @@ def test_a_stopped_background_fit_ends_with_its_best_weights(gpu_client, small_d
         assert t.step_ >= 8 and (t.best_step_, t.stopped_step_) == (1, None)
         assert history.attrs["restored_step"] == 1
         assert t.evaluate(test)["loss"] == pytest.approx(t.best_score_, rel=1e-6)
+
+
+def _crash_at(step: int):
+    """A callback that raises after ``step`` (its checkpoint written), as a driver that dies."""
+
+    def crash(trainer, record):
+        if record["step"] == step:
+            raise RuntimeError("the driver died")
+
+    return crash
+
+
+def test_a_run_resumed_from_a_checkpoint_written_mid_fit_goes_on_with_its_watch(
+    gpu_client, small_data, tmp_path
+):
+    train, test = small_data
+    rule = EarlyStopping(patience=3, monitor="eval_loss", min_delta=10.0, restore_best=True)
+    with _trainer(gpu_client, train, learning_rate=0.05) as t:  # unbroken: evaluated at 1, 3,
+        t.fit(train, eval_data=test, max_steps=200, progress=False, early_stopping=rule)
+        assert (t.step_, t.best_step_, t.stopped_step_) == (8, 1, 7)  # 5 and 7, stopped at 7
+        unbroken = _weights(t.model)
+    path = tmp_path / "run.ckpt"
+    with _trainer(gpu_client, train, learning_rate=0.05, checkpoint_path=path,
+                  checkpoint_every=2) as t:
+        with pytest.raises(RuntimeError, match="the driver died"):
+            t.fit(train, eval_data=test, max_steps=200, progress=False, early_stopping=rule,
+                  callbacks=_crash_at(3))  # after the checkpoint of step 4
+    again = tmp_path / "again.ckpt"  # (the resumed run below checkpoints to its own file)
+    shutil.copy(path, again)
+    with daskpri.Trainer.resume(path, client=gpu_client) as t:
+        assert t.step_ == 4
+        t.fit(train, eval_data=test, max_steps=200, progress=False, early_stopping=rule)
+        # as the unbroken run: the best still step 1's, patience out at step 7, its weights
+        assert (t.step_, t.best_step_, t.stopped_step_) == (8, 1, 7)
+        torch.testing.assert_close(_weights(t.model), unbroken)
+    # another rule (or none) watches afresh, saying so
+    with daskpri.Trainer.resume(again, client=gpu_client) as t:
+        with pytest.warns(daskpri.DaskpriWarning,
+                          match=r"written during a fit with early_stopping=EarlyStopping\("
+                                r"patience=3, .*\(its best eval_loss [\d.]+ at step 1, 1 "
+                                r"evaluation\(s\) since\), and this fit has none; pass the same"):
+            t.fit(train, eval_data=test, max_steps=6, progress=False)
+        assert t.best_step_ is None
+
+
+def test_a_fit_of_the_same_rule_goes_on_with_the_last_fits_watch(gpu_client, small_data,
+                                                                   tmp_path):
+    train, test = small_data
+    path, again = tmp_path / "run.ckpt", tmp_path / "again.ckpt"
+    rule = EarlyStopping(patience=3, min_delta=2.0)  # only the first evaluation improves
+    with _trainer(gpu_client, train, checkpoint_path=path) as t:
+        # evaluated at 1 (the best), 3 and 5: ended by its budget, 2 evaluations since the best
+        t.fit(train, eval_data=test, max_steps=6, progress=False, early_stopping=rule)
+        assert (t.best_step_, t.stopped_step_) == (1, None)
+        shutil.copy(path, again)  # its checkpoint keeps the watch
+        t.fit(train, eval_data=test, max_steps=200, progress=False, early_stopping=rule)
+        assert (t.step_, t.best_step_, t.stopped_step_) == (8, 1, 7)  # one evaluation more
+        # that watch ended its fit: the next watches afresh
+        t.fit(train, eval_data=test, max_steps=10, progress=False, early_stopping=rule)
+        assert (t.best_step_, t.stopped_step_) == (9, None)
+    with daskpri.Trainer.resume(again, client=gpu_client, checkpoint_path=None) as t:
+        t.fit(train, eval_data=test, max_steps=200, progress=False, early_stopping=rule)
+        assert (t.step_, t.best_step_, t.stopped_step_) == (8, 1, 7)
+    # a fit that put its best weights back leaves no watch to go on with
+    restoring = EarlyStopping(patience=3, min_delta=2.0, restore_best=True)
+    with _trainer(gpu_client, train, checkpoint_path=path) as t:
+        t.fit(train, eval_data=test, max_steps=6, progress=False, early_stopping=restoring)
+        assert t.history_.attrs["restored_step"] == 1
+        assert torch.load(path, weights_only=True)["early_stopping"] is None
+        t.fit(train, eval_data=test, max_steps=8, progress=False, early_stopping=restoring)
+        assert (t.best_step_, t.stopped_step_) == (7, None)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda w: w.update(waited=3), r"its waited should be an integer in \[0, 3\)"),
+    (lambda w: w["rule"].update(monitor="val_loss"), "its rule is refused: EarlyStopping's "
+                                                      "monitor should be one of"),
+    (lambda w: w.update(best_score=None), "its best_step and best_score should both be None"),
+    (lambda w: w.update(best_state=None), "its best_state should hold the best weights"),
+    (lambda w: w["best_state"].update({"1.weight": torch.zeros(2, 2)}),
+     "its early stopping's best weights do not fit the model: size mismatch for 1.weight"),
+])
+def test_a_damaged_watch_in_a_checkpoint_is_refused(gpu_client, small_data, tmp_path, damage,
+                                                    message):
+    train, test = small_data
+    path = tmp_path / "run.ckpt"
+    rule = EarlyStopping(patience=3, min_delta=2.0, restore_best=True)
+    with _trainer(gpu_client, train, checkpoint_path=path, checkpoint_every=2) as t:
+        with pytest.raises(RuntimeError):
+            t.fit(train, eval_data=test, max_steps=20, progress=False, early_stopping=rule,
+                  callbacks=_crash_at(3))
+    state = torch.load(path, weights_only=True)
+    assert state["early_stopping"]["best_step"] == 1
+    damage(state["early_stopping"])
+    torch.save(state, path)
+    with pytest.raises(ValueError, match="is a damaged daskpri checkpoint: .*" + message):
+        daskpri.Trainer.resume(path, client=gpu_client)

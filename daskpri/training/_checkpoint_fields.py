@@ -19,6 +19,7 @@ from daskpri.data._fingerprint import KEYS as FINGERPRINT_KEYS
 from daskpri.models import from_spec
 from daskpri.strategies import STRATEGIES, get_strategy
 from daskpri.table.table import PriorityTable
+from daskpri.training.early_stopping import state_problem
 from daskpri.training.history import STEP_VARIABLES, WORKER_VARIABLES
 
 
@@ -147,6 +148,12 @@ class _Fields:
                     or not math.isfinite(value) or value < 0):
                 self.refuse(repr(key), "a number of seconds, at least 0", value)
         self.data(state.get("data"))  # (not in older checkpoints)
+        watched = state.get("early_stopping")  # (the same)
+        why = None if watched is None else state_problem(watched)
+        if why is not None:
+            self.wrong(f"its 'early_stopping' (the watch of the fit it was written in) {why}")
+        if watched is not None:
+            self.tensors_finite("early stopping's best weights", watched["best_state"] or {})
         self.model(state["model"], state["model_spec"])
         self.optimizer(state["optimizer"])
         mean_grad = state["mean_grad"]

@@ -188,7 +188,7 @@ def _set_up_and_step(
     max_steps, max_time = request.max_steps, request.max_time
     target_accuracy = request.target_accuracy
     watch = None if request.early_stopping is None else Watch(request.early_stopping)
-    trainer._watched = watch  # this fit's (the last fit's figures go)
+    last_watch, trainer._watched = trainer._watched, watch  # this fit's (the last fit's go)
     with trainer._blame_scheduler():
         trainer._drop_prefetched()  # left by a fit that raised
     trainer._kept = None  # the model may have changed since the last fit
@@ -232,6 +232,7 @@ def _set_up_and_step(
     release = hold_workers(trainer) if hold else None
     bar = tqdm(total=total, disable=not request.progress, desc=trainer.strategy.name, unit="step")
     start, start_step = trainer._elapsed, trainer.step_
+    go_on_watching(trainer, watch, last_watch)
     try:
         while True:
             if trainer._stop_requested:
@@ -299,6 +300,36 @@ def _set_up_and_step(
         if release is not None:
             release()
     return trainer.history_
+
+
+def go_on_watching(trainer: Trainer, watch: Watch | None, last: Watch | None) -> None:
+    """Start ``watch`` (this fit's early stopping) from the last fit's, where it goes on.
+
+    As ``max_steps`` and the history go on from fit to fit, so does early
+    stopping: a fit given the same rule as the trainer's last fit goes on
+    with its watch (the best evaluation, its weights, the evaluations
+    since), unless that watch ended its fit (``patience`` run out) or put
+    the best weights back (:attr:`Watch.goes_on`). A checkpoint keeps such
+    a watch, and the first fit of the trainer resumed from it goes on with
+    it where it is given the same rule, as the run would have gone on
+    without the break; another rule, or none, watches afresh, saying so.
+    """
+    resumed, trainer._resumed_watch = trainer._resumed_watch, None
+    if resumed is None:
+        if watch is not None and last is not None and last.goes_on and last.rule == watch.rule:
+            watch.load_state_dict(last.state_dict())
+        return
+    rule = EarlyStopping(**resumed["rule"])
+    if watch is not None and watch.rule == rule:
+        watch.load_state_dict(resumed)
+        return
+    best = ("no evaluation yet" if resumed["best_step"] is None else
+            f"its best {rule.monitor} {resumed['best_score']:.4g} at step {resumed['best_step']}, "
+            f"{resumed['waited']} evaluation(s) since")
+    this = "has none" if watch is None else f"has {watch.rule!r}, which watches afresh"
+    warn(f"the checkpoint this trainer resumed was written during a fit with "
+         f"early_stopping={rule!r} ({best}), and this fit {this}; pass the same "
+         "early_stopping to go on with its watch")
 
 
 def hold_workers(trainer: Trainer) -> Callable[[], None]:

@@ -64,6 +64,9 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "history": trainer._recorder.records,
         # the fingerprint of the run's data (a dict of str), which resume compares
         "data": None if trainer._data_key is None else trainer._data_key[2],
+        # the last fit's early stopping, which the resumed run's first fit goes on with
+        "early_stopping": (trainer._watched.state_dict() if trainer._watched is not None
+                           and trainer._watched.goes_on else None),
     }
 
 
@@ -215,6 +218,7 @@ def _going_on(
     trainer._setup_time = float(state.get("setup_time", 0.0))  # (not in older ones)
     trainer._recorder.records = list(state["history"])
     trainer._metrics_sent = len(trainer._recorder.records)  # not sent again
+    trainer._resumed_watch = _resumed_watch(damaged, trainer, state.get("early_stopping"))
     trainer._resume_state = {
         "optimizer": state["optimizer"],
         "mean_grad": state["mean_grad"],
@@ -222,6 +226,19 @@ def _going_on(
         "data": state.get("data"),  # (not in older checkpoints)
     }
     return trainer
+
+
+def _resumed_watch(
+    damaged: str, trainer: Trainer, watched: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The checkpoint's early-stopping watch (None: none), its best weights checked."""
+    best = None if watched is None else watched["best_state"]
+    if best is not None:
+        wrong = checkpoint.load_weights(copy.deepcopy(trainer.model), best)
+        if wrong is not None:
+            raise ValueError(f"{damaged}: its early stopping's best weights do not fit the "
+                             f"model: {wrong}")
+    return watched
 
 
 def _refused_options(

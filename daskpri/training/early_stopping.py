@@ -12,10 +12,13 @@ weights.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from daskpri._choices import MONITORS
 
@@ -33,9 +36,14 @@ class EarlyStopping:
     its ``monitor`` beats the best of this fit's so far by more than
     ``min_delta``, and ``patience`` evaluations in a row that do not end it
     (as Keras' ``EarlyStopping`` counts epochs). A figure that is not finite
-    (a loss that diverged) never improves. Each fit watches its own
-    evaluations: a second ``fit`` (or one after ``Trainer.resume``) starts
-    afresh.
+    (a loss that diverged) never improves. As ``max_steps`` and the
+    history go on from fit to fit, so does the watch: a fit given the same
+    rule as the trainer's last fit goes on with its best evaluation, the
+    evaluations since and its best weights, unless that fit was ended by
+    ``patience`` or put its best weights back; then, or with another rule,
+    it watches afresh. A checkpoint keeps the watch, and the first fit of
+    a trainer resumed from it goes on with it likewise (with another rule,
+    or none, it says that it watches afresh).
 
     Parameters
     ----------
@@ -191,7 +199,7 @@ class Watch:
         self.restored_step: int | None = None
         self._best_state: dict[str, Any] | None = None
 
-    def update(self, step: int, record: dict[str, Any], model: nn.Module, *,
+    def update(self, step: int, record: dict[str, Any], model: nn.Module | None, *,
                last: bool = False) -> bool:
         """Take the evaluation in ``record`` (after ``step``, of ``model``); whether to stop.
 
@@ -203,6 +211,7 @@ class Watch:
         if self.rule.improves(score, self.best_score):
             self.best_step, self.best_score, self.waited = step, score, 0
             if self.rule.restore_best:
+                assert model is not None
                 self._best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             return False
         self.waited += 1
@@ -222,6 +231,33 @@ class Watch:
         self.restored_step = self.best_step
         return True
 
+    @property
+    def goes_on(self) -> bool:
+        """Whether a next fit of the same rule goes on with this watch: it has not ended its fit
+        (``patience`` run out) nor put the best weights back."""
+        return self.stopped_step is None and self.restored_step is None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it (where it :attr:`goes_on`), for a resumed run.
+
+        >>> watch = Watch(EarlyStopping(patience=3))
+        >>> watch.update(9, {"accuracy": 0.5}, None), watch.update(19, {"accuracy": 0.4}, None)
+        (False, False)
+        >>> state = watch.state_dict()
+        >>> again = Watch(EarlyStopping(patience=3))
+        >>> again.load_state_dict(state)
+        >>> again.best_step, again.best_score, again.waited
+        (9, 0.5, 1)
+        """
+        return {"rule": dataclasses.asdict(self.rule), "best_step": self.best_step,
+                "best_score": self.best_score, "waited": self.waited,
+                "best_state": self._best_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state_dict`'s (of a watch of the same rule, checked by the caller)."""
+        self.best_step, self.best_score = state["best_step"], state["best_score"]
+        self.waited, self._best_state = state["waited"], state["best_state"]
+
     def attrs(self) -> dict[str, Any]:
         """What the history's attributes say of this watch (netCDF-storable)."""
         return {
@@ -231,3 +267,50 @@ class Watch:
             "stopped_step": -1 if self.stopped_step is None else self.stopped_step,
             "restored_step": -1 if self.restored_step is None else self.restored_step,
         }
+
+
+#: the keys of :meth:`Watch.state_dict`
+STATE_KEYS = ("rule", "best_step", "best_score", "waited", "best_state")
+
+
+def state_problem(state: Any) -> str | None:
+    """What is wrong with ``state`` as a :meth:`Watch.state_dict` (None: nothing).
+
+    A checkpoint keeps one; :func:`daskpri.training.checkpoint.read` refuses
+    a checkpoint whose watch this finds wrong, saying what.
+
+    >>> state_problem(Watch(EarlyStopping()).state_dict()) is None
+    True
+    >>> state_problem({"rule": {"patience": 0}, "best_step": None, "best_score": None,
+    ...                "waited": 0, "best_state": None})  # doctest: +ELLIPSIS
+    "its rule is refused: EarlyStopping's patience should be an integer of at least 1 ..."
+    """
+    if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
+        return f"should be a dict of the keys {', '.join(map(repr, STATE_KEYS))}"
+    if not isinstance(state["rule"], dict):
+        return "its rule should be a dict of EarlyStopping's fields"
+    try:
+        rule = EarlyStopping(**state["rule"])
+    except (TypeError, ValueError) as e:
+        return f"its rule is refused: {e}"
+    step, score, waited = state["best_step"], state["best_score"], state["waited"]
+    if (step is None) != (score is None):
+        return "its best_step and best_score should both be None (no evaluation) or neither"
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        return f"its best_step should be a step (an integer of 0 or more), but got {step!r}"
+    if score is not None and (not isinstance(score, float) or not math.isfinite(score)):
+        return f"its best_score should be a finite float, but got {score!r}"
+    if (not isinstance(waited, int) or isinstance(waited, bool)
+            or not 0 <= waited < rule.patience):
+        return (f"its waited should be an integer in [0, {rule.patience}) (the evaluations "
+                f"since the best, within the patience), but got {waited!r}")
+    best = state["best_state"]
+    if best is None:
+        if rule.restore_best and step is not None:
+            return "its best_state should hold the best weights, as its rule restores them"
+        return None
+    if not isinstance(best, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in best.items()
+    ):
+        return "its best_state should be None or a dict of tensors by name (a state_dict)"
+    return None

@@ -272,6 +272,8 @@ class Trainer(InferenceMixin, BackgroundMixin):
         self._excluded: set[str] = set()
         self._setup_time = 0.0
         self._watched: Watch | None = None
+        #: a resumed checkpoint's early-stopping watch, for the first fit to go on with
+        self._resumed_watch: dict[str, Any] | None = None
         self.run_id = f"{self.strategy.name}-{uuid.uuid4().hex[:8]}"
         self.step_ = 0
         self._recorder = HistoryRecorder()
