@@ -187,8 +187,6 @@ def _set_up_and_step(
     ds, evalset = request.ds, request.evalset
     max_steps, max_time = request.max_steps, request.max_time
     target_accuracy = request.target_accuracy
-    watch = None if request.early_stopping is None else Watch(request.early_stopping)
-    last_watch, trainer._watched = trainer._watched, watch  # this fit's (the last fit's go)
     with trainer._blame_scheduler():
         trainer._drop_prefetched()  # left by a fit that raised
     trainer._kept = None  # the model may have changed since the last fit
@@ -232,6 +230,9 @@ def _set_up_and_step(
     release = hold_workers(trainer) if hold else None
     bar = tqdm(total=total, disable=not request.progress, desc=trainer.strategy.name, unit="step")
     start, start_step = trainer._elapsed, trainer.step_
+    # this fit's early stopping (set once it steps: one that ends before leaves the last's)
+    watch = None if request.early_stopping is None else Watch(request.early_stopping)
+    last_watch, trainer._watched = trainer._watched, watch
     go_on_watching(trainer, watch, last_watch)
     try:
         while True:
