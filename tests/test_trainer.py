@@ -358,6 +358,18 @@ def test_cosine_schedule_decays_the_learning_rate_to_zero(gpu_client, small_data
     trainer.close()
 
 
+def test_a_warmup_rises_to_the_rate_then_the_schedule_decays_over_the_rest(
+    gpu_client, small_data
+):
+    trainer, h = fit(gpu_client, small_data, steps=12, lr_schedule="cosine", schedule_steps=12,
+                     warmup_steps=4, learning_rate=0.1)
+    rise = [0.1 * (s + 1) / 4 for s in range(4)]
+    decay = [0.05 * (1 + np.cos(np.pi * (s - 4) / 8)) for s in range(4, 12)]
+    np.testing.assert_allclose(h["lr"].values, rise + decay, rtol=1e-12)
+    assert h.attrs["warmup_steps"] == 4
+    trainer.close()
+
+
 def test_a_fit_past_the_end_of_its_schedule_warns(gpu_client, small_data):
     train, _ = small_data
     with daskpri.Trainer(build_model("mlp", train), strategy="uniform", client=gpu_client,

@@ -376,6 +376,12 @@ def test_schedule_parameters_are_checked():
         daskpri.Trainer(model, lr_schedule="cosine")
     with pytest.raises(ValueError, match="but lr_schedule='constant'"):
         daskpri.Trainer(model, schedule_steps=10)
+    with pytest.raises(ValueError, match="warmup_steps should be an integer of 0 or more"):
+        daskpri.Trainer(model, warmup_steps=-1)
+    with pytest.raises(ValueError, match=r"warmup_steps=10 leaves no step for "
+                       r"lr_schedule='cosine' to decay over: it should be less than "
+                       r"schedule_steps=10"):
+        daskpri.Trainer(model, lr_schedule="cosine", schedule_steps=10, warmup_steps=10)
 
 
 def test_numbers_of_numpy_types_are_taken_and_other_bad_budgets_refused_early(small_data):

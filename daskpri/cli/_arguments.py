@@ -133,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--lr-schedule", choices=SCHEDULES,
                      help="learning rate: constant (the default), or decaying to zero over "
                      "--max-steps (or --schedule-steps)")
+    run.add_argument("--warmup-steps", type=_count(0), metavar="N",
+                     help="steps over which the learning rate first rises linearly to "
+                          "--learning-rate, before --lr-schedule (default 0: none)")
     run.add_argument("--schedule-steps", type=_count(1), metavar="N",
                      help="the steps --lr-schedule decays over (default --max-steps); with "
                           "--resume, a longer schedule than the run's, to train past its end")

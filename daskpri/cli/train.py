@@ -306,6 +306,7 @@ def _new_run(
         local_steps=1 if args.local_steps is None else args.local_steps,
         staleness=args.staleness, lr_schedule=lr_schedule,
         schedule_steps=None if lr_schedule == "constant" else schedule_steps,
+        warmup_steps=args.warmup_steps or 0,
         eval_every=args.eval_every, transport=args.transport,
         security=True if args.tls else None, **checkpoints, **options,
     )
@@ -339,6 +340,7 @@ def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
         "--local-steps": params["local_steps"],
         "--staleness": params["staleness"],
         "--lr-schedule": params["lr_schedule"],
+        "--warmup-steps": params.get("warmup_steps", 0),  # absent before the option: none
     }
 
 

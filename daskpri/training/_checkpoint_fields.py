@@ -46,6 +46,7 @@ TRAINER_PARAMS: dict[str, tuple[str, bool]] = {
     "precision": ("str", False),
     "optimizer": ("str", False),
     "lr_schedule": ("str", False), "schedule_steps": ("int", True),
+    "warmup_steps": ("int", False),
     "local_steps": ("int", False), "eval_every": ("int", False),
     "partition_size": ("int", True), "staleness": ("str", False), "device": ("str", True),
     "checkpoint_path": ("str", True), "checkpoint_every": ("int", True),

@@ -31,6 +31,7 @@ def history_attrs(trainer: Trainer) -> dict[str, Any]:
         "optimizer": trainer.optimizer,
         "lr_schedule": trainer.lr_schedule,
         "schedule_steps": trainer.schedule_steps if trainer.schedule_steps else 0,
+        "warmup_steps": trainer.warmup_steps,
         "local_steps": trainer.local_steps,
         "staleness": trainer.staleness,
         "n_workers": len(trainer._deployment.slots) if trainer._deployment is not None else 0,

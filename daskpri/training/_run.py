@@ -101,6 +101,7 @@ class RunMixin:
     optimizer: str
     lr_schedule: str
     schedule_steps: int | None
+    warmup_steps: int
     local_steps: int
     eval_every: int
     partition_size: int | None

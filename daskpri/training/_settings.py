@@ -38,7 +38,7 @@ from daskpri.training._checks import (
     check_types,
 )
 from daskpri.training.placement import parse_resources
-from daskpri.training.schedule import validate_schedule
+from daskpri.training.schedule import validate_schedule, validate_warmup
 
 if TYPE_CHECKING:
     from daskpri.training.trainer import Trainer
@@ -67,6 +67,7 @@ def set_arguments(
     optimizer: str | None,
     lr_schedule: str,
     schedule_steps: int | None,
+    warmup_steps: int,
     local_steps: int,
     eval_every: int | None,
     partition_size: int | None,
@@ -118,6 +119,7 @@ def set_arguments(
         "learning_rate", LEARNING_RATES[trainer.optimizer] if rate is None else rate
     )
     trainer.lr_schedule, trainer.schedule_steps = validate_schedule(lr_schedule, schedule_steps)
+    trainer.warmup_steps = validate_warmup(warmup_steps, lr_schedule, trainer.schedule_steps)
     trainer.local_steps = check_local_steps(local_steps, trainer.strategy)
     check_strategy_model(trainer.strategy, model)
     trainer.eval_every = check_eval_every(

@@ -223,7 +223,8 @@ class StepMixin(RunMixin):
                 options=self._optimizer_options(),
                 state={} if resume else self._opt.state_dict(),
                 rates=[
-                    scheduled_rate(self.learning_rate, self.lr_schedule, s, self.schedule_steps)
+                    scheduled_rate(self.learning_rate, self.lr_schedule, s, self.schedule_steps,
+                                   self.warmup_steps)
                     for s in range(step, step + len(rounds))
                 ],
                 keep=uuid.uuid4().hex[:12] if keep else None,
@@ -332,7 +333,8 @@ class StepMixin(RunMixin):
 
     def _rate(self) -> float:
         """This step's learning rate under the schedule."""
-        return scheduled_rate(self.learning_rate, self.lr_schedule, self.step_, self.schedule_steps)
+        return scheduled_rate(self.learning_rate, self.lr_schedule, self.step_,
+                              self.schedule_steps, self.warmup_steps)
 
     def _optimizer_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"lr": self.learning_rate, "weight_decay": self.weight_decay}

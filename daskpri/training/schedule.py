@@ -36,10 +36,34 @@ def validate_schedule(schedule: str, steps: int | None) -> tuple[str, int | None
     return schedule, steps
 
 
-def scheduled_rate(base: float, schedule: str, step: int, steps: int | None) -> float:
-    """The learning rate of step ``step`` (0-based) under ``schedule``.
+def validate_warmup(warmup: int, schedule: str, steps: int | None) -> int:
+    """``warmup`` (the steps of a linear warm-up) if it fits the schedule, else ``ValueError``.
 
-    Past ``steps`` a decaying schedule stays at zero.
+    >>> validate_warmup(100, "cosine", 1000)
+    100
+    >>> validate_warmup(1000, "cosine", 1000)
+    Traceback (most recent call last):
+    ...
+    ValueError: warmup_steps=1000 leaves no step for lr_schedule='cosine' to decay over: it should be less than schedule_steps=1000
+    """  # noqa: E501
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"warmup_steps should be an integer of 0 or more (the steps over which "
+                         f"the learning rate rises to learning_rate), but got {warmup!r}")
+    if steps is not None and warmup >= steps:
+        raise ValueError(f"warmup_steps={warmup} leaves no step for lr_schedule={schedule!r} to "
+                         f"decay over: it should be less than schedule_steps={steps}")
+    return warmup
+
+
+def scheduled_rate(base: float, schedule: str, step: int, steps: int | None,
+                   warmup: int = 0) -> float:
+    """The learning rate of step ``step`` (0-based) under ``schedule``, after ``warmup``.
+
+    The first ``warmup`` steps rise linearly to ``base`` (step ``i`` at
+    ``base * (i + 1) / warmup``), as Goyal et al.'s large-batch data-parallel
+    SGD warms up; a decaying schedule then decays from ``base`` to zero over
+    the rest of its ``steps`` (as Hugging Face's ``get_cosine_schedule_with_warmup``),
+    and stays at zero past them.
 
     Examples
     --------
@@ -49,10 +73,14 @@ def scheduled_rate(base: float, schedule: str, step: int, steps: int | None) -> 
     0.05
     >>> round(scheduled_rate(0.1, "cosine", 50, 100), 6)
     0.05
+    >>> [round(scheduled_rate(0.1, "linear", s, 14, warmup=4), 4) for s in (0, 3, 4, 9, 14)]
+    [0.025, 0.1, 0.1, 0.05, 0.0]
     """
+    if step < warmup:
+        return base * (step + 1) / warmup
     if schedule == "constant" or steps is None:
         return base
-    frac = min(step, steps) / steps
+    frac = (min(step, steps) - warmup) / (steps - warmup)
     if schedule == "linear":
         return base * (1.0 - frac)
     return base * 0.5 * (1.0 + math.cos(math.pi * frac))

@@ -141,6 +141,14 @@ class Trainer(InferenceMixin, BackgroundMixin):
         function of the step count, so a resumed run follows it exactly).
     schedule_steps : int, optional
         Length of a decaying schedule, usually the run's ``max_steps``.
+    warmup_steps : int, default 0
+        Steps over which the learning rate first rises linearly to
+        ``learning_rate`` (step ``i`` at ``learning_rate * (i + 1) /
+        warmup_steps``), before ``lr_schedule`` (a decaying one then decays
+        over the rest of ``schedule_steps``). Goyal et al.'s warm-up for
+        large-batch data-parallel SGD: with many workers the batch of a step
+        is ``batch_size`` times their number, and a rate scaled up with it
+        diverges in the first steps without one.
     local_steps : int
         Optimizer steps each worker takes per round trip. 1 (the default) is
         synchronous data-parallel SGD: every step combines all workers'
@@ -243,6 +251,7 @@ class Trainer(InferenceMixin, BackgroundMixin):
         optimizer: str | None = None,
         lr_schedule: str = "constant",
         schedule_steps: int | None = None,
+        warmup_steps: int = 0,
         local_steps: int = 1,
         eval_every: int | None = None,
         partition_size: int | None = None,
@@ -260,7 +269,8 @@ class Trainer(InferenceMixin, BackgroundMixin):
             batch_size=batch_size, learning_rate=learning_rate, momentum=momentum,
             weight_decay=weight_decay, max_grad_norm=max_grad_norm,
             label_smoothing=label_smoothing, precision=precision, optimizer=optimizer,
-            lr_schedule=lr_schedule, schedule_steps=schedule_steps, local_steps=local_steps,
+            lr_schedule=lr_schedule, schedule_steps=schedule_steps, warmup_steps=warmup_steps,
+            local_steps=local_steps,
             eval_every=eval_every, partition_size=partition_size, staleness=staleness,
             device=device, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
             security=security, transport=transport, on_nonfinite=on_nonfinite,
