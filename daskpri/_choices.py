@@ -28,9 +28,9 @@ MODELS = ("mlp", "cnn")
 #: Each optimizer's learning rate where neither the argument nor the config
 #: (``daskpri.trainer.learning-rate``, null by default) gives one. SGD's
 #: (with the default momentum 0.9) from ``daskpri bench``: every arm's best
-#: rate on its four models lay in 0.075-0.3, uniform's in 0.1-0.3; Adam's is
-#: torch's own.
-LEARNING_RATES = {"sgd": 0.1, "adam": 0.001}
+#: rate on its four models lay in 0.075-0.3, uniform's in 0.1-0.3; Adam's and
+#: AdamW's are torch's own.
+LEARNING_RATES = {"sgd": 0.1, "adam": 0.001, "adamw": 0.001}
 
 #: The figures of ``eval_data`` that :class:`daskpri.EarlyStopping` can watch
 #: (the history's variables), and whether a better one is higher or lower.

@@ -76,6 +76,9 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--max-grad-norm", "1"],
          "--resume continues the run in '{ckpt}' as it was started, but got --max-grad-norm 1.0 "
          "(the run's: None). "),
+        (["--weight-decay", "0.1"],
+         "--resume continues the run in '{ckpt}' as it was started, but got --weight-decay 0.1 "
+         "(the run's: 0.0). "),
         (["--warmup-steps", "3"],
          "--resume continues the run in '{ckpt}' as it was started, but got --warmup-steps 3 "
          "(the run's: 0). "),

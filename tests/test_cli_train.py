@@ -187,6 +187,22 @@ def test_early_stopping_flags_are_checked(argv, match, capsys: pytest.CaptureFix
     assert match in capsys.readouterr().err
 
 
+def test_train_with_adamw_checkpoints_and_resumes_it(tmp_path: Path) -> None:
+    ckpt, path = tmp_path / "run.ckpt", tmp_path / "run.nc"
+    argv = ["train", *SMALL[:-1], "4", "--optimizer", "adamw", "--weight-decay", "0.05",
+            "--workers", "1", "--no-progress", "--checkpoint", str(ckpt)]
+    assert main(argv) == 0
+    state = torch.load(ckpt, weights_only=True)
+    assert (state["trainer"]["optimizer"], state["trainer"]["weight_decay"]) == ("adamw", 0.05)
+    assert set(state["optimizer"]["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    resumed = ["train", *SMALL[:-1], "8", "--workers", "1", "--no-progress", "--resume",
+               str(ckpt), "--output", str(path)]
+    assert main(resumed) == 0
+    with _open(path) as ds:
+        assert ds.attrs["optimizer"] == "adamw" and ds.attrs["weight_decay"] == 0.05
+        assert ds.sizes["step"] == 8
+
+
 def test_train_with_tls_on_its_own_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from daskpri.training import _cleanup  # (where the trainer starts its cluster)
 

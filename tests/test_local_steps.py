@@ -19,13 +19,16 @@ def _trainer(client, train, **kw):
     return daskpri.Trainer(build_model("mlp", train, seed=1), **kw)
 
 
-def test_on_one_worker_a_round_is_exactly_that_many_plain_steps(gpu_client, small_data):
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_on_one_worker_a_round_is_exactly_that_many_plain_steps(gpu_client, small_data,
+                                                                 optimizer):
     train, _ = small_data
     runs = {}
     for k in (1, 8):
         # (a warm-up of 5 steps: the first round's rates rise within it)
         with _trainer(gpu_client, train, strategy="uniform", n_workers=1, local_steps=k,
-                      lr_schedule="cosine", schedule_steps=24, warmup_steps=5) as t:
+                      lr_schedule="cosine", schedule_steps=24, warmup_steps=5,
+                      optimizer=optimizer) as t:
             h = t.fit(train, max_steps=24, progress=False)
             runs[k] = (h, torch.nn.utils.parameters_to_vector(t.model.parameters()).detach())
     (h1, p1), (h8, p8) = runs[1], runs[8]

@@ -397,6 +397,11 @@ def test_the_default_learning_rate_is_the_optimizers_own(gpu_client, small_data)
     with dask.config.set({"daskpri.trainer.learning-rate": 0.02}):
         assert daskpri.Trainer(model, optimizer="adam").learning_rate == 0.02
         assert daskpri.Trainer(model, learning_rate=0.3).learning_rate == 0.3
+    # AdamW: torch's rate and weight decay, unless given
+    adamw = daskpri.Trainer(model, optimizer="adamw")
+    assert (adamw.learning_rate, adamw.weight_decay) == (0.001, 0.01)
+    assert daskpri.Trainer(model, optimizer="adamw", weight_decay=0.0).weight_decay == 0.0
+    assert daskpri.Trainer(model, optimizer="adam").weight_decay == 0.0
     with (dask.config.set({"daskpri.trainer.learning-rate": "fast"}),
           pytest.raises(ValueError, match="learning_rate should be a positive finite number, "
                         "but got learning_rate='fast'")):

@@ -16,6 +16,7 @@ from daskpri.bench import command as bench_command
 from daskpri.cli._argtypes import (
     _accuracy,
     _count,
+    _decay,
     _delta,
     _device,
     _host,
@@ -116,7 +117,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="the optimizer's learning rate (default: daskpri.trainer.learning-rate, "
                           f"null: {own_rates})")
     run.add_argument("--optimizer", choices=tuple(LEARNING_RATES),
-                     help="the driver's optimizer (default: daskpri.trainer.optimizer, sgd)")
+                     help="the driver's optimizer (default: daskpri.trainer.optimizer, sgd; "
+                          "adamw: Adam with decoupled weight decay)")
+    run.add_argument("--weight-decay", type=_decay, metavar="WD",
+                     help="the optimizer's weight decay (default: 0.01 for adamw, torch's, "
+                          "else 0)")
     run.add_argument("--max-grad-norm", type=_norm, metavar="NORM",
                      help="clip each optimizer step's gradient to this L2 norm (default: "
                           "daskpri.trainer.max-grad-norm, null: no clipping)")

@@ -301,6 +301,7 @@ def _new_run(
         strategy=strategy, seed=0 if args.seed is None else args.seed,
         n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
         learning_rate=args.learning_rate, optimizer=args.optimizer,
+        weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm, label_smoothing=args.label_smoothing,
         precision=args.precision,
         local_steps=1 if args.local_steps is None else args.local_steps,
@@ -334,6 +335,7 @@ def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
         "--batch-size": params["batch_size"],
         "--learning-rate": params["learning_rate"],
         "--optimizer": params["optimizer"],
+        "--weight-decay": params.get("weight_decay", 0.0),
         "--max-grad-norm": params.get("max_grad_norm"),  # absent before the option: none
         "--label-smoothing": params.get("label_smoothing", 0.0),  # the same
         "--precision": params.get("precision", "float32"),  # the same

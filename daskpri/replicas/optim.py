@@ -55,9 +55,11 @@ class LocalSteps(TensorsAsNumpy):
 def make_optimizer(
     kind: str, params: list[torch.nn.Parameter], options: Mapping[str, Any]
 ) -> torch.optim.Optimizer:
-    """The trainer's optimizer (``"sgd"`` or ``"adam"``) over ``params``."""
+    """The trainer's optimizer (``"sgd"``, ``"adam"`` or ``"adamw"``) over ``params``."""
     if kind == "adam":
         return torch.optim.Adam(params, **options)
+    if kind == "adamw":  # weight decay decoupled from the moments (Loshchilov & Hutter)
+        return torch.optim.AdamW(params, **options)
     return torch.optim.SGD(params, **options)
 
 

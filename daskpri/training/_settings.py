@@ -60,7 +60,7 @@ def set_arguments(
     batch_size: int | None,
     learning_rate: float | None,
     momentum: float | None,
-    weight_decay: float,
+    weight_decay: float | None,
     max_grad_norm: float | None,
     label_smoothing: float | None,
     precision: str | None,
@@ -101,7 +101,6 @@ def set_arguments(
     trainer.resources = parse_resources(resources)
     trainer.batch_size = check_int("batch_size", _config.get("trainer.batch-size", batch_size), 1)
     trainer.momentum = check_real("momentum", _config.get("trainer.momentum", momentum), 0.0, 1.0)
-    trainer.weight_decay = check_real("weight_decay", weight_decay, 0.0, math.inf)
     norm = _config.get("trainer.max-grad-norm", max_grad_norm)
     trainer.max_grad_norm = None if norm is None else check_float("max_grad_norm", norm)
     trainer.label_smoothing = check_real(
@@ -113,6 +112,9 @@ def set_arguments(
     trainer.optimizer = check_choice(
         "optimizer", _config.get("trainer.optimizer", optimizer), tuple(LEARNING_RATES)
     )
+    if weight_decay is None:  # torch's own: AdamW's 0.01, none for the others
+        weight_decay = 0.01 if trainer.optimizer == "adamw" else 0.0
+    trainer.weight_decay = check_real("weight_decay", weight_decay, 0.0, math.inf)
     # null in the config (the default): the optimizer's own rate
     rate = _config.get("trainer.learning-rate", learning_rate)
     trainer.learning_rate = check_float(

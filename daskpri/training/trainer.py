@@ -103,10 +103,13 @@ class Trainer(InferenceMixin, BackgroundMixin):
         Resources each training task requires, e.g. ``{"GPU": 1}``. ``None``
         asks for ``{"GPU": 1}`` when the cluster's workers have GPUs.
     batch_size, learning_rate, momentum, weight_decay, optimizer
-        Samples per worker per step, and the driver's optimizer (``"sgd"``
-        or ``"adam"``); ``None`` reads the ``daskpri.trainer`` config. Its
+        Samples per worker per step, and the driver's optimizer (``"sgd"``,
+        ``"adam"`` or ``"adamw"``, Adam with weight decay decoupled from
+        its moments); ``None`` reads the ``daskpri.trainer`` config. Its
         ``learning-rate`` is null, which takes the optimizer's own rate
-        (:data:`LEARNING_RATES`: 0.1 for SGD, 0.001 for Adam).
+        (:data:`LEARNING_RATES`: 0.1 for SGD, 0.001 for Adam and AdamW).
+        ``weight_decay`` ``None`` is torch's own: 0.01 for AdamW, none for
+        the others.
     max_grad_norm : float, optional
         Clip the gradient of each optimizer step to this L2 norm over all
         parameters (``torch.nn.utils.clip_grad_norm_``): the mean gradient
@@ -244,7 +247,7 @@ class Trainer(InferenceMixin, BackgroundMixin):
         batch_size: int | None = None,
         learning_rate: float | None = None,
         momentum: float | None = None,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
         max_grad_norm: float | None = None,
         label_smoothing: float | None = None,
         precision: str | None = None,
