@@ -335,6 +335,19 @@ def test_run_status_lists_the_run():
     assert status["staleness (mean steps)"] == "1.0"
     assert status["epoch (samples processed / dataset)"] == "0.33"  # 4 samples of 12
     assert "<td style=" in comp.root.text and ">projection<" in comp.root.text
+    assert status["best accuracy"] == "-"  # none evaluated yet
+    # the best accuracy and its step, over the snapshots (each of the steps since the last)
+    add_step(run, 1, [2], [1.0], accuracy=0.5)
+    add_step(run, 2, [3], [1.0], accuracy=0.625)
+    snap = snapshot_from_run(run, name="p")
+    comp.update(snap)
+    add_step(run, 3, [4], [1.0], accuracy=0.6)
+    comp.update(snapshot_from_run(run, name="p", cursor=snap["cursor"]))
+    status = dict(zip(comp.source.data["field"], comp.source.data["value"], strict=True))
+    assert status["best accuracy"] == "0.6250 at step 2"
+    comp.update(snapshot_from_run(make_run("uniform"), name="other"))  # another run: its own
+    status = dict(zip(comp.source.data["field"], comp.source.data["value"], strict=True))
+    assert status["best accuracy"] == "-"
 
 
 def test_dashboard_follows_the_newest_run_until_one_is_picked():

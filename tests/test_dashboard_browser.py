@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -155,6 +156,7 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
             )
             assert later["loss"][: len(first["loss"])] == first["loss"]  # streamed, not redrawn
             assert later["status"][0] == run.run_id and later["status"][-1] == baseline.run_id
+            assert re.fullmatch(r"0\.\d{4} at step [\d,]+", later["status"][7])  # best accuracy
             assert len(later["heatmap"]) > len(first["heatmap"]) or len(later["heatmap"]) >= 150
             time.sleep(1.0)  # let the canvases paint before the picture
             screenshot.parent.mkdir(exist_ok=True)
@@ -172,7 +174,7 @@ def test_page_shows_a_live_run_in_chromium(small_data, chromium, tmp_path):
 
             def drawn(s: dict) -> bool:  # the step and table updates the scheduler has now
                 done = [run.run_id, "live", f"{table.last_step:,}", f"{table.table.n_updates:,}"]
-                return [s["status"][i] for i in (0, 1, 4, 11)] == done
+                return [s["status"][i] for i in (0, 1, 4, 12)] == done
 
             wait_until(chromium, drawn)
             run.close()

@@ -252,6 +252,7 @@ class RunStatus(DashboardComponent):
         "step",
         "epoch (samples processed / dataset)",
         "training time",
+        "best accuracy",
         "workers",
         "samples computed",
         "staleness (mean steps)",
@@ -267,6 +268,9 @@ class RunStatus(DashboardComponent):
 
     def __init__(self, **kwargs: Any) -> None:
         self._run = self.NO_RUN  # the run row's text while the scheduler answers
+        #: the run's best accuracy so far and its step, over the snapshots drawn
+        #: (each carries the steps after the last one): the early stopping's figure
+        self._best: tuple[float, int] | None = None
         self.source = ColumnDataSource(
             {
                 "field": list(self.FIELDS),
@@ -310,7 +314,10 @@ class RunStatus(DashboardComponent):
             self.root.text = self._html()
 
     def update(self, snapshot: dict[str, Any]) -> None:
+        if snapshot["run"] != self._run:
+            self._best = None
         self._run = snapshot["run"]
+        self._best = _best(snapshot["metrics"], self._best)
         base = snapshot.get("baseline")
         values = (
             snapshot["run"],
@@ -320,6 +327,7 @@ class RunStatus(DashboardComponent):
             f"{snapshot['step']:,}",
             f"{snapshot.get('epoch', 0.0):.2f}",
             _seconds(snapshot["elapsed"]),
+            "-" if self._best is None else f"{self._best[0]:.4f} at step {self._best[1]:,}",
             str(snapshot["n_workers"]),
             f"{snapshot['seen_fraction']:.1%} of {snapshot['n_samples']:,}",
             _number(snapshot["staleness_mean"]),
@@ -337,6 +345,23 @@ class RunStatus(DashboardComponent):
 
 _TH = "text-align: left; font-weight: normal; color: #555; padding: 3px 8px; width: 170px"
 _TD = "padding: 3px 8px; border-bottom: 1px solid #eee; word-break: break-all"
+
+
+def _best(metrics: dict[str, Any], best: tuple[float, int] | None) -> tuple[float, int] | None:
+    """The best accuracy and its step over ``best`` and the new steps' ``metrics`` (the earliest
+    step of a tie, as the early stopping keeps it).
+
+    >>> _best({"accuracy": np.array([np.nan, 0.7, 0.8, 0.8]), "step": np.arange(4)}, (0.75, 0))
+    (0.8, 2)
+    """
+    acc = np.asarray(metrics["accuracy"], dtype=float)
+    ok = np.isfinite(acc)
+    if not ok.any():
+        return best
+    i = int(np.argmax(np.where(ok, acc, -np.inf)))
+    if best is not None and acc[i] <= best[0]:
+        return best
+    return float(acc[i]), int(metrics["step"][i])
 
 
 def _seconds(t: float) -> str:
