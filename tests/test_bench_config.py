@@ -27,6 +27,9 @@ def test_config_names_the_bad_value():
     with pytest.raises(ValueError, match=r"label_smoothing should be a number in \[0, 1\), "
                        r"but got label_smoothing=1\.0"):
         BenchConfig(label_smoothing=1.0)
+    with pytest.raises(ValueError, match="precision should be one of 'float32', 'bfloat16', "
+                       "but got 'float16'"):
+        BenchConfig(precision="float16")
     with pytest.raises(ValueError, match="staleness should be one of 'keep', 'exp-linear', "
                        "'exp-quadratic', but got 'linear'"):
         BenchConfig(staleness="linear")
@@ -260,3 +263,16 @@ def test_bench_on_a_scheduler_checks_its_workers_for_every_run_before_the_first(
             f"workers), but the scheduler at {cluster.scheduler_address} has 1; start more or "
             "pass --workers up to 1 and --no-ddp; waited 0.2 s for 2 worker(s)") in err
     assert not out.exists()
+
+
+def test_bench_takes_the_precision_of_every_run_from_its_flag_or_the_config():
+    from daskpri.bench.command import config_from_args
+    from daskpri.cli._arguments import _parser
+
+    def config(*flags):
+        return config_from_args(_parser().parse_args(["bench", "--quick", "--out", "o", *flags]))
+
+    assert config().precision == "float32"
+    assert config("--precision", "bfloat16").precision == "bfloat16"
+    with dask.config.set({"daskpri.trainer.precision": "bfloat16"}):
+        assert config().precision == "bfloat16"

@@ -235,6 +235,45 @@ def test_the_report_says_when_every_run_smooths_its_labels_and_older_results_res
         previous_runs(path, cfg, SIZES)
 
 
+def test_the_report_says_when_every_run_trains_in_bfloat16_and_older_results_resume(
+    tmp_path: Path,
+):
+    from daskpri.bench.stored import previous_runs
+
+    cfg = _config(seeds=1, precision="bfloat16")
+    write_report(tmp_path, cfg, MACHINE, SIZES, _simulate(cfg))
+    assert ("the training passes in bfloat16 (torch.autocast, in every run and baseline)"
+            in (tmp_path / "results.md").read_text())
+    path = tmp_path / "results.json"
+    assert BenchConfig.from_dict(json.loads(path.read_text())["config"]) == cfg
+    plain = _config(seeds=1)
+    write_report(tmp_path, plain, MACHINE, SIZES, _simulate(plain))
+    assert "bfloat16" not in (tmp_path / "results.md").read_text()
+    doc = json.loads(path.read_text())
+    del doc["config"]["precision"]  # a results.json from before the option: float32
+    path.write_text(json.dumps(doc))
+    assert len(previous_runs(path, plain, SIZES)) == len(doc["runs"])
+    with pytest.raises(ValueError, match=r"other options \(precision: 'float32' there, "
+                                         r"'bfloat16' here\)"):
+        previous_runs(path, cfg, SIZES)
+
+
+def test_the_plain_loop_trains_its_forward_pass_in_the_precision_asked():
+    from daskpri.bench.baselines import train_plain
+    from daskpri.models import build_model
+
+    x = np.random.default_rng(0).normal(size=(512, 16)).astype(np.float32)
+    y = np.arange(512) % 4
+    first = {}
+    for precision in ("float32", "bfloat16"):
+        model = build_model("mlp", {"x_shape": (16,), "n_classes": 4}, seed=0)
+        r = train_plain(model, (x, y), (x, y), batch_size=64, learning_rate=0.05, momentum=0.9,
+                        budget=0.05, eval_seconds=1.0, seed=0, precision=precision)
+        first[precision] = float(r.curve.loss[0])  # the same model, batch and step
+    assert first["bfloat16"] != first["float32"]
+    assert first["bfloat16"] == pytest.approx(first["float32"], rel=0.02)
+
+
 def test_a_partial_report_leaves_the_arms_and_baselines_not_yet_run_blank():
     # --report-only of a benchmark stopped after its first run: loss and the
     # baselines have no runs, hence no learning rate, gradients or budget to print

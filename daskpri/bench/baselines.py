@@ -10,6 +10,7 @@ one torch thread, as a daskpri worker does (the Dask nanny sets
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from daskpri.bench.records import Curve
+from daskpri.replicas.replica import PRECISIONS
 from daskpri.training.cluster import one_torch_thread
 
 __all__ = ["BaselineResult", "start_method", "train_ddp", "train_plain", "train_plain_loops"]
@@ -65,6 +67,7 @@ class _Job:
     device: str = "cpu"
     max_grad_norm: float | None = None
     label_smoothing: float = 0.0
+    precision: str = "float32"
 
 
 def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -95,6 +98,10 @@ def _loop(job: _Job, *, rank: int = 0, world: int = 1) -> BaselineResult:
         ty = torch.as_tensor(np.asarray(job.test_y, dtype=np.int64), device=device)
     rng = np.random.default_rng((job.seed, rank))
     perm, pos = rng.permutation(x.shape[0]), 0
+    # the forward pass as a daskpri replica's in this precision (the loss in float32)
+    dtype = PRECISIONS[job.precision]
+    autocast: Any = (contextlib.nullcontext() if dtype is None
+                     else torch.autocast(device.type, dtype=dtype))
     times: list[float] = []
     accs: list[float] = []
     losses: list[float] = []
@@ -106,7 +113,9 @@ def _loop(job: _Job, *, rank: int = 0, world: int = 1) -> BaselineResult:
             perm, pos = rng.permutation(x.shape[0]), 0
         idx = torch.as_tensor(perm[pos : pos + job.batch_size], device=device)
         pos += job.batch_size
-        loss = F.cross_entropy(model(x[idx]), y[idx], label_smoothing=job.label_smoothing)
+        with autocast:
+            logits = model(x[idx])
+        loss = F.cross_entropy(logits.float(), y[idx], label_smoothing=job.label_smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if job.max_grad_norm is not None:
@@ -152,6 +161,7 @@ def train_plain(
     device: str = "cpu",
     max_grad_norm: float | None = None,
     label_smoothing: float = 0.0,
+    precision: str = "float32",
 ) -> BaselineResult:
     """Train ``model`` (in place) in this process for ``budget`` seconds, one torch thread.
 
@@ -173,9 +183,10 @@ def train_plain(
         that train on their GPU. The data is moved there once, and each
         step's loss is read back (which waits for the GPU), so the clock
         takes in the device's work.
-    max_grad_norm, label_smoothing
+    max_grad_norm, label_smoothing, precision
         As the trainer's: the gradient clipped to this norm (``None``: not
-        clipped), and the training loss's label smoothing.
+        clipped), the training loss's label smoothing, and the forward
+        pass's ``torch.autocast`` (``"bfloat16"``; ``"float32"``: none).
 
     Examples
     --------
@@ -190,7 +201,7 @@ def train_plain(
     with one_torch_thread():
         job = _Job(model, train[0], train[1], test[0], test[1], batch_size, learning_rate,
                    momentum, budget, eval_seconds, seed, device, max_grad_norm,
-                   label_smoothing)
+                   label_smoothing, precision)
         return _loop(job)
 
 
@@ -328,6 +339,7 @@ def _spawn(
     timeout: float | None = None,
     max_grad_norm: float | None = None,
     label_smoothing: float = 0.0,
+    precision: str = "float32",
 ) -> BaselineResult:
     import torch.multiprocessing as mp
 
@@ -351,7 +363,7 @@ def _spawn(
         job = _Job(model, x[a:b], y[a:b], test[0] if rank == 0 else None,
                    test[1] if rank == 0 else None, batch_size, learning_rate, momentum,
                    budget, eval_seconds, seed, max_grad_norm=max_grad_norm,
-                   label_smoothing=label_smoothing)
+                   label_smoothing=label_smoothing, precision=precision)
         p = ctx.Process(target=_process,
                         args=(rank, processes, rendezvous, job, queue, barrier, communicate,
                               ifname))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 # only what the parser needs, none of which imports torch: `daskpri --help` stays quick
+from daskpri._choices import PRECISIONS
 from daskpri.bench._defaults import FULL_DEFAULTS, QUICK_DEFAULTS
 from daskpri.bench._options import StrategyOptionError
 from daskpri.table.staleness import STALENESS_MODELS
@@ -146,6 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--label-smoothing", type=float, metavar="EPS",
                      help="label smoothing of the training loss of every run and baseline, in "
                           "[0, 1) (default: daskpri.trainer.label-smoothing, 0: none)")
+    how.add_argument("--precision", choices=PRECISIONS,
+                     help="the training passes of every run and baseline: float32, or "
+                          "bfloat16 under torch.autocast (default: daskpri.trainer.precision, "
+                          "float32)")
     how.add_argument("--local-steps", type=int, metavar="K",
                      help="optimizer steps per worker per round trip (local SGD; default 1) "
                      "in the runs of strategies that allow it")
@@ -232,6 +237,7 @@ def _config_from_args(args: argparse.Namespace) -> BenchConfig:
         momentum=float(_config.get("trainer.momentum")),
         max_grad_norm=_config.get("trainer.max-grad-norm", args.max_grad_norm),
         label_smoothing=float(_config.get("trainer.label-smoothing", args.label_smoothing)),
+        precision=_config.get("trainer.precision", args.precision),
         ddp=not args.no_ddp,
         local_steps=args.local_steps,
         staleness=_config.get("table.staleness", args.staleness),

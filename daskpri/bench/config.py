@@ -9,6 +9,8 @@ from functools import partial
 from numbers import Real
 from typing import Any
 
+from daskpri._choices import PRECISIONS
+
 # the defaults: in a module of their own, for the command line's help without torch
 from daskpri.bench._defaults import FULL_DEFAULTS as FULL_DEFAULTS
 from daskpri.bench._defaults import QUICK_DEFAULTS as QUICK_DEFAULTS
@@ -18,7 +20,7 @@ from daskpri.bench._options import (
     entry_refused,
     strategy_of,
 )
-from daskpri.training._checks import check_float, check_int, check_real
+from daskpri.training._checks import check_choice, check_float, check_int, check_real
 from daskpri.training.rounds import in_whole_rounds, whole_rounds
 
 __all__ = [
@@ -85,6 +87,10 @@ class BenchConfig:
         Label smoothing of every run's training loss, in ``[0, 1)`` (the
         trainer's ``label_smoothing``; the plain loop and DDP smooth theirs
         alike); 0: none.
+    precision : {"float32", "bfloat16"}
+        The precision of every run's training passes (the trainer's
+        ``precision``; the plain loop and DDP run their forward passes
+        under the same ``torch.autocast``).
     eval_every : int, optional
         Steps between evaluations on the test set (daskpri runs); ``None``
         takes :func:`default_eval_every`. A run evaluates at the end of a
@@ -155,6 +161,7 @@ class BenchConfig:
     momentum: float = 0.9
     max_grad_norm: float | None = None
     label_smoothing: float = 0.0
+    precision: str = "float32"
     eval_every: int | None = None
     baseline_eval_seconds: float = 0.25
     target_fractions: tuple[float, ...] = (0.97, 0.99)
@@ -233,6 +240,7 @@ class BenchConfig:
         if self.max_grad_norm is not None:
             check_float("max_grad_norm", self.max_grad_norm)
         check_real("label_smoothing", self.label_smoothing, 0.0, 1.0)
+        check_choice("precision", self.precision, PRECISIONS)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum should be in [0, 1), but got momentum={self.momentum!r}")
         check_float("baseline_eval_seconds", self.baseline_eval_seconds)

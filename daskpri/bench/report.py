@@ -167,6 +167,8 @@ def render_markdown(config: BenchConfig, machine: Mapping[str, Any],
         + (f", label smoothing {config.label_smoothing:g} in every run's and baseline's "
            "training loss (the losses ranked stay the plain cross-entropy)"
            if config.label_smoothing else "")
+        + (f", the training passes in {config.precision} (torch.autocast, in every run and "
+           "baseline)" if config.precision != "float32" else "")
         + (
             f", {config.local_steps} local steps per round trip (local SGD; projection and "
             "length take 1)"

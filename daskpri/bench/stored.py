@@ -36,6 +36,7 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
                          f"no {', '.join(map(repr, lacking))})")
     doc["config"].setdefault("first_seed", 0)
     doc["config"].setdefault("label_smoothing", 0.0)  # a file from before the option: none
+    doc["config"].setdefault("precision", "float32")  # the same
     return doc
 
 
