@@ -96,6 +96,10 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
         (["train", "--seed", "-1"], "argument --seed: should be an integer in [0, 4294967295], "
                                     "but got '-1'"),
         (["train", "--patience", "0"], "argument --patience: should be a positive integer"),
+        (["train", "--momentum", "1"], "argument --momentum: should be a number in [0, 1), "
+                                       "but got '1'"),
+        (["train", "--device", "gpu"], "argument --device: should name a torch device like "
+                                       "cpu, cuda or cuda:1, but got 'gpu'"),
         (["train", "--patience", "2", "--min-delta", "-1"],
          "argument --min-delta: should be a finite number of 0 or more, but got '-1'"),
         (["train", "--patience", "2", "--monitor", "val_loss"],

@@ -63,7 +63,7 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, "
          "--eval-chunked, --max-steps, --max-time, "
          "--target-accuracy, --patience, --monitor, --min-delta, --restore-best, --output, "
-         "--no-progress, --scheduler, --workers, --resources, "
+         "--no-progress, --scheduler, --workers, --resources, --device, "
          "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
          "--schedule-steps\n"),
         (["--seed", "0", "--model", "cnn", "--batch-size", "32"],
@@ -76,6 +76,9 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--max-grad-norm", "1"],
          "--resume continues the run in '{ckpt}' as it was started, but got --max-grad-norm 1.0 "
          "(the run's: None). "),
+        (["--momentum", "0.5"],
+         "--resume continues the run in '{ckpt}' as it was started, but got --momentum 0.5 "
+         "(the run's: 0.9). "),
         (["--weight-decay", "0.1"],
          "--resume continues the run in '{ckpt}' as it was started, but got --weight-decay 0.1 "
          "(the run's: 0.0). "),

@@ -107,7 +107,8 @@ def test_train_on_own_local_cluster_writes_history(
 ) -> None:
     path = tmp_path / name
     options = ["--strategy", "projection", "--strategy-option", "k=32",
-               "--strategy-option", "train_on_renew=false", "--staleness", "exp-linear"]
+               "--strategy-option", "train_on_renew=false", "--staleness", "exp-linear",
+               "--momentum", "0.5"]
     argv = ["train", *SMALL, *options, "--workers", "2", "--no-progress", "--output", str(path)]
     torch.set_num_threads(2)
     seen = []
@@ -131,7 +132,7 @@ def test_train_on_own_local_cluster_writes_history(
         assert ds.attrs["strategy_params"].startswith("Projection(k=32, renew=0.01, "
                                                       "train_on_renew=False")
         assert ds.attrs["dataset"] == "synthetic" and ds.attrs["model"] == "mlp"
-        assert ds.attrs["staleness"] == "exp-linear"
+        assert ds.attrs["staleness"] == "exp-linear" and ds.attrs["momentum"] == 0.5
     html = tmp_path / "report.html"
     assert main(["report", str(path), "-o", str(html)]) == 0
     assert "report written to" in capsys.readouterr().out
@@ -190,13 +191,14 @@ def test_early_stopping_flags_are_checked(argv, match, capsys: pytest.CaptureFix
 def test_train_with_adamw_checkpoints_and_resumes_it(tmp_path: Path) -> None:
     ckpt, path = tmp_path / "run.ckpt", tmp_path / "run.nc"
     argv = ["train", *SMALL[:-1], "4", "--optimizer", "adamw", "--weight-decay", "0.05",
-            "--workers", "1", "--no-progress", "--checkpoint", str(ckpt)]
+            "--workers", "1", "--no-progress", "--checkpoint", str(ckpt), "--device", "cpu"]
     assert main(argv) == 0
     state = torch.load(ckpt, weights_only=True)
     assert (state["trainer"]["optimizer"], state["trainer"]["weight_decay"]) == ("adamw", 0.05)
+    assert state["trainer"]["device"] == "cpu"
     assert set(state["optimizer"]["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
     resumed = ["train", *SMALL[:-1], "8", "--workers", "1", "--no-progress", "--resume",
-               str(ckpt), "--output", str(path)]
+               str(ckpt), "--output", str(path), "--device", "cpu"]  # (where it goes on: given)
     assert main(resumed) == 0
     with _open(path) as ds:
         assert ds.attrs["optimizer"] == "adamw" and ds.attrs["weight_decay"] == 0.05

@@ -178,6 +178,7 @@ _accuracy = _number(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 _smoothing = _number(lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
 _delta = _number(lambda v: math.isfinite(v) and v >= 0, "a finite number of 0 or more")
 _decay = _delta
+_momentum = _smoothing  # (the same range, [0, 1))
 
 
 def _strategy_options(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:

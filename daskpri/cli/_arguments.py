@@ -20,6 +20,7 @@ from daskpri.cli._argtypes import (
     _delta,
     _device,
     _host,
+    _momentum,
     _norm,
     _output_path,
     _resources,
@@ -119,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--optimizer", choices=tuple(LEARNING_RATES),
                      help="the driver's optimizer (default: daskpri.trainer.optimizer, sgd; "
                           "adamw: Adam with decoupled weight decay)")
+    run.add_argument("--momentum", type=_momentum, metavar="M",
+                     help="SGD's momentum, in [0, 1) (default: daskpri.trainer.momentum, 0.9)")
     run.add_argument("--weight-decay", type=_decay, metavar="WD",
                      help="the optimizer's weight decay (default: 0.01 for adamw, torch's, "
                           "else 0)")
@@ -155,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
                       "--n-samples, or --data; its model, strategy, seed and optimization come "
                       "from the checkpoint); --max-steps counts from the run's start")
     cluster = train.add_argument_group("cluster")
+    cluster.add_argument("--device", type=_device, metavar="DEVICE",
+                         help="the device every worker trains on, e.g. cpu or cuda:1 (default: "
+                              "a worker's GPU where its GPU resource names one, else its CPU)")
     cluster.add_argument("--scheduler", metavar="ADDRESS",
                          help="a running scheduler, e.g. tcp://HOST:8786 (default: a LocalCluster)")
     cluster.add_argument("--workers", type=_count(1), metavar="N",

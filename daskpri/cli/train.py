@@ -301,7 +301,7 @@ def _new_run(
         strategy=strategy, seed=0 if args.seed is None else args.seed,
         n_workers=args.workers, resources=args.resources, batch_size=args.batch_size,
         learning_rate=args.learning_rate, optimizer=args.optimizer,
-        weight_decay=args.weight_decay,
+        weight_decay=args.weight_decay, momentum=args.momentum, device=args.device,
         max_grad_norm=args.max_grad_norm, label_smoothing=args.label_smoothing,
         precision=args.precision,
         local_steps=1 if args.local_steps is None else args.local_steps,
@@ -319,7 +319,7 @@ _RESUMABLE = (
     "--dataset, --n-samples and --root, or --data (the run's data), --eval-data, --eval-chunked, "
     "--max-steps, --max-time, "
     "--target-accuracy, --patience, --monitor, --min-delta, --restore-best, --output, "
-    "--no-progress, --scheduler, --workers, --resources, "
+    "--no-progress, --scheduler, --workers, --resources, --device, "
     "--transport, --tls, --tls-*, --eval-every, --checkpoint, --checkpoint-every and "
     "--schedule-steps"
 )
@@ -336,6 +336,7 @@ def _checkpointed(state: dict[str, Any]) -> dict[str, Any]:
         "--learning-rate": params["learning_rate"],
         "--optimizer": params["optimizer"],
         "--weight-decay": params.get("weight_decay", 0.0),
+        "--momentum": params["momentum"],
         "--max-grad-norm": params.get("max_grad_norm"),  # absent before the option: none
         "--label-smoothing": params.get("label_smoothing", 0.0),  # the same
         "--precision": params.get("precision", "float32"),  # the same
@@ -415,6 +416,7 @@ def _resumed_run(
         overrides["checkpoint_every"] = args.checkpoint_every  # to the run's own file
     # where the run goes on may change
     for key, value in (("n_workers", args.workers), ("resources", args.resources),
+                       ("device", args.device),
                        ("transport", args.transport), ("eval_every", args.eval_every),
                        ("security", True if args.tls else None)):
         if value is not None:

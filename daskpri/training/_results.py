@@ -25,6 +25,7 @@ def history_attrs(trainer: Trainer) -> dict[str, Any]:
         "batch_size": trainer.batch_size,
         "learning_rate": trainer.learning_rate,
         "weight_decay": trainer.weight_decay,
+        "momentum": trainer.momentum,
         # 0: no clipping (netCDF attributes have no null)
         "max_grad_norm": trainer.max_grad_norm or 0.0,
         "label_smoothing": trainer.label_smoothing,
