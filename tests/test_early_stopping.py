@@ -80,7 +80,7 @@ def test_restore_best_leaves_the_weights_of_the_best_evaluation(gpu_client, smal
 
 
 def test_the_evaluation_at_the_end_of_the_budget_counts_and_is_not_patience(
-    gpu_client, small_data
+    gpu_client, small_data, tmp_path
 ):
     train, test = small_data
     # no evaluation before the end (eval_every=100): the last is the only, and best, one
@@ -90,11 +90,15 @@ def test_the_evaluation_at_the_end_of_the_budget_counts_and_is_not_patience(
         assert (t.best_step_, t.stopped_step_) == (5, None)
         assert t.best_score_ == t.history_["accuracy"].sel(step=5).item()
     # evaluated after step 3 and at the end (step 5), which does not improve: the budget
-    # ended the fit, not patience
-    with _trainer(gpu_client, train, eval_every=4) as t:
-        t.fit(train, eval_data=test, max_steps=6, progress=False,
-              early_stopping=EarlyStopping(patience=1, min_delta=2.0))
+    # ended the fit, not patience, which that evaluation used up: the checkpoint keeps the
+    # watch so, and the next fit of the rule stops at its first evaluation
+    rule = EarlyStopping(patience=1, min_delta=2.0)
+    with _trainer(gpu_client, train, eval_every=4, checkpoint_path=tmp_path / "r.ckpt") as t:
+        t.fit(train, eval_data=test, max_steps=6, progress=False, early_stopping=rule)
         assert (t.step_, t.best_step_, t.stopped_step_) == (6, 3, None)
+    with daskpri.Trainer.resume(tmp_path / "r.ckpt", client=gpu_client) as t:
+        t.fit(train, eval_data=test, max_steps=100, progress=False, early_stopping=rule)
+        assert (t.step_, t.best_step_, t.stopped_step_) == (8, 3, 7)
 
 
 def test_bad_early_stopping_is_refused_before_any_work(small_data):
@@ -203,7 +207,7 @@ def test_a_fit_of_the_same_rule_goes_on_with_the_last_fits_watch(gpu_client, sma
 
 
 @pytest.mark.parametrize(("damage", "message"), [
-    (lambda w: w.update(waited=3), r"its waited should be an integer in \[0, 3\)"),
+    (lambda w: w.update(waited=4), r"its waited should be an integer in \[0, 3\]"),
     (lambda w: w["rule"].update(monitor="val_loss"), "its rule is refused: EarlyStopping's "
                                                       "monitor should be one of"),
     (lambda w: w.update(best_score=None), "its best_step and best_score should both be None"),

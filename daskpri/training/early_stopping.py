@@ -300,9 +300,12 @@ def state_problem(state: Any) -> str | None:
         return f"its best_step should be a step (an integer of 0 or more), but got {step!r}"
     if score is not None and (not isinstance(score, float) or not math.isfinite(score)):
         return f"its best_score should be a finite float, but got {score!r}"
+    # (at most the patience: a fit whose last evaluation, at the end of its budget, used it
+    # up was ended by the budget, and the next fit of the rule stops at its first evaluation
+    # that does not improve)
     if (not isinstance(waited, int) or isinstance(waited, bool)
-            or not 0 <= waited < rule.patience):
-        return (f"its waited should be an integer in [0, {rule.patience}) (the evaluations "
+            or not 0 <= waited <= rule.patience):
+        return (f"its waited should be an integer in [0, {rule.patience}] (the evaluations "
                 f"since the best, within the patience), but got {waited!r}")
     best = state["best_state"]
     if best is None:
