@@ -47,7 +47,7 @@ _TRAINER_FIELDS = ["strategy", "seed", "n_workers", "resources", "batch_size", "
                    "momentum", "weight_decay", "optimizer", "eval_every", "partition_size",
                    "staleness", "device", "checkpoint_path", "checkpoint_every", "security",
                    "client", "lr_schedule", "schedule_steps", "local_steps", "transport",
-                   "on_nonfinite"]
+                   "on_nonfinite", "precision", "warmup_steps"]
 
 
 @FUZZ
@@ -64,6 +64,21 @@ def test_trainer_parameters(field, value):
     elif field in ("learning_rate", "weight_decay"):
         got = getattr(trainer, field)
         assert math.isfinite(got) and (got > 0 if field == "learning_rate" else got >= 0)
+
+
+@FUZZ
+@given(field=st.sampled_from(["patience", "monitor", "min_delta", "restore_best"]),
+       value=anything)
+def test_early_stopping_parameters(field, value):
+    try:
+        rule = daskpri.EarlyStopping(**{field: value})
+    except (ValueError, TypeError) as e:
+        assert field in str(e), f"{field}={value!r}: {e}"
+        return
+    # accepted: within what the docstring allows
+    assert rule.patience >= 1 and rule.monitor in ("accuracy", "eval_loss")
+    assert math.isfinite(rule.min_delta) and rule.min_delta >= 0
+    assert isinstance(rule.restore_best, bool)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +204,9 @@ def test_resource_text(text):
 
 _FLAGS = ["--dataset", "--model", "--strategy", "--max-steps", "--max-time", "--batch-size",
           "--learning-rate", "--resources", "--output", "--strategy-option", "--workers",
-          "--target-accuracy", "--eval-every", "--seed"]
+          "--target-accuracy", "--eval-every", "--seed", "--patience", "--monitor",
+          "--min-delta", "--restore-best", "--precision", "--warmup-steps", "--weight-decay",
+          "--momentum", "--device"]
 
 
 @FUZZ

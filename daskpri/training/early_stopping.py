@@ -109,7 +109,7 @@ class EarlyStopping:
                 "EarlyStopping's patience should be an integer of at least 1 (the evaluations "
                 f"without improvement that end a fit), but got {patience!r}"
             )
-        if self.monitor not in MONITORS:
+        if not isinstance(self.monitor, str) or self.monitor not in MONITORS:
             raise ValueError(
                 f"EarlyStopping's monitor should be one of {sorted(MONITORS)} (the figures "
                 f"of eval_data a fit records), but got {self.monitor!r}"
