@@ -81,6 +81,19 @@ def test_early_stopping_parameters(field, value):
     assert isinstance(rule.restore_best, bool)
 
 
+@FUZZ
+@given(value=anything)
+def test_fit_callbacks_and_early_stopping_arguments(value):
+    from daskpri.training._fit import check_callbacks
+
+    for name, check in (("callbacks", check_callbacks),
+                        ("early_stopping", daskpri.EarlyStopping.from_argument)):
+        try:
+            check(value)
+        except (ValueError, TypeError) as e:
+            assert name in str(e), f"{name}={value!r}: {e}"
+
+
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [("momentum", -0.1, r"a number in \[0, 1\)"), ("momentum", 1.5, r"a number in \[0, 1\)"),

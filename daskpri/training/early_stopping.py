@@ -143,6 +143,9 @@ class EarlyStopping:
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            if value < 1:
+                raise ValueError("early_stopping should be None, a patience of at least 1 or "
+                                 f"a daskpri.EarlyStopping, but got {value!r}")
             return cls(patience=int(value))
         raise TypeError(
             "early_stopping should be None, an int (the patience) or a daskpri.EarlyStopping, "
