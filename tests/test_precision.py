@@ -4,6 +4,8 @@ reaches every path of a step, a checkpoint keeps it and the command line takes i
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ import daskpri
 from daskpri.cli import main
 from daskpri.models import MLP, build_model
 from daskpri.replicas.replica import Replica
+from daskpri.training._probe import cpu_bfloat16
 
 
 def _batch(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +94,12 @@ def test_a_checkpoint_keeps_the_precision_and_the_command_line_takes_it(tmp_path
     argv = ["train", "--dataset", "synthetic", "--n-samples", "2000", "--max-steps", "4",
             "--workers", "1", "--no-progress", "--precision", "bfloat16",
             "--checkpoint", str(ckpt)]
-    assert main(argv) == 0
+    with warnings.catch_warnings():  # said, not raised, where this CPU emulates bfloat16
+        warnings.simplefilter("default", daskpri.DaskpriWarning)
+        assert main(argv) == 0
+    # the LocalCluster's worker trains on this machine's CPU: warned of iff it emulates
+    emulated = "precision='bfloat16' on the CPUs of 1 of the run's 1 worker(s)"
+    assert (emulated in capsys.readouterr().err) == (cpu_bfloat16() is False)
     with daskpri.Trainer.resume(ckpt, n_workers=1) as trainer:
         assert trainer.precision == "bfloat16"
     capsys.readouterr()

@@ -103,6 +103,7 @@ def check_cluster(
     model: nn.Module,
     strategy: Strategy,
     path: str | None,
+    precision: str = "float32",
 ) -> list[str]:
     """Refuse a run that the cluster cannot set up, from one probe of ``workers`` and the scheduler.
 
@@ -128,7 +129,45 @@ def check_cluster(
     if path is not None:
         check_workers_see({a: r["cannot_read"] for a, r in answers.workers.items()},
                           len(workers), path)
+    if precision == "bfloat16":
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        emulating = emulating_bfloat16(
+            {a: r.get("cpu_bfloat16") for a, r in answers.workers.items()},
+            {a: info.get(a, {}).get("resources") or {} for a in answers.workers}, device)
+        if emulating:
+            warn(f"precision='bfloat16' on the CPUs of {len(emulating)} of the run's "
+                 f"{len(workers)} worker(s) ({_listed(emulating)}) that have no bfloat16 "
+                 f"instructions ({', '.join(_probe.BFLOAT16_FLAGS)}): torch emulates it "
+                 "there, slower than float32; train in precision='float32' on them")
     return [a for a in workers if a not in answers.workers]
+
+
+def emulating_bfloat16(
+    cpu_bfloat16: Mapping[str, bool | None], resources: Mapping[str, Mapping[str, float]],
+    device: str | None,
+) -> list[str]:
+    """The workers that would train on a CPU without bfloat16 instructions.
+
+    A worker trains on its CPU where ``device`` is ``"cpu"``, or where no
+    device is forced and it has no ``GPU`` resource (one that has trains on
+    its GPU); an unknown CPU (``None``: not Linux, an older daskpri) is not
+    named.
+
+    Examples
+    --------
+    >>> flags = {"tcp://a": False, "tcp://b": False, "tcp://c": True, "tcp://d": None}
+    >>> emulating_bfloat16(flags, {"tcp://b": {"GPU": 1}}, None)
+    ['tcp://a']
+    >>> emulating_bfloat16(flags, {"tcp://b": {"GPU": 1}}, "cpu")
+    ['tcp://a', 'tcp://b']
+    >>> emulating_bfloat16(flags, {}, "cuda:0")
+    []
+    """
+    if device is not None and not device.startswith("cpu"):
+        return []
+    return sorted(a for a, has in cpu_bfloat16.items()
+                  if has is False and (device is not None
+                                       or not resources.get(a, {}).get("GPU", 0)))
 
 
 def _listed(addresses: list[str]) -> str:

@@ -42,7 +42,8 @@ def probe(kinds: tuple[str, ...], modules: list[str], path: str | None) -> dict[
     dict
         ``daskpri`` and ``torch``: their versions (None where not installed),
         ``devices``: ``{kind: count}``, ``unimportable``: the modules not found,
-        ``cannot_read``: why ``path`` cannot be read (None: it can, or no path).
+        ``cannot_read``: why ``path`` cannot be read (None: it can, or no path),
+        ``cpu_bfloat16``: whether its CPU computes in bfloat16 (:func:`cpu_bfloat16`).
 
     Examples
     --------
@@ -59,6 +60,7 @@ def probe(kinds: tuple[str, ...], modules: list[str], path: str | None) -> dict[
         "devices": device_counts(kinds) if kinds else {},
         "unimportable": unimportable(modules),
         "cannot_read": None if path is None else cannot_read(path),
+        "cpu_bfloat16": cpu_bfloat16(),
     }
 
 
@@ -134,6 +136,38 @@ def device_counts(kinds: tuple[str, ...] = ACCELERATORS) -> dict[str, int]:
         except Exception:  # a backend torch was built without
             counts[kind] = 0
     return counts
+
+
+#: the CPU flags (Linux's /proc/cpuinfo) of bfloat16 arithmetic, which torch's CPU
+#: kernels use for bfloat16 autocast; without one torch emulates it, slower than float32
+BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bfloat16(cpuinfo: str | None = None) -> bool | None:
+    r"""Whether this CPU has bfloat16 instructions (``None``: unknown, not Linux).
+
+    ``cpuinfo`` is the text of ``/proc/cpuinfo`` (read where None).
+
+    Examples
+    --------
+    >>> cpu_bfloat16("processor : 0\nflags : fpu sse avx2 avx512f\n")
+    False
+    >>> cpu_bfloat16("processor : 0\nflags : fpu avx512f avx512_bf16 amx_tile\n")
+    True
+    >>> cpu_bfloat16("processor : 0\n") is None
+    True
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":  # the first processor's
+            return any(flag in value.split() for flag in BFLOAT16_FLAGS)
+    return None
 
 
 def unimportable(names: list[str]) -> list[str]:

@@ -253,7 +253,7 @@ class RunMixin:
         self._check_batch_fits(sizes, owner, len(addrs))
         # one probe of the workers and the scheduler answers every check of the cluster
         silent = check_cluster(client, addrs, self.device, self.model, self.strategy,
-                               source if isinstance(source, str) else None)
+                               source if isinstance(source, str) else None, self.precision)
         if self._data_key is not None:
             self._release()  # new data: a new table, partitions and replicas
         self._n_classes = n_classes
