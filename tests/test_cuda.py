@@ -127,6 +127,30 @@ def test_every_strategy_trains_on_the_gpu(gpu_client, small_data, strategy, mode
 
 
 @needs_cuda
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_a_bfloat16_run_trains_on_the_gpu_or_is_refused_on_one_before_ampere(
+    gpu_client, small_data, model
+):
+    train, test = small_data
+    trainer = daskpri.Trainer(build_model(model, train, seed=1), strategy="selective-backprop",
+                              client=gpu_client, seed=0, batch_size=32, eval_every=8,
+                              precision="bfloat16")
+    try:
+        if torch.cuda.get_device_capability(0)[0] < 8:
+            with pytest.raises(Exception, match="precision='bfloat16' needs a GPU of compute "
+                                                "capability 8.0 or more"):
+                trainer.fit(train, eval_data=test, max_steps=16, progress=False)
+            return
+        history = trainer.fit(train, eval_data=test, max_steps=16, progress=False)
+        assert _all(gpu_client.run(_replica_devices)) == _spread(2)
+        assert history.attrs["precision"] == "bfloat16"
+        assert np.isfinite(history["loss"]).all()
+        assert float(history["accuracy"].dropna("step")[-1]) > 0.25
+    finally:
+        trainer.close()
+
+
+@needs_cuda
 def test_a_forced_cuda_device_and_a_bfloat16_score_run_on_the_gpu(gpu_client, small_data):
     history, devices = _fit(gpu_client, small_data, "upper-bound", tau_threshold=1.0,
                             smoothing=0.0, score_dtype="bfloat16")
