@@ -376,7 +376,8 @@ def test_schedule_parameters_are_checked():
         daskpri.Trainer(model, lr_schedule="cosine")
     with pytest.raises(ValueError, match="but lr_schedule='constant'"):
         daskpri.Trainer(model, schedule_steps=10)
-    with pytest.raises(ValueError, match="warmup_steps should be an integer of 0 or more"):
+    with pytest.raises(ValueError, match="warmup_steps should be a non-negative integer, but "
+                                         "got warmup_steps=-1"):
         daskpri.Trainer(model, warmup_steps=-1)
     with pytest.raises(ValueError, match=r"warmup_steps=10 leaves no step for "
                        r"lr_schedule='cosine' to decay over: it should be less than "

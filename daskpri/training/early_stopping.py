@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from daskpri._choices import MONITORS
+from daskpri.strategies._checks import check_int, check_number
 
 if TYPE_CHECKING:
     from torch import nn
@@ -89,10 +90,10 @@ class EarlyStopping:
     >>> from daskpri import EarlyStopping
     >>> EarlyStopping(patience=3, monitor="eval_loss", restore_best=True)
     EarlyStopping(patience=3, monitor='eval_loss', min_delta=0.0, restore_best=True)
-    >>> EarlyStopping(patience=0)  # doctest: +ELLIPSIS
+    >>> EarlyStopping(patience=0)
     Traceback (most recent call last):
         ...
-    ValueError: EarlyStopping's patience should be an integer of at least 1 (...), but got 0
+    ValueError: patience should be a positive integer, but got patience=0
     >>> trainer.fit(train, eval_data=test, max_steps=5000,  # doctest: +SKIP
     ...             early_stopping=EarlyStopping(patience=5, restore_best=True))
     """
@@ -103,31 +104,17 @@ class EarlyStopping:
     restore_best: bool = False
 
     def __post_init__(self) -> None:
-        patience = self.patience
-        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 1:
-            raise ValueError(
-                "EarlyStopping's patience should be an integer of at least 1 (the evaluations "
-                f"without improvement that end a fit), but got {patience!r}"
-            )
-        if not isinstance(self.monitor, str) or self.monitor not in MONITORS:
-            raise ValueError(
-                f"EarlyStopping's monitor should be one of {sorted(MONITORS)} (the figures "
-                f"of eval_data a fit records), but got {self.monitor!r}"
-            )
-        delta = self.min_delta
-        if (isinstance(delta, bool) or not isinstance(delta, numbers.Real)
-                or not math.isfinite(delta) or delta < 0):
-            raise ValueError(
-                "EarlyStopping's min_delta should be a finite number of 0 or more (the least "
-                f"gain that counts as an improvement), but got {delta!r}"
-            )
-        if not isinstance(self.restore_best, bool):
-            raise TypeError(
-                f"EarlyStopping's restore_best should be True or False, but got "
-                f"{self.restore_best!r}"
-            )
-        object.__setattr__(self, "patience", int(patience))
-        object.__setattr__(self, "min_delta", float(delta))
+        # the package's own checks, and their message: "patience should be a positive
+        # integer, but got patience=0"
+        object.__setattr__(self, "patience", check_int("patience", self.patience, 1))
+        allowed = tuple(MONITORS)  # (a tuple: an unhashable monitor is refused, not raised on)
+        if self.monitor not in allowed:
+            raise ValueError(f"monitor should be one of {', '.join(map(repr, allowed))}, but "
+                             f"got monitor={self.monitor!r}")
+        object.__setattr__(self, "min_delta", check_number("min_delta", self.min_delta, 0.0))
+        if not isinstance(self.restore_best, bool):  # (a TypeError, as fit's eval_chunked's)
+            raise TypeError(f"restore_best should be True or False, but got "
+                            f"restore_best={self.restore_best!r}")
 
     @classmethod
     def from_argument(cls, value: Any) -> EarlyStopping | None:
@@ -286,7 +273,7 @@ def state_problem(state: Any) -> str | None:
     True
     >>> state_problem({"rule": {"patience": 0}, "best_step": None, "best_score": None,
     ...                "waited": 0, "best_state": None})  # doctest: +ELLIPSIS
-    "its rule is refused: EarlyStopping's patience should be an integer of at least 1 ..."
+    'its rule is refused: patience should be a positive integer, but got patience=0'
     """
     if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
         return f"should be a dict of the keys {', '.join(map(repr, STATE_KEYS))}"

@@ -46,9 +46,10 @@ def validate_warmup(warmup: int, schedule: str, steps: int | None) -> int:
     ...
     ValueError: warmup_steps=1000 leaves no step for lr_schedule='cosine' to decay over: it should be less than schedule_steps=1000
     """  # noqa: E501
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise ValueError(f"warmup_steps should be an integer of 0 or more (the steps over which "
-                         f"the learning rate rises to learning_rate), but got {warmup!r}")
+    # imported here: this module is the command line's too, which imports no torch
+    from daskpri.strategies._checks import check_int
+
+    warmup = check_int("warmup_steps", warmup, 0)
     if steps is not None and warmup >= steps:
         raise ValueError(f"warmup_steps={warmup} leaves no step for lr_schedule={schedule!r} to "
                          f"decay over: it should be less than schedule_steps={steps}")
