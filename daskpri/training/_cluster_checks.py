@@ -57,6 +57,7 @@ def ask_cluster(
     modules: list[str] | None = None,
     scheduler_modules: list[str] | None = None,
     path: str | None = None,
+    bfloat16: bool = False,
 ) -> Answers:
     """:func:`~daskpri.training._probe.probe` ``workers`` and the scheduler, at once.
 
@@ -76,7 +77,7 @@ def ask_cluster(
     # SyncMethodMixin.sync), awaited with the workers' on the client's loop
     async def ask() -> tuple[dict[str, Any], dict[str, Any] | None]:
         on_workers = asked(client, workers, _probe.probe, kinds, modules or [], path,
-                           timeout=timeout)
+                           bfloat16, timeout=timeout)
         on_scheduler = client.run_on_scheduler(
             _probe.probe, (), scheduler_modules or [], None, asynchronous=True)
         answers: tuple[Any, Any] = await asyncio.gather(on_workers, on_scheduler,
@@ -117,7 +118,7 @@ def check_cluster(
     answers = ask_cluster(
         client, workers, kinds=() if accelerator is None else (accelerator[0],),
         modules=sorted(set(of_model) | set(of_strategy)), scheduler_modules=of_strategy,
-        path=path,
+        path=path, bfloat16=precision == "bfloat16",
     )
     check_versions(answers.workers, answers.scheduler, len(workers))
     check_workers_device(

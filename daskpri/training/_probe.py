@@ -25,7 +25,8 @@ import cloudpickle
 ACCELERATORS = ("cuda", "mps", "xpu")
 
 
-def probe(kinds: tuple[str, ...], modules: list[str], path: str | None) -> dict[str, Any]:
+def probe(kinds: tuple[str, ...], modules: list[str], path: str | None,
+          bfloat16: bool = False) -> dict[str, Any]:
     """This process's answers to a fit's checks before its set-up.
 
     Parameters
@@ -36,6 +37,8 @@ def probe(kinds: tuple[str, ...], modules: list[str], path: str | None) -> dict[
         The modules to try to find (those of the model's and strategy's classes).
     path : str or None
         The data's store, which the process should be able to read (None: none).
+    bfloat16 : bool
+        Whether to read the CPU's flags (a run in ``precision="bfloat16"``).
 
     Returns
     -------
@@ -43,7 +46,8 @@ def probe(kinds: tuple[str, ...], modules: list[str], path: str | None) -> dict[
         ``daskpri`` and ``torch``: their versions (None where not installed),
         ``devices``: ``{kind: count}``, ``unimportable``: the modules not found,
         ``cannot_read``: why ``path`` cannot be read (None: it can, or no path),
-        ``cpu_bfloat16``: whether its CPU computes in bfloat16 (:func:`cpu_bfloat16`).
+        ``cpu_bfloat16``: whether its CPU computes in bfloat16 (:func:`cpu_bfloat16`;
+        None where not asked).
 
     Examples
     --------
@@ -60,7 +64,7 @@ def probe(kinds: tuple[str, ...], modules: list[str], path: str | None) -> dict[
         "devices": device_counts(kinds) if kinds else {},
         "unimportable": unimportable(modules),
         "cannot_read": None if path is None else cannot_read(path),
-        "cpu_bfloat16": cpu_bfloat16(),
+        "cpu_bfloat16": cpu_bfloat16() if bfloat16 else None,
     }
 
 
