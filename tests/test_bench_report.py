@@ -211,50 +211,34 @@ def test_the_report_says_when_every_run_clips_its_gradients(tmp_path: Path):
     assert "clipped" not in (tmp_path / "results.md").read_text()
 
 
-def test_the_report_says_when_every_run_smooths_its_labels_and_older_results_resume(
-    tmp_path: Path,
+@pytest.mark.parametrize(("option", "said", "absent", "differ"), [
+    # label smoothing, and a results.json from before the option: made without smoothing
+    ({"label_smoothing": 0.1}, "label smoothing 0.1 in every run's and baseline's training loss",
+     "label smoothing", r"other options \(label_smoothing: 0\.0 there, 0\.1 here\)"),
+    # bfloat16, and a results.json from before the option: float32
+    ({"precision": "bfloat16"},
+     "the training passes in bfloat16 (torch.autocast, in every run and baseline)",
+     "bfloat16", r"other options \(precision: 'float32' there, 'bfloat16' here\)"),
+])
+def test_the_report_says_an_option_of_every_run_and_older_results_resume(
+    tmp_path: Path, option, said, absent, differ,
 ):
     from daskpri.bench.stored import previous_runs
 
-    cfg = _config(seeds=1, label_smoothing=0.1)
+    cfg = _config(seeds=1, **option)
     write_report(tmp_path, cfg, MACHINE, SIZES, _simulate(cfg))
-    md = (tmp_path / "results.md").read_text()
-    assert "label smoothing 0.1 in every run's and baseline's training loss" in md
+    assert said in (tmp_path / "results.md").read_text()
     path = tmp_path / "results.json"
     assert BenchConfig.from_dict(json.loads(path.read_text())["config"]) == cfg
     plain = _config(seeds=1)
     write_report(tmp_path, plain, MACHINE, SIZES, _simulate(plain))
-    assert "label smoothing" not in (tmp_path / "results.md").read_text()
-    # a results.json from before the option resumes as one made without smoothing
+    assert absent not in (tmp_path / "results.md").read_text()
     doc = json.loads(path.read_text())
-    del doc["config"]["label_smoothing"]
+    (key,) = option
+    del doc["config"][key]
     path.write_text(json.dumps(doc))
     assert len(previous_runs(path, plain, SIZES)) == len(doc["runs"])
-    with pytest.raises(ValueError, match=r"other options \(label_smoothing: 0\.0 there, "
-                                         r"0\.1 here\)"):
-        previous_runs(path, cfg, SIZES)
-
-
-def test_the_report_says_when_every_run_trains_in_bfloat16_and_older_results_resume(
-    tmp_path: Path,
-):
-    from daskpri.bench.stored import previous_runs
-
-    cfg = _config(seeds=1, precision="bfloat16")
-    write_report(tmp_path, cfg, MACHINE, SIZES, _simulate(cfg))
-    assert ("the training passes in bfloat16 (torch.autocast, in every run and baseline)"
-            in (tmp_path / "results.md").read_text())
-    path = tmp_path / "results.json"
-    assert BenchConfig.from_dict(json.loads(path.read_text())["config"]) == cfg
-    plain = _config(seeds=1)
-    write_report(tmp_path, plain, MACHINE, SIZES, _simulate(plain))
-    assert "bfloat16" not in (tmp_path / "results.md").read_text()
-    doc = json.loads(path.read_text())
-    del doc["config"]["precision"]  # a results.json from before the option: float32
-    path.write_text(json.dumps(doc))
-    assert len(previous_runs(path, plain, SIZES)) == len(doc["runs"])
-    with pytest.raises(ValueError, match=r"other options \(precision: 'float32' there, "
-                                         r"'bfloat16' here\)"):
+    with pytest.raises(ValueError, match=differ):
         previous_runs(path, cfg, SIZES)
 
 
