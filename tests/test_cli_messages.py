@@ -96,6 +96,8 @@ def test_bench_config_refuses_an_entry_that_is_no_tuple() -> None:
         (["train", "--seed", "-1"], "argument --seed: should be an integer in [0, 4294967295], "
                                     "but got '-1'"),
         (["train", "--patience", "0"], "argument --patience: should be a positive integer"),
+        (["train", "--warmup-steps", "-1"], "argument --warmup-steps: should be a non-negative "
+                                            "integer"),
         (["train", "--momentum", "1"], "argument --momentum: should be a number in [0, 1), "
                                        "but got '1'"),
         (["train", "--device", "gpu"], "argument --device: should name a torch device like "

@@ -182,8 +182,11 @@ def test_train_stops_early_and_restores_the_best_evaluation(
     ([*SMALL, "--min-delta", "0.1", "--restore-best"],
      "--min-delta and --restore-best go with --patience"),
     (["--patience", "3", "--data", "x.zarr"], "--patience with --data needs --eval-data PATH"),
+    ([*SMALL, "--warmup-steps", "20", "--lr-schedule", "cosine"],
+     "--warmup-steps 20 leaves no step for --lr-schedule cosine to decay over: give fewer "
+     "than its 20 (--max-steps, or --schedule-steps)"),
 ])
-def test_early_stopping_flags_are_checked(argv, match, capsys: pytest.CaptureFixture[str]):
+def test_flags_that_go_together_are_checked(argv, match, capsys: pytest.CaptureFixture[str]):
     assert main(["train", *argv]) == 2
     assert match in capsys.readouterr().err
 

@@ -293,6 +293,12 @@ def _new_run(
     if lr_schedule != "constant" and schedule_steps is None:
         raise ValueError(f"--lr-schedule {lr_schedule} decays over --max-steps (or "
                          "--schedule-steps); give one")
+    warmup = args.warmup_steps or 0
+    if lr_schedule != "constant" and warmup >= schedule_steps:
+        # (the trainer refuses it too, by its parameters' names rather than the flags')
+        raise ValueError(f"--warmup-steps {warmup} leaves no step for --lr-schedule "
+                         f"{lr_schedule} to decay over: give fewer than its {schedule_steps} "
+                         "(--max-steps, or --schedule-steps)")
     checkpoints = {}
     if args.checkpoint is not None:
         checkpoints = {"checkpoint_path": args.checkpoint,
@@ -307,7 +313,7 @@ def _new_run(
         local_steps=1 if args.local_steps is None else args.local_steps,
         staleness=args.staleness, lr_schedule=lr_schedule,
         schedule_steps=None if lr_schedule == "constant" else schedule_steps,
-        warmup_steps=args.warmup_steps or 0,
+        warmup_steps=warmup,
         eval_every=args.eval_every, transport=args.transport,
         security=True if args.tls else None, **checkpoints, **options,
     )
